@@ -1,0 +1,1 @@
+//! The behaviour suite every `Broker` backend runs.

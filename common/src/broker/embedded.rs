@@ -1,0 +1,1 @@
+//! In-process broker with the same semantics as the real ones.

@@ -1,0 +1,145 @@
+//! The `Broker` seam: what batchfleet needs from a message broker, and nothing more.
+//!
+//! Backends: [`embedded::EmbeddedBroker`] (in-process, for the laptop mode and unit tests);
+//! RabbitMQ (lapin) and SQS (aws-sdk-sqs) implement the same trait. Every backend must pass the
+//! one behaviour suite in [`conformance`].
+//!
+//! Semantics every backend keeps:
+//! - **Leases.** A received message is invisible to other receivers until it is acked, nacked,
+//!   dead-lettered, or its lease runs out; then it is delivered again.
+//! - **Delivery count.** Each delivery carries how many times the message has been delivered,
+//!   this one included (1 on the first). A lease that runs out and a nack both count.
+//! - **Delivery limit.** A queue declared with `max_deliveries = N` delivers a message at most N
+//!   times: when the N-th delivery is nacked or its lease runs out, the message moves to the
+//!   queue's dead-letter queue (a backend may do the move lazily, on the next receive).
+//! - **Depth** is ready + in flight (leased), the autoscaling signal that never kills busy workers.
+
+pub mod conformance;
+pub mod embedded;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::{ErrorKind, Retry};
+
+/// How a queue is declared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSpec {
+    pub name: String,
+    /// Deliveries before the message goes to `dead_letter_queue`; `None` = unlimited.
+    pub max_deliveries: Option<u32>,
+    /// Where messages go when their deliveries run out or they are dead-lettered explicitly.
+    /// Declare that queue first.
+    pub dead_letter_queue: Option<String>,
+}
+
+impl QueueSpec {
+    /// A plain queue: no delivery limit, no dead-letter queue.
+    pub fn plain(name: impl Into<String>) -> Self {
+        QueueSpec { name: name.into(), max_deliveries: None, dead_letter_queue: None }
+    }
+}
+
+/// Identifies one delivery for ack / nack / extend / dead-letter. Opaque to callers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeliveryHandle(pub String);
+
+/// A received message.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub handle: DeliveryHandle,
+    pub payload: Bytes,
+    /// Deliveries of this message so far, this one included (1 on the first).
+    pub delivery_count: u32,
+    /// For a message read from a dead-letter queue: why it was dead-lettered
+    /// (`delivery_limit`, or the reason given to [`Broker::dead_letter`]).
+    pub dead_letter_reason: Option<String>,
+}
+
+/// Messages ready to be received plus messages leased and not yet settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueDepth {
+    pub ready: u64,
+    pub in_flight: u64,
+}
+
+impl QueueDepth {
+    pub fn total(&self) -> u64 {
+        self.ready + self.in_flight
+    }
+}
+
+/// The one error type of every broker backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("queue `{0}` does not exist")]
+    QueueNotFound(String),
+    /// Acked, nacked or dead-lettered already, or its lease ran out and it was redelivered.
+    #[error("delivery `{0}` is no longer held by this receiver (settled, or its lease ran out)")]
+    StaleDelivery(String),
+    #[error("queue `{queue}` was declared before with different settings: {detail}")]
+    QueueMismatch { queue: String, detail: String },
+    #[error("broker connection failed: {0}")]
+    Connection(String),
+    #[error("broker refused the operation: {0}")]
+    Refused(String),
+}
+
+impl BrokerError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BrokerError::QueueMismatch { .. } => ErrorKind::Config,
+            _ => ErrorKind::Infra,
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            BrokerError::Connection(_) => Retry::Transient,
+            _ => Retry::Permanent,
+        }
+    }
+}
+
+/// A message broker as batchfleet uses it.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Create the queue when missing; succeed when it exists with the same settings.
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError>;
+
+    /// Delete a queue and its messages (a finished job's events queue). Missing is fine.
+    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError>;
+
+    /// Publish persistent messages; returns once the broker has them all.
+    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError>;
+
+    /// Wait up to `wait` for a message, then return up to `max` of them, each leased for `lease`.
+    /// An empty vector means nothing arrived in time.
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError>;
+
+    /// Done with the message: remove it.
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError>;
+
+    /// Give the message back, to be delivered again after `delay` (its delivery count goes up);
+    /// when this was its last allowed delivery it goes to the dead-letter queue instead.
+    async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError>;
+
+    /// Keep the message leased for `lease` from now (heartbeat while `run()` is alive).
+    async fn extend_lease(&self, delivery: &DeliveryHandle, lease: Duration)
+        -> Result<(), BrokerError>;
+
+    /// Move the message to its queue's dead-letter queue now, recording `reason`.
+    async fn dead_letter(&self, delivery: &DeliveryHandle, reason: &str)
+        -> Result<(), BrokerError>;
+
+    /// Ready + in flight.
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError>;
+}

@@ -1,0 +1,181 @@
+//! The resolved job: every default applied, every binding (`${{inputs.X}}`, `${{parent.…}}`)
+//! substituted, every path turned into an absolute URL.
+//!
+//! This is what the producer plans from and what it stores at `<job root>/job.json`, so that a
+//! worker on another machine reads exactly the settings the producer validated and echoed.
+//! It never holds credentials.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A job after parsing, validation and resolution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolvedJob {
+    /// `name`, or the YAML file's stem when unset.
+    pub name: String,
+    pub display_name: Option<String>,
+    pub description: Option<String>,
+    pub experiment_name: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    /// The YAML file this job came from (for messages only).
+    pub spec_file: String,
+    /// The input that `input_data` binds to.
+    pub input: InputSpec,
+    /// Every declared input, by name (the bound one included).
+    pub inputs: BTreeMap<String, InputValue>,
+    pub mini_batch_size: MiniBatchSize,
+    pub partition_keys: Vec<String>,
+    pub instance_count: u32,
+    pub max_concurrency_per_instance: u32,
+    /// Failed mini-batches tolerated; -1 ignores all failures.
+    pub mini_batch_error_threshold: i64,
+    pub logging_level: LoggingLevel,
+    pub retry: RetrySettings,
+    pub task: TaskSpec,
+    pub outputs: BTreeMap<String, OutputSpec>,
+    pub environment_variables: BTreeMap<String, String>,
+    /// `compute`, accepted and recorded; batchfleet runs where its workers run.
+    pub compute: Option<String>,
+}
+
+/// A declared input: a data reference or a literal value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum InputValue {
+    Data(InputSpec),
+    Literal(serde_json::Value),
+}
+
+/// The data input a job runs over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// The input's name under `inputs:`.
+    pub name: String,
+    pub kind: InputKind,
+    /// Absolute URL: `file:///abs/path`, `s3://bucket/prefix`, `gs://…`, `az://…`.
+    pub url: String,
+    pub mode: InputMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    UriFolder,
+    UriFile,
+    Mltable,
+}
+
+/// Azure's input modes. `ro_mount` is the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputMode {
+    RoMount,
+    Download,
+    Direct,
+    EvalMount,
+    EvalDownload,
+}
+
+/// `mini_batch_size`: a number of files, or an amount of data for tabular inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MiniBatchSize {
+    Count(u64),
+    /// Bytes; `kb`/`mb`/`gb` in the spec are binary units.
+    Bytes(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum LoggingLevel {
+    Debug,
+    Info,
+    Warning,
+    Error,
+    Critical,
+}
+
+/// `retry_settings`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Retries after the first attempt: a mini-batch is attempted at most `max_retries + 1` times.
+    pub max_retries: u32,
+    /// Seconds one `run()` call may take, in (0, 259200].
+    pub timeout_secs: u64,
+}
+
+impl RetrySettings {
+    /// How many deliveries a mini-batch gets before it is dead-lettered.
+    pub fn max_deliveries(&self) -> u32 {
+        self.max_retries.saturating_add(1)
+    }
+}
+
+/// `task:` of a `run_function` task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Absolute URL of the code folder.
+    pub code: String,
+    /// The entry script's path relative to `code`.
+    pub entry_script: String,
+    /// The program arguments batchfleet understands.
+    pub program_args: ProgramArgs,
+    /// Every other program argument, passed to the entry script's `sys.argv` as written.
+    pub script_args: Vec<String>,
+    /// Absolute URL of the aggregated output file, when `append_row_to` is set.
+    pub append_row_to: Option<String>,
+    /// `task.environment`, accepted and recorded; the worker's own runtime is used.
+    pub environment: Option<serde_json::Value>,
+}
+
+/// The program arguments batchfleet itself understands (Azure's names and defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgramArgs {
+    /// Failed items tolerated; -1 ignores all.
+    pub error_threshold: i64,
+    /// Failed mini-batches as a percentage of all mini-batches, 0–100.
+    pub allowed_failed_percent: f64,
+    /// Seconds allowed for loading a mini-batch (download, reading) before `run()`.
+    pub task_overhead_timeout_secs: u64,
+    /// Seconds without any mini-batch finishing before the job fails; `None` derives it.
+    pub progress_update_timeout_secs: Option<u64>,
+    /// Seconds for the first slot to initialise.
+    pub first_task_creation_timeout_secs: u64,
+    /// Seconds between resource-usage samples; 0 disables.
+    pub resource_monitor_interval_secs: u64,
+    pub copy_logs_to_parent: bool,
+    pub append_row_dataframe_header: bool,
+}
+
+impl Default for ProgramArgs {
+    fn default() -> Self {
+        ProgramArgs {
+            error_threshold: -1,
+            allowed_failed_percent: 100.0,
+            task_overhead_timeout_secs: 30,
+            progress_update_timeout_secs: None,
+            first_task_creation_timeout_secs: 600,
+            resource_monitor_interval_secs: 600,
+            copy_logs_to_parent: false,
+            append_row_dataframe_header: false,
+        }
+    }
+}
+
+/// A declared output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    pub name: String,
+    /// `uri_file`, `uri_folder`, …, as written.
+    pub kind: String,
+    /// Absolute URL when a path was given; `None` means "under the job root".
+    pub url: Option<String>,
+    pub mode: Option<String>,
+}

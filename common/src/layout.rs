@@ -1,0 +1,97 @@
+//! Where a job keeps its files under its job root.
+//!
+//! Every key a producer or worker reads or writes is built here, so the layout described in
+//! `docs/architecture.md` is the layout in the code.
+
+use object_store::path::Path;
+
+/// The keys of one job, relative to the store that holds its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobLayout {
+    root: Path,
+}
+
+impl JobLayout {
+    pub fn new(root: Path) -> Self {
+        JobLayout { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn key(&self, rel: &str) -> Path {
+        let mut path = self.root.clone();
+        for part in rel.split('/') {
+            path = path.join(part);
+        }
+        path
+    }
+
+    /// The spec as the user wrote it.
+    pub fn job_yaml(&self) -> Path {
+        self.key("job.yaml")
+    }
+
+    /// The resolved job ([`crate::job::ResolvedJob`]) that workers read.
+    pub fn job_json(&self) -> Path {
+        self.key("job.json")
+    }
+
+    /// One chunk of the plan: JSON lines of [`crate::message::MiniBatchMessage`].
+    pub fn plan_chunk(&self, chunk: u64) -> Path {
+        self.key(&format!("plan/batches-{chunk:06}.jsonl"))
+    }
+
+    /// Written last: the plan is complete (totals).
+    pub fn plan_summary(&self) -> Path {
+        self.key("plan/summary.json")
+    }
+
+    pub fn result_part(&self, batch_id: &str) -> Path {
+        self.key(&format!("results/{batch_id}"))
+    }
+
+    pub fn status(&self, batch_id: &str) -> Path {
+        self.key(&format!("status/{batch_id}.json"))
+    }
+
+    pub fn status_prefix(&self) -> Path {
+        self.key("status")
+    }
+
+    pub fn failure(&self, batch_id: &str, attempt: u32) -> Path {
+        self.key(&format!("failures/{batch_id}/{attempt}.json"))
+    }
+
+    pub fn job_result(&self) -> Path {
+        self.key("logs/job_result.txt")
+    }
+
+    pub fn progress_overview(&self) -> Path {
+        self.key("logs/job_progress_overview.txt")
+    }
+
+    pub fn user_log(&self, worker: &str, file: &str) -> Path {
+        self.key(&format!("logs/user/{worker}/{file}"))
+    }
+
+    /// Where the aggregated output goes when `append_row_to` is not set.
+    pub fn default_output(&self) -> Path {
+        self.key("outputs/parallel_run_step.txt")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_under_the_root() {
+        let layout = JobLayout::new(Path::from("jobs/j1"));
+        assert_eq!(layout.status("00000003").as_ref(), "jobs/j1/status/00000003.json");
+        assert_eq!(layout.failure("00000003", 2).as_ref(), "jobs/j1/failures/00000003/2.json");
+        assert_eq!(layout.plan_chunk(1).as_ref(), "jobs/j1/plan/batches-000001.jsonl");
+        assert_eq!(layout.default_output().as_ref(), "jobs/j1/outputs/parallel_run_step.txt");
+    }
+}

@@ -1,0 +1,21 @@
+//! What the batchfleet producer and workers both speak.
+//!
+//! - [`spec`]: parsing and validating the Azure ML `type: parallel` job YAML into a [`job::ResolvedJob`].
+//! - [`job`]: the resolved job, the one description of a job that every process works from.
+//! - [`message`]: the wire messages on the broker (mini-batches out, batch events back).
+//! - [`layout`]: where a job keeps its files under its job root in the object store.
+//! - [`status`]: the per-batch status record written before a message is acknowledged.
+//! - [`store`]: turning URLs and plain paths into object stores.
+//! - [`broker`]: the `Broker` seam and its embedded in-process backend.
+//! - [`error`]: the error kinds shared by every library boundary.
+
+pub mod broker;
+pub mod error;
+pub mod job;
+pub mod layout;
+pub mod message;
+pub mod spec;
+pub mod status;
+pub mod store;
+
+pub use error::{ErrorKind, Retry};

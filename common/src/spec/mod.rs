@@ -1,0 +1,1 @@
+//! Parsing and validating the job spec YAML.

@@ -1,0 +1,76 @@
+//! The per-batch status record, `status/<batch id>.json`.
+//!
+//! A worker writes it (with the batch's result part) *before* it acknowledges the message, under
+//! the same key on every attempt, so the store is the source of truth for what finished.
+
+use serde::{Deserialize, Serialize};
+
+/// How a mini-batch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchState {
+    Succeeded,
+    Failed,
+    /// The job was stopped before this batch ran.
+    Cancelled,
+}
+
+/// What went wrong in one attempt (also stored whole at `failures/<batch>/<attempt>.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureRecord {
+    pub kind: FailureKind,
+    pub message: String,
+    /// Python traceback, or the tail of the runtime's stderr for a crash.
+    pub detail: Option<String>,
+    pub attempt: u32,
+    pub worker: String,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// `run()` raised or returned something that is not a list, tuple or DataFrame.
+    UserError,
+    /// `run()` or loading the batch took longer than allowed.
+    Timeout,
+    /// The entry-script process died.
+    RuntimeCrash,
+    /// Storage or broker failed past the worker's own retries.
+    Infra,
+    /// The message could not be processed at all (bad JSON, unknown job).
+    InvalidMessage,
+    /// The broker dead-lettered the message (its deliveries ran out) with no failure on record.
+    DeliveriesExhausted,
+}
+
+/// `status/<batch id>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchStatus {
+    pub batch_id: String,
+    pub index: u64,
+    pub state: BatchState,
+    pub items_in: u64,
+    /// Items `run()` reported as succeeded (its return value's length, capped at `items_in`).
+    pub items_out: u64,
+    /// Rows written to `results/<batch id>`.
+    pub rows: u64,
+    /// The DataFrame header line, when `run()` returned a DataFrame.
+    pub header: Option<String>,
+    pub attempt: u32,
+    pub worker: String,
+    pub started_at_ms: u64,
+    pub ended_at_ms: u64,
+    /// The last failure, for a failed batch.
+    pub error: Option<FailureRecord>,
+}
+
+/// Milliseconds since the Unix epoch, for status timestamps.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

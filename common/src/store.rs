@@ -1,0 +1,200 @@
+//! Object-store locations: URLs and plain paths turned into an [`ObjectStore`] and a prefix.
+//!
+//! Every place batchfleet reads or writes (inputs, job root, `append_row_to`) is a URL. Plain
+//! paths are made absolute against a base folder (the YAML file's folder, or the current one)
+//! and become `file://` URLs, so a job root written on a laptop is still meaningful to a worker.
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::ObjectStore;
+use url::Url;
+
+use crate::error::{ErrorKind, Retry};
+
+/// A store and a prefix inside it.
+#[derive(Debug, Clone)]
+pub struct StoreLocation {
+    pub store: Arc<dyn ObjectStore>,
+    /// The key prefix the URL points at (no leading slash).
+    pub prefix: Path,
+    pub url: Url,
+}
+
+impl StoreLocation {
+    /// The key of `rel` (a `/`-separated relative path) under this location.
+    pub fn child_key(&self, rel: &str) -> Path {
+        let mut key = self.prefix.clone();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            key = key.join(part);
+        }
+        key
+    }
+}
+
+/// The one error type of store access.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("`{location}` is not a valid path or URL: {reason}")]
+    InvalidLocation { location: String, reason: String },
+    #[error("`{url}`: {reason}")]
+    Unsupported { url: String, reason: String },
+    #[error("{op} `{key}` failed: {source}")]
+    Io {
+        op: &'static str,
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+}
+
+impl StoreError {
+    pub fn io(op: &'static str, key: &Path, source: object_store::Error) -> Self {
+        StoreError::Io { op, key: key.to_string(), source }
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::Io { source: object_store::Error::NotFound { .. }, .. })
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            StoreError::InvalidLocation { .. } | StoreError::Unsupported { .. } => ErrorKind::Config,
+            StoreError::Io { .. } => ErrorKind::Infra,
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            StoreError::Io { source, .. } => match source {
+                object_store::Error::NotFound { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. }
+                | object_store::Error::NotSupported { .. }
+                | object_store::Error::NotImplemented { .. }
+                | object_store::Error::InvalidPath { .. }
+                | object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. } => Retry::Permanent,
+                _ => Retry::Transient,
+            },
+            _ => Retry::Permanent,
+        }
+    }
+}
+
+/// Turn what a user wrote (URL or path) into an absolute URL; relative paths resolve against
+/// `base_dir`. `azureml://` is refused with a hint.
+pub fn resolve_location(raw: &str, base_dir: &std::path::Path) -> Result<Url, StoreError> {
+    let invalid = |reason: String| StoreError::InvalidLocation { location: raw.to_string(), reason };
+    if raw.trim().is_empty() {
+        return Err(invalid("it is empty".into()));
+    }
+    if let Some(scheme_end) = raw.find("://") {
+        let scheme = &raw[..scheme_end];
+        if scheme.eq_ignore_ascii_case("azureml") {
+            return Err(invalid(
+                "azureml:// data assets and datastores exist only inside Azure ML; use the \
+                 storage URL behind them instead (az://<container>/<path> for a blob datastore, \
+                 s3://, gs://, or a local path)"
+                    .into(),
+            ));
+        }
+        let url = Url::parse(raw).map_err(|e| invalid(e.to_string()))?;
+        return match url.scheme() {
+            "file" | "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "adl" | "azure" | "http"
+            | "https" | "memory" => Ok(url),
+            other => Err(invalid(format!(
+                "unknown scheme `{other}`; use file://, s3://, gs://, az:// or a plain path"
+            ))),
+        };
+    }
+    let path = std::path::Path::new(raw);
+    let absolute = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
+    let normalized = normalize(&absolute);
+    Url::from_file_path(&normalized)
+        .map_err(|()| invalid(format!("`{}` is not an absolute path", normalized.display())))
+}
+
+/// Remove `.` and `..` without touching the file system (the path may not exist yet).
+fn normalize(path: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Open the store behind an absolute URL.
+pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
+    if url.scheme() == "file" {
+        let (store, prefix) = object_store::parse_url(url).map_err(|e| StoreError::Unsupported {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        return Ok(StoreLocation { store: Arc::from(store), prefix, url: url.clone() });
+    }
+    Err(StoreError::Unsupported {
+        url: url.to_string(),
+        reason: "this build of batchfleet reads and writes local folders only (file:// or a \
+                 plain path); object-store URLs arrive with S3 support"
+            .into(),
+    })
+}
+
+/// Open a location given as a URL string (as stored in job files and messages).
+pub fn open_str(url: &str) -> Result<StoreLocation, StoreError> {
+    let parsed = Url::parse(url).map_err(|e| StoreError::InvalidLocation {
+        location: url.to_string(),
+        reason: e.to_string(),
+    })?;
+    open(&parsed)
+}
+
+/// The local file-system path of a `file://` URL, if it is one.
+pub fn local_path(url: &Url) -> Option<std::path::PathBuf> {
+    if url.scheme() == "file" {
+        url.to_file_path().ok()
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_resolve_against_the_base_folder() {
+        let url = resolve_location("data/../in", std::path::Path::new("/jobs/a")).unwrap();
+        assert_eq!(url.as_str(), "file:///jobs/a/in");
+    }
+
+    #[test]
+    fn urls_pass_through() {
+        let url = resolve_location("s3://bucket/x/y", std::path::Path::new("/")).unwrap();
+        assert_eq!(url.as_str(), "s3://bucket/x/y");
+    }
+
+    #[test]
+    fn azureml_paths_say_how_to_map_them() {
+        let err = resolve_location("azureml://datastores/x/paths/y", std::path::Path::new("/"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("az://"), "{err}");
+    }
+
+    #[test]
+    fn local_urls_open_with_their_path_as_prefix() {
+        let url = resolve_location("/tmp/some where", std::path::Path::new("/")).unwrap();
+        let location = open(&url).unwrap();
+        assert_eq!(location.prefix.as_ref(), "tmp/some where");
+        assert_eq!(location.child_key("a/b.txt").as_ref(), "tmp/some where/a/b.txt");
+    }
+}

@@ -64,6 +64,11 @@ impl JobLayout {
         self.key(&format!("failures/{batch_id}/{attempt}.json"))
     }
 
+    /// The folder holding every attempt's failure record of one batch.
+    pub fn failures_of(&self, batch_id: &str) -> Path {
+        self.key(&format!("failures/{batch_id}"))
+    }
+
     pub fn job_result(&self) -> Path {
         self.key("logs/job_result.txt")
     }

@@ -45,6 +45,26 @@ pub enum FailureKind {
     DeliveriesExhausted,
 }
 
+impl FailureKind {
+    /// The name used in records and job results.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FailureKind::UserError => "user_error",
+            FailureKind::Timeout => "timeout",
+            FailureKind::RuntimeCrash => "runtime_crash",
+            FailureKind::Infra => "infra",
+            FailureKind::InvalidMessage => "invalid_message",
+            FailureKind::DeliveriesExhausted => "deliveries_exhausted",
+        }
+    }
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `status/<batch id>.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

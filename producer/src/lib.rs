@@ -1,1 +1,20 @@
-//! placeholder
+//! The batchfleet producer: plans a job's mini-batches, publishes them, follows the job to its
+//! end, aggregates the output and writes the job result. The `batchfleet` binary is a thin
+//! shell over [`cli`].
+
+pub mod aggregate;
+pub mod cli;
+pub mod dead_letters;
+pub mod error;
+pub mod follow;
+pub mod job_root;
+pub mod listing;
+pub mod outcome;
+pub mod plan;
+pub mod progress;
+pub mod run;
+pub mod settings;
+pub mod tracker;
+
+#[cfg(test)]
+mod test_support;

@@ -1,0 +1,109 @@
+//! Aggregation: the succeeded batches' result parts, streamed in batch order into one file.
+//!
+//! The output is written as a multipart upload and completed only after the last part, so a
+//! failed aggregation leaves nothing at the final key (object stores show nothing until the
+//! upload completes; the local store writes a staging file and renames it). Memory is bounded
+//! by the upload buffer, whatever the output's size.
+
+use futures::StreamExt;
+use object_store::{ObjectStoreExt, WriteMultipart};
+use url::Url;
+
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::batch_id;
+use batchfleet_common::store::{self, StoreError, StoreLocation};
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+use crate::tracker::Tracker;
+
+/// File name used inside an output folder, as Azure names it.
+pub const OUTPUT_FILE_NAME: &str = "parallel_run_step.txt";
+/// Upload parts in flight at once.
+const UPLOAD_CONCURRENCY: usize = 4;
+
+/// Where the aggregated output went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aggregated {
+    pub url: String,
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+/// The output location: `append_row_to` (a file, or a folder that gets
+/// `parallel_run_step.txt`), or `<job root>/outputs/parallel_run_step.txt`.
+pub fn output_location(job: &ResolvedJob, root: &JobRoot) -> Result<StoreLocation, ProducerError> {
+    let Some(raw) = &job.task.append_row_to else {
+        let mut location = root.location.clone();
+        location.prefix = root.layout.default_output();
+        location.url = Url::parse(&root.key_url(&location.prefix)).map_err(ProducerError::internal)?;
+        return Ok(location);
+    };
+    let is_folder = raw.ends_with('/')
+        || job.outputs.values().any(|o| o.url.as_deref() == Some(raw.as_str()) && o.kind == "uri_folder");
+    let url = if is_folder {
+        let base = if raw.ends_with('/') { raw.clone() } else { format!("{raw}/") };
+        format!("{base}{OUTPUT_FILE_NAME}")
+    } else {
+        raw.clone()
+    };
+    Ok(store::open_str(&url)?)
+}
+
+/// Stream every succeeded batch's result part into `output`, in batch order.
+pub async fn aggregate(
+    root: &JobRoot,
+    tracker: &Tracker,
+    header: Option<&str>,
+    output: &StoreLocation,
+) -> Result<Aggregated, ProducerError> {
+    let failed = |reason: String| ProducerError::Aggregation { url: output.url.to_string(), reason };
+    let upload = output
+        .store
+        .put_multipart(&output.prefix)
+        .await
+        .map_err(|e| failed(StoreError::io("put_multipart", &output.prefix, e).to_string()))?;
+    let mut writer = WriteMultipart::new(upload);
+    let mut totals = Aggregated { url: output.url.to_string(), rows: 0, bytes: 0 };
+    if let Some(header) = header {
+        write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
+    }
+    for index in tracker.succeeded() {
+        if let Err(error) = copy_part(root, &batch_id(index), &mut writer, &mut totals).await {
+            let _ = writer.abort().await;
+            return Err(failed(error.to_string()));
+        }
+    }
+    writer.finish().await.map_err(|e| failed(StoreError::io("complete upload", &output.prefix, e).to_string()))?;
+    Ok(totals)
+}
+
+async fn copy_part(
+    root: &JobRoot,
+    batch_id: &str,
+    writer: &mut WriteMultipart,
+    totals: &mut Aggregated,
+) -> Result<(), StoreError> {
+    let key = root.layout.result_part(batch_id);
+    let result = root.location.store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
+    let mut stream = result.into_stream();
+    let mut last_byte = b'\n';
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| StoreError::io("get", &key, e))?;
+        if let Some(last) = chunk.last() {
+            last_byte = *last;
+        }
+        writer.wait_for_capacity(UPLOAD_CONCURRENCY).await.map_err(|e| StoreError::io("upload", &key, e))?;
+        write_chunk(writer, totals, &chunk);
+    }
+    if last_byte != b'\n' {
+        write_chunk(writer, totals, b"\n");
+    }
+    Ok(())
+}
+
+fn write_chunk(writer: &mut WriteMultipart, totals: &mut Aggregated, chunk: &[u8]) {
+    totals.rows += chunk.iter().filter(|b| **b == b'\n').count() as u64;
+    totals.bytes += chunk.len() as u64;
+    writer.write(chunk);
+}

@@ -1,0 +1,49 @@
+//! The producer's one error type, and what each error means for the exit code.
+
+use batchfleet_common::broker::BrokerError;
+use batchfleet_common::spec::SpecError;
+use batchfleet_common::store::StoreError;
+use batchfleet_common::ErrorKind;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("input `{input}` ({url}) holds no files: there is nothing to run")]
+    EmptyInput { input: String, url: String },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("aggregating the output into `{url}` failed: {reason}")]
+    Aggregation { url: String, reason: String },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ProducerError {
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        ProducerError::Internal(e.to_string())
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProducerError::Spec(_) | ProducerError::Unsupported(_) => ErrorKind::Config,
+            ProducerError::Store(e) => e.kind(),
+            ProducerError::Broker(e) => e.kind(),
+            ProducerError::EmptyInput { .. } => ErrorKind::InputData,
+            ProducerError::Aggregation { .. } | ProducerError::Internal(_) => ErrorKind::Infra,
+        }
+    }
+
+    /// 2 for a job that could not start because of what the user gave (spec, paths, empty
+    /// input); 1 for a job that ran and failed or broke.
+    pub fn exit_code(&self) -> u8 {
+        match self.kind() {
+            ErrorKind::Config | ErrorKind::InputData => 2,
+            ErrorKind::UserCode | ErrorKind::Infra => 1,
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Planning: list the input, cut it into mini-batches, record the plan, publish.
+//!
+//! The listing is streamed and batches go out in chunks: a chunk of the plan is written under
+//! `plan/` *before* its batches are published, so a producer that dies mid-way leaves a plan
+//! that says what may have been published. Memory stays bounded by one chunk.
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::{ObjectMeta, ObjectStoreExt};
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
+use batchfleet_common::message::{batch_id, MiniBatchMessage};
+use batchfleet_common::store::{self, StoreLocation};
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+use crate::listing::list_in_key_order;
+
+/// Batches per plan chunk (one `plan/batches-*.jsonl` object).
+const BATCHES_PER_CHUNK: usize = 1000;
+/// Messages per `publish` call.
+const PUBLISH_GROUP: usize = 100;
+
+/// What planning produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlanSummary {
+    pub batches: u64,
+    pub items: u64,
+}
+
+/// Where the planner sends the batches.
+pub struct PlanTarget<'a> {
+    pub root: &'a JobRoot,
+    pub broker: &'a dyn Broker,
+    pub queue: &'a str,
+}
+
+/// Plan the job's mini-batches and publish them; returns the totals.
+pub async fn plan_and_publish(job: &ResolvedJob, target: &PlanTarget<'_>) -> Result<PlanSummary, ProducerError> {
+    check_supported(job)?;
+    let input = store::open_str(&job.input.url)?;
+    let mut cutter = BatchCutter::new(job.mini_batch_size);
+    let mut chunk: Vec<MiniBatchMessage> = Vec::new();
+    let mut summary = PlanSummary { batches: 0, items: 0 };
+    let mut chunk_no = 0u64;
+
+    let mut objects = input_objects(job, &input).await?;
+    while let Some(meta) = objects.try_next().await? {
+        let item = relative_item(job, &input, &meta)?;
+        summary.items += 1;
+        if let Some(items) = cutter.push(item, meta.size) {
+            chunk.push(message(target, summary.batches, items));
+            summary.batches += 1;
+        }
+        if chunk.len() >= BATCHES_PER_CHUNK {
+            flush_chunk(target, chunk_no, &mut chunk).await?;
+            chunk_no += 1;
+        }
+    }
+    if let Some(items) = cutter.finish() {
+        chunk.push(message(target, summary.batches, items));
+        summary.batches += 1;
+    }
+    if summary.items == 0 {
+        return Err(ProducerError::EmptyInput { input: job.input.name.clone(), url: job.input.url.clone() });
+    }
+    flush_chunk(target, chunk_no, &mut chunk).await?;
+    let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
+    target.root.put(&target.root.layout.plan_summary(), Bytes::from(summary_json)).await?;
+    Ok(summary)
+}
+
+fn check_supported(job: &ResolvedJob) -> Result<(), ProducerError> {
+    if job.input.kind == InputKind::Mltable {
+        return Err(ProducerError::Unsupported(format!(
+            "input `{}` is an mltable; this build plans uri_folder and uri_file inputs only",
+            job.input.name
+        )));
+    }
+    if !job.partition_keys.is_empty() {
+        return Err(ProducerError::Unsupported(
+            "partition_keys: splitting by partition is not supported by this build yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+type ObjectStream = futures::stream::BoxStream<'static, Result<ObjectMeta, batchfleet_common::store::StoreError>>;
+
+/// The input's objects in key order: the folder's contents, or the one file.
+async fn input_objects(job: &ResolvedJob, input: &StoreLocation) -> Result<ObjectStream, ProducerError> {
+    match job.input.kind {
+        InputKind::UriFile => {
+            let meta = input
+                .store
+                .head(&input.prefix)
+                .await
+                .map_err(|e| batchfleet_common::store::StoreError::io("head", &input.prefix, e))?;
+            Ok(Box::pin(futures::stream::iter([Ok(meta)])))
+        }
+        _ => Ok(list_in_key_order(input)),
+    }
+}
+
+/// The item as a message carries it: the key relative to the input folder (for a file input,
+/// relative to the file's folder).
+fn relative_item(job: &ResolvedJob, input: &StoreLocation, meta: &ObjectMeta) -> Result<String, ProducerError> {
+    if job.input.kind == InputKind::UriFile {
+        return meta
+            .location
+            .filename()
+            .map(str::to_string)
+            .ok_or_else(|| ProducerError::Unsupported(format!("input `{}` names no file", job.input.url)));
+    }
+    let key = meta.location.as_ref();
+    let prefix = input.prefix.as_ref();
+    let rel = if prefix.is_empty() { Some(key) } else { key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) };
+    rel.map(str::to_string).ok_or_else(|| {
+        ProducerError::internal(format!("listed key `{key}` is not under the input prefix `{prefix}`"))
+    })
+}
+
+fn message(target: &PlanTarget<'_>, index: u64, items: Vec<String>) -> MiniBatchMessage {
+    MiniBatchMessage {
+        job_id: target.root.job_id.clone(),
+        job_root: target.root.url(),
+        batch_id: batch_id(index),
+        index,
+        items,
+    }
+}
+
+async fn flush_chunk(target: &PlanTarget<'_>, chunk_no: u64, chunk: &mut Vec<MiniBatchMessage>) -> Result<(), ProducerError> {
+    if chunk.is_empty() {
+        return Ok(());
+    }
+    let mut lines = Vec::new();
+    let mut payloads = Vec::with_capacity(chunk.len());
+    for msg in chunk.iter() {
+        let json = serde_json::to_vec(msg).map_err(ProducerError::internal)?;
+        lines.extend_from_slice(&json);
+        lines.push(b'\n');
+        payloads.push(Bytes::from(json));
+    }
+    target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
+    for group in payloads.chunks(PUBLISH_GROUP) {
+        target.broker.publish(target.queue, group.to_vec()).await?;
+    }
+    tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
+    chunk.clear();
+    Ok(())
+}
+
+/// Cuts a stream of items into mini-batches by count, or by cumulative size.
+#[derive(Debug)]
+struct BatchCutter {
+    limit: MiniBatchSize,
+    items: Vec<String>,
+    bytes: u64,
+}
+
+impl BatchCutter {
+    fn new(limit: MiniBatchSize) -> Self {
+        BatchCutter { limit, items: Vec::new(), bytes: 0 }
+    }
+
+    /// Add an item; returns a full batch when this item completes one.
+    fn push(&mut self, item: String, size: u64) -> Option<Vec<String>> {
+        self.items.push(item);
+        self.bytes += size;
+        let full = match self.limit {
+            MiniBatchSize::Count(n) => self.items.len() as u64 >= n.max(1),
+            MiniBatchSize::Bytes(n) => self.bytes >= n.max(1),
+        };
+        full.then(|| self.take())
+    }
+
+    fn finish(&mut self) -> Option<Vec<String>> {
+        (!self.items.is_empty()).then(|| self.take())
+    }
+
+    fn take(&mut self) -> Vec<String> {
+        self.bytes = 0;
+        std::mem::take(&mut self.items)
+    }
+}
+
+/// Read the plan back (for inspection and, later, resume).
+pub async fn read_plan(root: &JobRoot) -> Result<Vec<MiniBatchMessage>, ProducerError> {
+    let mut messages = Vec::new();
+    for chunk_no in 0.. {
+        let key = root.layout.plan_chunk(chunk_no);
+        let bytes = match root.location.store.get(&key).await {
+            Ok(result) => result.bytes().await.map_err(|e| batchfleet_common::store::StoreError::io("get", &key, e))?,
+            Err(object_store::Error::NotFound { .. }) => break,
+            Err(e) => return Err(batchfleet_common::store::StoreError::io("get", &key, e).into()),
+        };
+        for (line_no, line) in bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.is_empty()) {
+            let msg = serde_json::from_slice(line).map_err(|e| {
+                ProducerError::internal(format!("{key}:{}: not a plan entry: {e}", line_no + 1))
+            })?;
+            messages.push(msg);
+        }
+    }
+    Ok(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cut(limit: MiniBatchSize, sizes: &[u64]) -> Vec<Vec<String>> {
+        let mut cutter = BatchCutter::new(limit);
+        let mut batches = Vec::new();
+        for (i, size) in sizes.iter().enumerate() {
+            batches.extend(cutter.push(format!("f{i}"), *size));
+        }
+        batches.extend(cutter.finish());
+        batches
+    }
+
+    #[test]
+    fn count_batches_keep_order_and_the_remainder() {
+        let batches = cut(MiniBatchSize::Count(3), &[1; 7]);
+        let lens: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(lens, [3, 3, 1]);
+        assert_eq!(batches[2], ["f6"]);
+        assert_eq!(batches[0], ["f0", "f1", "f2"]);
+    }
+
+    #[test]
+    fn exact_multiples_leave_no_empty_batch() {
+        let lens: Vec<usize> = cut(MiniBatchSize::Count(2), &[1; 4]).iter().map(Vec::len).collect();
+        assert_eq!(lens, [2, 2]);
+    }
+
+    #[test]
+    fn one_file_is_one_batch() {
+        assert_eq!(cut(MiniBatchSize::Count(10), &[5]), [["f0"]]);
+    }
+
+    #[test]
+    fn size_batches_close_once_the_size_is_reached() {
+        let lens: Vec<usize> =
+            cut(MiniBatchSize::Bytes(100), &[60, 30, 20, 200, 5]).iter().map(Vec::len).collect();
+        assert_eq!(lens, [3, 1, 1]);
+    }
+}

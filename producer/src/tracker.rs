@@ -1,0 +1,229 @@
+//! What the producer knows about a running job: which batches ended, and how.
+//!
+//! Kept compact (a few bytes per batch) so a job of millions of mini-batches tracks in memory;
+//! the full records stay in the store (`status/`, `failures/`).
+
+use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
+
+use crate::plan::PlanSummary;
+
+/// The final state of one batch, as far as counting needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ended {
+    state: BatchState,
+    items_in: u64,
+    items_out: u64,
+}
+
+/// Totals of a job so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Counts {
+    pub batches_total: u64,
+    pub batches_succeeded: u64,
+    pub batches_failed: u64,
+    pub batches_cancelled: u64,
+    pub items_total: u64,
+    pub items_succeeded: u64,
+    pub items_failed: u64,
+}
+
+impl Counts {
+    pub fn batches_ended(&self) -> u64 {
+        self.batches_succeeded + self.batches_failed + self.batches_cancelled
+    }
+
+    pub fn batches_outstanding(&self) -> u64 {
+        self.batches_total.saturating_sub(self.batches_ended())
+    }
+}
+
+/// The first failure of the job, for the job result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstError {
+    pub batch_id: String,
+    pub record: FailureRecord,
+}
+
+#[derive(Debug)]
+pub struct Tracker {
+    ended: Vec<Option<Ended>>,
+    counts: Counts,
+    header: Option<String>,
+    first_error: Option<FirstError>,
+}
+
+impl Tracker {
+    pub fn new(plan: PlanSummary) -> Self {
+        Tracker {
+            ended: vec![None; plan.batches as usize],
+            counts: Counts { batches_total: plan.batches, items_total: plan.items, ..Counts::default() },
+            header: None,
+            first_error: None,
+        }
+    }
+
+    /// Record a batch's status. Returns false for a duplicate or an index outside the plan
+    /// (a redelivered batch reports twice; the first final state counts, except that a later
+    /// success replaces a failure, because a success is what the store keeps).
+    pub fn record(&mut self, status: &BatchStatus) -> bool {
+        let Some(slot) = self.ended.get_mut(status.index as usize) else {
+            tracing::warn!(batch_id = %status.batch_id, index = status.index, "status for a batch outside the plan ignored");
+            return false;
+        };
+        let new = Ended {
+            state: status.state,
+            items_in: status.items_in,
+            items_out: status.items_out.min(status.items_in),
+        };
+        match *slot {
+            None => {}
+            Some(old) if old.state == BatchState::Failed && new.state == BatchState::Succeeded => {
+                Self::uncount(&mut self.counts, old);
+            }
+            Some(_) => return false,
+        }
+        *slot = Some(new);
+        Self::count(&mut self.counts, new);
+        if status.header.is_some() && self.header.is_none() {
+            self.header = status.header.clone();
+        }
+        if let (BatchState::Failed, Some(error), None) = (status.state, &status.error, &self.first_error) {
+            self.first_error = Some(FirstError { batch_id: status.batch_id.clone(), record: error.clone() });
+        }
+        true
+    }
+
+    fn count(counts: &mut Counts, ended: Ended) {
+        match ended.state {
+            BatchState::Succeeded => {
+                counts.batches_succeeded += 1;
+                counts.items_succeeded += ended.items_out;
+                counts.items_failed += ended.items_in - ended.items_out;
+            }
+            BatchState::Failed => {
+                counts.batches_failed += 1;
+                counts.items_failed += ended.items_in;
+            }
+            BatchState::Cancelled => counts.batches_cancelled += 1,
+        }
+    }
+
+    fn uncount(counts: &mut Counts, ended: Ended) {
+        match ended.state {
+            BatchState::Succeeded => {
+                counts.batches_succeeded -= 1;
+                counts.items_succeeded -= ended.items_out;
+                counts.items_failed -= ended.items_in - ended.items_out;
+            }
+            BatchState::Failed => {
+                counts.batches_failed -= 1;
+                counts.items_failed -= ended.items_in;
+            }
+            BatchState::Cancelled => counts.batches_cancelled -= 1,
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.counts.batches_outstanding() == 0
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// The DataFrame header reported by the first batch that returned one.
+    pub fn header(&self) -> Option<&str> {
+        self.header.as_deref()
+    }
+
+    pub fn first_error(&self) -> Option<&FirstError> {
+        self.first_error.as_ref()
+    }
+
+    /// Indices of succeeded batches, in batch order (the aggregation order).
+    pub fn succeeded(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ended
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Some(Ended { state: BatchState::Succeeded, .. })))
+            .map(|(i, _)| i as u64)
+    }
+
+    /// Indices of failed batches, in batch order.
+    pub fn failed(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ended
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Some(Ended { state: BatchState::Failed, .. })))
+            .map(|(i, _)| i as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfleet_common::message::batch_id;
+    use batchfleet_common::status::FailureKind;
+
+    fn status(index: u64, state: BatchState, items_in: u64, items_out: u64) -> BatchStatus {
+        BatchStatus {
+            batch_id: batch_id(index),
+            index,
+            state,
+            items_in,
+            items_out,
+            rows: items_out,
+            header: None,
+            attempt: 1,
+            worker: "w".into(),
+            started_at_ms: 0,
+            ended_at_ms: 0,
+            error: (state == BatchState::Failed).then(|| FailureRecord {
+                kind: FailureKind::UserError,
+                message: format!("boom {index}"),
+                detail: None,
+                attempt: 3,
+                worker: "w".into(),
+                duration_ms: 1,
+            }),
+        }
+    }
+
+    #[test]
+    fn counts_batches_and_items_once() {
+        let mut tracker = Tracker::new(PlanSummary { batches: 3, items: 7 });
+        assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
+        assert!(!tracker.record(&status(0, BatchState::Succeeded, 3, 3)), "duplicate must not count");
+        assert!(tracker.record(&status(1, BatchState::Succeeded, 3, 2)));
+        assert!(!tracker.is_complete());
+        assert!(tracker.record(&status(2, BatchState::Failed, 1, 0)));
+        assert!(tracker.is_complete());
+        let counts = tracker.counts();
+        assert_eq!((counts.batches_succeeded, counts.batches_failed), (2, 1));
+        assert_eq!((counts.items_succeeded, counts.items_failed), (5, 2));
+        assert_eq!(tracker.succeeded().collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(tracker.first_error().unwrap().batch_id, batch_id(2));
+    }
+
+    #[test]
+    fn a_late_success_replaces_a_failure() {
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
+        tracker.record(&status(0, BatchState::Failed, 2, 0));
+        assert!(tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
+        let counts = tracker.counts();
+        assert_eq!((counts.batches_succeeded, counts.batches_failed, counts.items_failed), (1, 0, 0));
+    }
+
+    #[test]
+    fn items_out_is_capped_at_items_in() {
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
+        tracker.record(&status(0, BatchState::Succeeded, 2, 5));
+        assert_eq!(tracker.counts().items_succeeded, 2);
+    }
+
+    #[test]
+    fn statuses_outside_the_plan_are_ignored() {
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 1 });
+        assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
+    }
+}

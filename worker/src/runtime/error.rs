@@ -1,0 +1,103 @@
+//! What can go wrong with a runtime process, and whose fault it is.
+
+use std::path::PathBuf;
+
+use batchfleet_common::{ErrorKind, Retry};
+
+use super::protocol::{ErrorFields, UserFailureKind};
+
+/// An exception in the user's code, as the runtime reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserFailure {
+    pub kind: UserFailureKind,
+    /// The exception's type name; `None` for a bad return value.
+    pub exception: Option<String>,
+    pub message: String,
+    pub traceback: Option<String>,
+}
+
+impl UserFailure {
+    pub(crate) fn from_fields(kind: UserFailureKind, fields: ErrorFields) -> Self {
+        UserFailure {
+            kind,
+            exception: fields.exception,
+            message: fields.message,
+            traceback: fields.traceback,
+        }
+    }
+}
+
+impl std::fmt::Display for UserFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.exception {
+            Some(exception) => write!(f, "{exception}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// The one error type of runtime processes.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("could not start the entry-script runtime `{}`: {source}", python.display())]
+    Spawn {
+        python: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("preparing the runtime's {what} failed: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("loading the entry script or its init() failed: {0}")]
+    InitFailed(UserFailure),
+    #[error("the entry script did not answer within {secs} s; its process was killed")]
+    Timeout { secs: u64 },
+    #[error("the entry-script process died ({status})")]
+    Crashed {
+        /// How it ended, e.g. `exit status: 3` or `signal: 9 (SIGKILL)`.
+        status: String,
+        /// Its last stderr lines, oldest first.
+        stderr_tail: String,
+    },
+    #[error("entry-script protocol error: {0}")]
+    Protocol(String),
+}
+
+impl RuntimeError {
+    /// Whose problem this is: user code (burns one of the batch's deliveries) or infrastructure.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            RuntimeError::Spawn { source, .. } if is_setup_problem(source) => ErrorKind::Config,
+            RuntimeError::Spawn { .. } | RuntimeError::Io { .. } | RuntimeError::Protocol(_) => {
+                ErrorKind::Infra
+            }
+            RuntimeError::InitFailed(_)
+            | RuntimeError::Timeout { .. }
+            | RuntimeError::Crashed { .. } => ErrorKind::UserCode,
+        }
+    }
+
+    /// Whether starting (or running) again can succeed: a timeout or a crash may not recur, an
+    /// exception in `init()` or a missing interpreter will.
+    pub fn retry(&self) -> Retry {
+        match self {
+            RuntimeError::Spawn { source, .. } if is_setup_problem(source) => Retry::Permanent,
+            RuntimeError::Spawn { .. }
+            | RuntimeError::Io { .. }
+            | RuntimeError::Timeout { .. }
+            | RuntimeError::Crashed { .. } => Retry::Transient,
+            RuntimeError::InitFailed(_) | RuntimeError::Protocol(_) => Retry::Permanent,
+        }
+    }
+}
+
+/// A missing or non-executable interpreter: the worker's setup, not a passing condition.
+fn is_setup_problem(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+    )
+}

@@ -1,0 +1,95 @@
+//! Entry-script runtimes: one long-lived process per concurrency slot, spoken to over the line
+//! protocol of docs/entry-protocol.md.
+//!
+//! The process outlives many mini-batches so that `init()` (loading a model, opening a
+//! connection) runs once per process, as in Azure. It is disposable all the same: after a
+//! timeout or a crash the caller drops it and starts a fresh one.
+
+mod error;
+mod process;
+pub mod protocol;
+mod stderr;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{RuntimeError, UserFailure};
+pub use process::RuntimeProcess;
+pub use protocol::{MiniBatchContext, UserFailureKind};
+
+/// The Python driver that loads an entry script and speaks the protocol.
+pub const PYTHON_DRIVER: &str = include_str!("driver.py");
+
+/// The file name the driver is installed under (versioned, so an old copy is never reused).
+pub const DRIVER_FILE_NAME: &str = "batchfleet_driver_v1.py";
+
+/// Lines of the runtime's stderr kept in memory for crash reports.
+pub const STDERR_TAIL_LINES: usize = 50;
+
+/// Write the bundled driver into `dir` and return its path.
+///
+/// Written to a temporary name and renamed, so that concurrent installs (several workers on one
+/// scratch folder) never leave a half-written driver for a starting runtime to read.
+pub fn install_driver(dir: &Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let target = dir.join(DRIVER_FILE_NAME);
+    let mut temp = tempfile::NamedTempFile::new_in(dir)?;
+    std::io::Write::write_all(&mut temp, PYTHON_DRIVER.as_bytes())?;
+    temp.persist(&target).map_err(|e| e.error)?;
+    Ok(target)
+}
+
+/// How to start one runtime process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// The Python interpreter (`python3` unless configured).
+    pub python: PathBuf,
+    /// The installed driver (see [`install_driver`]).
+    pub driver: PathBuf,
+    /// The job's code folder; put first on `sys.path`.
+    pub code_dir: PathBuf,
+    /// The entry script, relative to `code_dir`.
+    pub entry_script: String,
+    /// `sys.argv[1:]` of the entry script.
+    pub script_args: Vec<String>,
+    /// Added to the worker's own environment.
+    pub env: BTreeMap<String, String>,
+    /// The process runs in a fresh temporary folder created under this one (removed when the
+    /// process stops), so relative paths never collide between processes.
+    pub work_dir: PathBuf,
+    /// The process's stderr (the user's prints and logs) is appended here.
+    pub log_path: PathBuf,
+    /// How long loading the script and `init()` may take.
+    pub init_timeout: Duration,
+}
+
+/// One mini-batch for [`RuntimeProcess::run`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRequest {
+    pub batch_id: String,
+    /// Local file paths.
+    pub items: Vec<String>,
+    pub context: MiniBatchContext,
+    /// Local file the result rows are written to.
+    pub output: PathBuf,
+}
+
+/// How a `run()` call ended, when the process itself is still healthy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunOutcome {
+    Succeeded(RunSuccess),
+    /// `run()` raised or returned the wrong type; the process can serve the next batch.
+    Failed(UserFailure),
+}
+
+/// What a successful `run()` reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSuccess {
+    /// The length of `run()`'s return value (not capped).
+    pub items_out: u64,
+    /// Lines written to the output file.
+    pub rows: u64,
+    /// The DataFrame header line, when `run()` returned a DataFrame.
+    pub header: Option<String>,
+}

@@ -36,13 +36,21 @@ pub fn output_location(job: &ResolvedJob, root: &JobRoot) -> Result<StoreLocatio
     let Some(raw) = &job.task.append_row_to else {
         let mut location = root.location.clone();
         location.prefix = root.layout.default_output();
-        location.url = Url::parse(&root.key_url(&location.prefix)).map_err(ProducerError::internal)?;
+        location.url =
+            Url::parse(&root.key_url(&location.prefix)).map_err(ProducerError::internal)?;
         return Ok(location);
     };
     let is_folder = raw.ends_with('/')
-        || job.outputs.values().any(|o| o.url.as_deref() == Some(raw.as_str()) && o.kind == "uri_folder");
+        || job
+            .outputs
+            .values()
+            .any(|o| o.url.as_deref() == Some(raw.as_str()) && o.kind == "uri_folder");
     let url = if is_folder {
-        let base = if raw.ends_with('/') { raw.clone() } else { format!("{raw}/") };
+        let base = if raw.ends_with('/') {
+            raw.clone()
+        } else {
+            format!("{raw}/")
+        };
         format!("{base}{OUTPUT_FILE_NAME}")
     } else {
         raw.clone()
@@ -57,14 +65,21 @@ pub async fn aggregate(
     header: Option<&str>,
     output: &StoreLocation,
 ) -> Result<Aggregated, ProducerError> {
-    let failed = |reason: String| ProducerError::Aggregation { url: output.url.to_string(), reason };
+    let failed = |reason: String| ProducerError::Aggregation {
+        url: output.url.to_string(),
+        reason,
+    };
     let upload = output
         .store
         .put_multipart(&output.prefix)
         .await
         .map_err(|e| failed(StoreError::io("put_multipart", &output.prefix, e).to_string()))?;
     let mut writer = WriteMultipart::new(upload);
-    let mut totals = Aggregated { url: output.url.to_string(), rows: 0, bytes: 0 };
+    let mut totals = Aggregated {
+        url: output.url.to_string(),
+        rows: 0,
+        bytes: 0,
+    };
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
@@ -74,7 +89,10 @@ pub async fn aggregate(
             return Err(failed(error.to_string()));
         }
     }
-    writer.finish().await.map_err(|e| failed(StoreError::io("complete upload", &output.prefix, e).to_string()))?;
+    writer
+        .finish()
+        .await
+        .map_err(|e| failed(StoreError::io("complete upload", &output.prefix, e).to_string()))?;
     Ok(totals)
 }
 
@@ -85,7 +103,12 @@ async fn copy_part(
     totals: &mut Aggregated,
 ) -> Result<(), StoreError> {
     let key = root.layout.result_part(batch_id);
-    let result = root.location.store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
+    let result = root
+        .location
+        .store
+        .get(&key)
+        .await
+        .map_err(|e| StoreError::io("get", &key, e))?;
     let mut stream = result.into_stream();
     let mut last_byte = b'\n';
     while let Some(chunk) = stream.next().await {
@@ -93,7 +116,10 @@ async fn copy_part(
         if let Some(last) = chunk.last() {
             last_byte = *last;
         }
-        writer.wait_for_capacity(UPLOAD_CONCURRENCY).await.map_err(|e| StoreError::io("upload", &key, e))?;
+        writer
+            .wait_for_capacity(UPLOAD_CONCURRENCY)
+            .await
+            .map_err(|e| StoreError::io("upload", &key, e))?;
         write_chunk(writer, totals, &chunk);
     }
     if last_byte != b'\n' {

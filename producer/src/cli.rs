@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use crate::run::{run_embedded, RunOptions};
 
 #[derive(Debug, Parser)]
-#[command(name = "batchfleet", version, about = "Run one function over a large data set on a fleet of stateless workers.")]
+#[command(
+    name = "batchfleet",
+    version,
+    about = "Run one function over a large data set on a fleet of stateless workers."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -37,7 +41,12 @@ pub enum Command {
 /// bad path, empty input).
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, no_progress } => {
+        Command::Run {
+            job,
+            store,
+            python,
+            no_progress,
+        } => {
             let options = RunOptions {
                 spec_path: job,
                 store,

@@ -48,19 +48,34 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         .put(&key, PutPayload::from_bytes(Bytes::from(json)))
         .await
         .map_err(|e| StoreError::io("put", &key, e))?;
-    let event = BatchEvent { job_id: message.job_id.clone(), status };
+    let event = BatchEvent {
+        job_id: message.job_id.clone(),
+        status,
+    };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
-    broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await?;
+    broker
+        .publish(
+            &QueueNames::events(&message.job_id),
+            vec![Bytes::from(payload)],
+        )
+        .await?;
     broker.ack(&delivery.handle).await?;
     tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())
 }
 
-async fn read_status(root: &StoreLocation, layout: &JobLayout, batch_id: &str) -> Result<Option<BatchStatus>, ProducerError> {
+async fn read_status(
+    root: &StoreLocation,
+    layout: &JobLayout,
+    batch_id: &str,
+) -> Result<Option<BatchStatus>, ProducerError> {
     let key = layout.status(batch_id);
     match root.store.get(&key).await {
         Ok(result) => {
-            let bytes = result.bytes().await.map_err(|e| StoreError::io("get", &key, e))?;
+            let bytes = result
+                .bytes()
+                .await
+                .map_err(|e| StoreError::io("get", &key, e))?;
             Ok(serde_json::from_slice(&bytes).ok())
         }
         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -74,7 +89,10 @@ async fn failed_status(
     message: &MiniBatchMessage,
     delivery: &Delivery,
 ) -> Result<BatchStatus, ProducerError> {
-    let reason = delivery.dead_letter_reason.clone().unwrap_or_else(|| "dead-lettered".into());
+    let reason = delivery
+        .dead_letter_reason
+        .clone()
+        .unwrap_or_else(|| "dead-lettered".into());
     let error = match last_failure(root, layout, &message.batch_id).await? {
         Some(record) => record,
         None => FailureRecord {
@@ -107,7 +125,11 @@ async fn failed_status(
 }
 
 /// The failure record of the highest attempt under `failures/<batch>/`.
-async fn last_failure(root: &StoreLocation, layout: &JobLayout, batch_id: &str) -> Result<Option<FailureRecord>, ProducerError> {
+async fn last_failure(
+    root: &StoreLocation,
+    layout: &JobLayout,
+    batch_id: &str,
+) -> Result<Option<FailureRecord>, ProducerError> {
     let folder = layout.failures_of(batch_id);
     let listed: Vec<object_store::ObjectMeta> = root
         .store
@@ -123,7 +145,9 @@ async fn last_failure(root: &StoreLocation, layout: &JobLayout, batch_id: &str) 
             Some((attempt, meta.location.clone()))
         })
         .max_by_key(|(attempt, _)| *attempt);
-    let Some((_, key)) = latest else { return Ok(None) };
+    let Some((_, key)) = latest else {
+        return Ok(None);
+    };
     let bytes = root
         .store
         .get(&key)

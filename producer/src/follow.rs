@@ -51,7 +51,10 @@ impl Follow<'_> {
                 return Ok(FollowEnd::FleetGone(reason));
             }
             self.route_dead_letters().await?;
-            let events = self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await?;
+            let events = self
+                .broker
+                .receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT)
+                .await?;
             for delivery in &events {
                 self.take_event(tracker, delivery).await?;
             }
@@ -66,23 +69,34 @@ impl Follow<'_> {
     }
 
     async fn route_dead_letters(&self) -> Result<(), ProducerError> {
-        let dead = self.broker.receive(&self.queues.dead_letter, 64, HANDLING_LEASE, Duration::ZERO).await?;
+        let dead = self
+            .broker
+            .receive(&self.queues.dead_letter, 64, HANDLING_LEASE, Duration::ZERO)
+            .await?;
         for delivery in &dead {
             if let Err(error) = dead_letters::route(self.broker, delivery).await {
                 // Leave it on the queue: it is routed again once the store answers.
                 tracing::error!(%error, "routing a dead-lettered mini-batch failed; it will be retried");
-                self.broker.nack(&delivery.handle, Duration::from_secs(5)).await?;
+                self.broker
+                    .nack(&delivery.handle, Duration::from_secs(5))
+                    .await?;
             }
         }
         Ok(())
     }
 
-    async fn take_event(&self, tracker: &mut Tracker, delivery: &Delivery) -> Result<(), ProducerError> {
+    async fn take_event(
+        &self,
+        tracker: &mut Tracker,
+        delivery: &Delivery,
+    ) -> Result<(), ProducerError> {
         match serde_json::from_slice::<BatchEvent>(&delivery.payload) {
             Ok(event) if event.job_id == self.root.job_id => {
                 tracker.record(&event.status);
             }
-            Ok(event) => tracing::error!(job_id = %event.job_id, "event for another job on this job's queue ignored"),
+            Ok(event) => {
+                tracing::error!(job_id = %event.job_id, "event for another job on this job's queue ignored")
+            }
             Err(error) => tracing::error!(
                 %error,
                 payload = %String::from_utf8_lossy(&delivery.payload[..delivery.payload.len().min(512)]),
@@ -99,7 +113,11 @@ impl Follow<'_> {
             Err(_) => 0,
         };
         let text = overview_text(&tracker.counts(), progress.elapsed(), in_flight);
-        if let Err(error) = self.root.put(&self.root.layout.progress_overview(), Bytes::from(text)).await {
+        if let Err(error) = self
+            .root
+            .put(&self.root.layout.progress_overview(), Bytes::from(text))
+            .await
+        {
             tracing::warn!(%error, "could not write the progress overview");
         }
     }

@@ -15,7 +15,9 @@ use object_store::{ObjectMeta, ObjectStore};
 use batchfleet_common::store::{StoreError, StoreLocation};
 
 /// Objects under `location`, in key order.
-pub fn list_in_key_order(location: &StoreLocation) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
+pub fn list_in_key_order(
+    location: &StoreLocation,
+) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
     let prefix = location.prefix.clone();
     if location.url.scheme() == "file" {
         walk_sorted(Arc::clone(&location.store), prefix)
@@ -46,7 +48,10 @@ impl Pending {
     }
 }
 
-fn walk_sorted(store: Arc<dyn ObjectStore>, root: Path) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
+fn walk_sorted(
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
     let start = vec![Pending::Folder(root)];
     stream::try_unfold((store, start), |(store, mut pending)| async move {
         while let Some(next) = pending.pop() {
@@ -81,18 +86,29 @@ mod tests {
     #[tokio::test]
     async fn local_folders_list_in_flat_key_order() {
         let dir = tempfile::tempdir().unwrap();
-        for rel in ["b.txt", "a/2.txt", "a/1.txt", "a-c.txt", "a/z/0.txt", "c/d/e/f.txt"] {
+        for rel in [
+            "b.txt",
+            "a/2.txt",
+            "a/1.txt",
+            "a-c.txt",
+            "a/z/0.txt",
+            "c/d/e/f.txt",
+        ] {
             let path = dir.path().join(rel);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, rel).unwrap();
         }
-        let location = open(&resolve_location(dir.path().to_str().unwrap(), dir.path()).unwrap()).unwrap();
+        let location =
+            open(&resolve_location(dir.path().to_str().unwrap(), dir.path()).unwrap()).unwrap();
         let keys: Vec<String> = list_in_key_order(&location)
             .map_ok(|meta| meta.location.to_string())
             .try_collect()
             .await
             .unwrap();
-        let rel: Vec<&str> = keys.iter().map(|k| &k[location.prefix.as_ref().len() + 1..]).collect();
+        let rel: Vec<&str> = keys
+            .iter()
+            .map(|k| &k[location.prefix.as_ref().len() + 1..])
+            .collect();
         let mut sorted = rel.clone();
         sorted.sort();
         assert_eq!(rel, sorted, "listing must be in flat key order");

@@ -33,7 +33,9 @@ impl Verdict {
 /// The first threshold the counts exceed (count > threshold), said with the numbers.
 pub fn threshold_exceeded(job: &ResolvedJob, counts: &Counts) -> Option<String> {
     let args = &job.task.program_args;
-    if job.mini_batch_error_threshold >= 0 && counts.batches_failed as i64 > job.mini_batch_error_threshold {
+    if job.mini_batch_error_threshold >= 0
+        && counts.batches_failed as i64 > job.mini_batch_error_threshold
+    {
         return Some(format!(
             "mini_batch_error_threshold exceeded: {} mini-batches failed, {} allowed",
             counts.batches_failed, job.mini_batch_error_threshold
@@ -95,7 +97,10 @@ pub fn job_result_text(
     let _ = writeln!(
         text,
         "mini-batches: {} total, {} succeeded, {} failed, {} cancelled",
-        counts.batches_total, counts.batches_succeeded, counts.batches_failed, counts.batches_cancelled
+        counts.batches_total,
+        counts.batches_succeeded,
+        counts.batches_failed,
+        counts.batches_cancelled
     );
     let _ = writeln!(
         text,
@@ -108,7 +113,11 @@ pub fn job_result_text(
     let failed: Vec<String> = tracker.failed().take(50).map(batch_id).collect();
     if !failed.is_empty() {
         let more = counts.batches_failed.saturating_sub(failed.len() as u64);
-        let suffix = if more > 0 { format!(" and {more} more") } else { String::new() };
+        let suffix = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
         let _ = writeln!(text, "failed mini-batches: {}{suffix}", failed.join(", "));
     }
     let _ = writeln!(text, "job root: {}", root.url());
@@ -140,13 +149,34 @@ mod tests {
 
     #[test]
     fn thresholds_fail_only_when_exceeded() {
-        assert_eq!(threshold_exceeded(&job(2, -1, 100.0), &counts(10, 2, 2)), None, "equal is allowed");
+        assert_eq!(
+            threshold_exceeded(&job(2, -1, 100.0), &counts(10, 2, 2)),
+            None,
+            "equal is allowed"
+        );
         let reason = threshold_exceeded(&job(2, -1, 100.0), &counts(10, 3, 3)).unwrap();
-        assert!(reason.contains("mini_batch_error_threshold") && reason.contains('3'), "{reason}");
-        assert_eq!(threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 5)), None);
-        assert!(threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 6)).unwrap().contains("error_threshold"));
-        assert_eq!(threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 2, 2)), None);
-        assert!(threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 3, 3)).unwrap().contains("allowed_failed_percent"));
-        assert_eq!(threshold_exceeded(&job(-1, -1, 100.0), &counts(10, 10, 10)), None, "-1 ignores all");
+        assert!(
+            reason.contains("mini_batch_error_threshold") && reason.contains('3'),
+            "{reason}"
+        );
+        assert_eq!(
+            threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 5)),
+            None
+        );
+        assert!(threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 6))
+            .unwrap()
+            .contains("error_threshold"));
+        assert_eq!(
+            threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 2, 2)),
+            None
+        );
+        assert!(threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 3, 3))
+            .unwrap()
+            .contains("allowed_failed_percent"));
+        assert_eq!(
+            threshold_exceeded(&job(-1, -1, 100.0), &counts(10, 10, 10)),
+            None,
+            "-1 ignores all"
+        );
     }
 }

@@ -37,12 +37,18 @@ pub struct PlanTarget<'a> {
 }
 
 /// Plan the job's mini-batches and publish them; returns the totals.
-pub async fn plan_and_publish(job: &ResolvedJob, target: &PlanTarget<'_>) -> Result<PlanSummary, ProducerError> {
+pub async fn plan_and_publish(
+    job: &ResolvedJob,
+    target: &PlanTarget<'_>,
+) -> Result<PlanSummary, ProducerError> {
     check_supported(job)?;
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
     let mut chunk: Vec<MiniBatchMessage> = Vec::new();
-    let mut summary = PlanSummary { batches: 0, items: 0 };
+    let mut summary = PlanSummary {
+        batches: 0,
+        items: 0,
+    };
     let mut chunk_no = 0u64;
 
     let mut objects = input_objects(job, &input).await?;
@@ -63,11 +69,20 @@ pub async fn plan_and_publish(job: &ResolvedJob, target: &PlanTarget<'_>) -> Res
         summary.batches += 1;
     }
     if summary.items == 0 {
-        return Err(ProducerError::EmptyInput { input: job.input.name.clone(), url: job.input.url.clone() });
+        return Err(ProducerError::EmptyInput {
+            input: job.input.name.clone(),
+            url: job.input.url.clone(),
+        });
     }
     flush_chunk(target, chunk_no, &mut chunk).await?;
     let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
-    target.root.put(&target.root.layout.plan_summary(), Bytes::from(summary_json)).await?;
+    target
+        .root
+        .put(
+            &target.root.layout.plan_summary(),
+            Bytes::from(summary_json),
+        )
+        .await?;
     Ok(summary)
 }
 
@@ -86,17 +101,20 @@ fn check_supported(job: &ResolvedJob) -> Result<(), ProducerError> {
     Ok(())
 }
 
-type ObjectStream = futures::stream::BoxStream<'static, Result<ObjectMeta, batchfleet_common::store::StoreError>>;
+type ObjectStream =
+    futures::stream::BoxStream<'static, Result<ObjectMeta, batchfleet_common::store::StoreError>>;
 
 /// The input's objects in key order: the folder's contents, or the one file.
-async fn input_objects(job: &ResolvedJob, input: &StoreLocation) -> Result<ObjectStream, ProducerError> {
+async fn input_objects(
+    job: &ResolvedJob,
+    input: &StoreLocation,
+) -> Result<ObjectStream, ProducerError> {
     match job.input.kind {
         InputKind::UriFile => {
-            let meta = input
-                .store
-                .head(&input.prefix)
-                .await
-                .map_err(|e| batchfleet_common::store::StoreError::io("head", &input.prefix, e))?;
+            let meta =
+                input.store.head(&input.prefix).await.map_err(|e| {
+                    batchfleet_common::store::StoreError::io("head", &input.prefix, e)
+                })?;
             Ok(Box::pin(futures::stream::iter([Ok(meta)])))
         }
         _ => Ok(list_in_key_order(input)),
@@ -105,19 +123,27 @@ async fn input_objects(job: &ResolvedJob, input: &StoreLocation) -> Result<Objec
 
 /// The item as a message carries it: the key relative to the input folder (for a file input,
 /// relative to the file's folder).
-fn relative_item(job: &ResolvedJob, input: &StoreLocation, meta: &ObjectMeta) -> Result<String, ProducerError> {
+fn relative_item(
+    job: &ResolvedJob,
+    input: &StoreLocation,
+    meta: &ObjectMeta,
+) -> Result<String, ProducerError> {
     if job.input.kind == InputKind::UriFile {
-        return meta
-            .location
-            .filename()
-            .map(str::to_string)
-            .ok_or_else(|| ProducerError::Unsupported(format!("input `{}` names no file", job.input.url)));
+        return meta.location.filename().map(str::to_string).ok_or_else(|| {
+            ProducerError::Unsupported(format!("input `{}` names no file", job.input.url))
+        });
     }
     let key = meta.location.as_ref();
     let prefix = input.prefix.as_ref();
-    let rel = if prefix.is_empty() { Some(key) } else { key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) };
+    let rel = if prefix.is_empty() {
+        Some(key)
+    } else {
+        key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/'))
+    };
     rel.map(str::to_string).ok_or_else(|| {
-        ProducerError::internal(format!("listed key `{key}` is not under the input prefix `{prefix}`"))
+        ProducerError::internal(format!(
+            "listed key `{key}` is not under the input prefix `{prefix}`"
+        ))
     })
 }
 
@@ -131,7 +157,11 @@ fn message(target: &PlanTarget<'_>, index: u64, items: Vec<String>) -> MiniBatch
     }
 }
 
-async fn flush_chunk(target: &PlanTarget<'_>, chunk_no: u64, chunk: &mut Vec<MiniBatchMessage>) -> Result<(), ProducerError> {
+async fn flush_chunk(
+    target: &PlanTarget<'_>,
+    chunk_no: u64,
+    chunk: &mut Vec<MiniBatchMessage>,
+) -> Result<(), ProducerError> {
     if chunk.is_empty() {
         return Ok(());
     }
@@ -143,11 +173,18 @@ async fn flush_chunk(target: &PlanTarget<'_>, chunk_no: u64, chunk: &mut Vec<Min
         lines.push(b'\n');
         payloads.push(Bytes::from(json));
     }
-    target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
+    target
+        .root
+        .put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines))
+        .await?;
     for group in payloads.chunks(PUBLISH_GROUP) {
         target.broker.publish(target.queue, group.to_vec()).await?;
     }
-    tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
+    tracing::debug!(
+        chunk = chunk_no,
+        batches = chunk.len(),
+        "plan chunk published"
+    );
     chunk.clear();
     Ok(())
 }
@@ -162,7 +199,11 @@ struct BatchCutter {
 
 impl BatchCutter {
     fn new(limit: MiniBatchSize) -> Self {
-        BatchCutter { limit, items: Vec::new(), bytes: 0 }
+        BatchCutter {
+            limit,
+            items: Vec::new(),
+            bytes: 0,
+        }
     }
 
     /// Add an item; returns a full batch when this item completes one.
@@ -192,11 +233,18 @@ pub async fn read_plan(root: &JobRoot) -> Result<Vec<MiniBatchMessage>, Producer
     for chunk_no in 0.. {
         let key = root.layout.plan_chunk(chunk_no);
         let bytes = match root.location.store.get(&key).await {
-            Ok(result) => result.bytes().await.map_err(|e| batchfleet_common::store::StoreError::io("get", &key, e))?,
+            Ok(result) => result
+                .bytes()
+                .await
+                .map_err(|e| batchfleet_common::store::StoreError::io("get", &key, e))?,
             Err(object_store::Error::NotFound { .. }) => break,
             Err(e) => return Err(batchfleet_common::store::StoreError::io("get", &key, e).into()),
         };
-        for (line_no, line) in bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.is_empty()) {
+        for (line_no, line) in bytes
+            .split(|b| *b == b'\n')
+            .enumerate()
+            .filter(|(_, l)| !l.is_empty())
+        {
             let msg = serde_json::from_slice(line).map_err(|e| {
                 ProducerError::internal(format!("{key}:{}: not a plan entry: {e}", line_no + 1))
             })?;
@@ -231,7 +279,10 @@ mod tests {
 
     #[test]
     fn exact_multiples_leave_no_empty_batch() {
-        let lens: Vec<usize> = cut(MiniBatchSize::Count(2), &[1; 4]).iter().map(Vec::len).collect();
+        let lens: Vec<usize> = cut(MiniBatchSize::Count(2), &[1; 4])
+            .iter()
+            .map(Vec::len)
+            .collect();
         assert_eq!(lens, [2, 2]);
     }
 
@@ -242,8 +293,10 @@ mod tests {
 
     #[test]
     fn size_batches_close_once_the_size_is_reached() {
-        let lens: Vec<usize> =
-            cut(MiniBatchSize::Bytes(100), &[60, 30, 20, 200, 5]).iter().map(Vec::len).collect();
+        let lens: Vec<usize> = cut(MiniBatchSize::Bytes(100), &[60, 30, 20, 200, 5])
+            .iter()
+            .map(Vec::len)
+            .collect();
         assert_eq!(lens, [3, 1, 1]);
     }
 }

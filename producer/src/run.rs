@@ -63,7 +63,10 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     }
     let job = parsed.job;
     let spec_text = std::fs::read_to_string(&options.spec_path).unwrap_or_default();
-    let root = JobRoot::create(&store_url(options.store.as_deref())?, &new_job_id(&job.name))?;
+    let root = JobRoot::create(
+        &store_url(options.store.as_deref())?,
+        &new_job_id(&job.name),
+    )?;
     root.write_spec(&spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 
@@ -86,8 +89,15 @@ fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
     Ok(resolve_location(raw, &cwd)?)
 }
 
-async fn declare_queues(broker: &dyn Broker, queues: &QueueNames, job: &ResolvedJob, job_id: &str) -> Result<(), ProducerError> {
-    broker.declare_queue(&QueueSpec::plain(&queues.dead_letter)).await?;
+async fn declare_queues(
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    job: &ResolvedJob,
+    job_id: &str,
+) -> Result<(), ProducerError> {
+    broker
+        .declare_queue(&QueueSpec::plain(&queues.dead_letter))
+        .await?;
     broker
         .declare_queue(&QueueSpec {
             name: queues.work.clone(),
@@ -95,7 +105,9 @@ async fn declare_queues(broker: &dyn Broker, queues: &QueueNames, job: &Resolved
             dead_letter_queue: Some(queues.dead_letter.clone()),
         })
         .await?;
-    broker.declare_queue(&QueueSpec::plain(QueueNames::events(job_id))).await?;
+    broker
+        .declare_queue(&QueueSpec::plain(QueueNames::events(job_id)))
+        .await?;
     Ok(())
 }
 
@@ -119,7 +131,13 @@ fn start_workers(
         };
         let worker = Worker::new(Arc::clone(broker), config);
         let stop = stop.clone();
-        fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });
+        fleet.spawn(async move {
+            worker
+                .run(stop)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
     }
     fleet
 }
@@ -132,22 +150,38 @@ async fn plan_and_follow(
     options: &RunOptions,
     fleet: &mut JoinSet<Result<(), String>>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
-    let target = PlanTarget { root, broker, queue: &queues.work };
+    let target = PlanTarget {
+        root,
+        broker,
+        queue: &queues.work,
+    };
     let plan = plan_and_publish(job, &target).await?;
-    eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
+    eprintln!(
+        "planned {} mini-batches of {} items",
+        plan.batches, plan.items
+    );
     let mut tracker = Tracker::new(plan);
     let mut progress = Progress::new(plan.batches, options.interactive);
-    let follow = Follow { broker, queues, root };
+    let follow = Follow {
+        broker,
+        queues,
+        root,
+    };
     let mut last_worker_error = None;
     let end = follow
-        .until_done(&mut tracker, &mut progress, || fleet_gone(fleet, &mut last_worker_error))
+        .until_done(&mut tracker, &mut progress, || {
+            fleet_gone(fleet, &mut last_worker_error)
+        })
         .await?;
     progress.finish();
     Ok((tracker, end))
 }
 
 /// `Some(reason)` once every worker has stopped.
-fn fleet_gone(fleet: &mut JoinSet<Result<(), String>>, last_error: &mut Option<String>) -> Option<String> {
+fn fleet_gone(
+    fleet: &mut JoinSet<Result<(), String>>,
+    last_error: &mut Option<String>,
+) -> Option<String> {
     while let Some(joined) = fleet.try_join_next() {
         let error = match joined {
             Ok(Ok(())) => "a worker stopped".to_string(),
@@ -158,7 +192,10 @@ fn fleet_gone(fleet: &mut JoinSet<Result<(), String>>, last_error: &mut Option<S
         *last_error = Some(error);
     }
     if fleet.is_empty() {
-        Some(format!("every worker stopped; last: {}", last_error.as_deref().unwrap_or("unknown")))
+        Some(format!(
+            "every worker stopped; last: {}",
+            last_error.as_deref().unwrap_or("unknown")
+        ))
     } else {
         None
     }
@@ -172,22 +209,35 @@ async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>) {
             }
         }
     };
-    if tokio::time::timeout(WORKER_STOP_GRACE, all_stopped).await.is_err() {
+    if tokio::time::timeout(WORKER_STOP_GRACE, all_stopped)
+        .await
+        .is_err()
+    {
         tracing::warn!("workers did not stop within {WORKER_STOP_GRACE:?}; aborting them");
         fleet.abort_all();
     }
 }
 
-async fn finish(job: &ResolvedJob, root: &JobRoot, tracker: &Tracker, end: FollowEnd) -> Result<JobReport, ProducerError> {
+async fn finish(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    tracker: &Tracker,
+    end: FollowEnd,
+) -> Result<JobReport, ProducerError> {
     let output_at = output_location(job, root)?;
-    let header = if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
+    let header = if job.task.program_args.append_row_dataframe_header {
+        tracker.header()
+    } else {
+        None
+    };
     let output = aggregate(root, tracker, header, &output_at).await?;
     let verdict = match end {
         FollowEnd::Complete => verdict(job, &tracker.counts(), output.rows),
         FollowEnd::FleetGone(reason) => Verdict::Failed(reason),
     };
     let text = job_result_text(&verdict, root, tracker, Some(&output));
-    root.put(&root.layout.job_result(), Bytes::from(text)).await?;
+    root.put(&root.layout.job_result(), Bytes::from(text))
+        .await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),
         verdict,

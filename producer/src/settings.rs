@@ -19,7 +19,11 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
         .unwrap_or_else(|| "derived".into());
     let mut text = String::new();
     let _ = writeln!(text, "job {} ({})", root.job_id, job.spec_file);
-    let _ = writeln!(text, "  input: {} {:?} {} (mode {:?})", job.input.name, job.input.kind, job.input.url, job.input.mode);
+    let _ = writeln!(
+        text,
+        "  input: {} {:?} {} (mode {:?})",
+        job.input.name, job.input.kind, job.input.url, job.input.mode
+    );
     let _ = writeln!(
         text,
         "  mini_batch_size: {batch}; instance_count: {}; max_concurrency_per_instance: {}",
@@ -39,7 +43,11 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
         "  thresholds: mini_batch_error_threshold {}; error_threshold {}; allowed_failed_percent {}",
         job.mini_batch_error_threshold, args.error_threshold, args.allowed_failed_percent
     );
-    let _ = writeln!(text, "  entry script: {} in {}", job.task.entry_script, job.task.code);
+    let _ = writeln!(
+        text,
+        "  entry script: {} in {}",
+        job.task.entry_script, job.task.code
+    );
     let _ = write!(text, "  job root: {}", root.url());
     text
 }

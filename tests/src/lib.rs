@@ -8,14 +8,20 @@ use std::process::{Command, Output};
 
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 /// The target profile folder the running test was built into (`target/debug`).
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
     // target/<profile>/deps/<test binary>
-    exe.parent().and_then(Path::parent).map(Path::to_path_buf).expect("test binary lives under target/<profile>/deps")
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .expect("test binary lives under target/<profile>/deps")
 }
 
 /// Path of a workspace binary; fails with what to do when it was not built.
@@ -32,18 +38,24 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// The Python interpreter for entry scripts: the test venv when `infra/run-tests` made one.
 pub fn python() -> PathBuf {
-    std::env::var_os("BATCHFLEET_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("python3"))
+    std::env::var_os("BATCHFLEET_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("python3"))
 }
 
 /// Run a command to its end, capturing its output.
 pub fn run(command: &mut Command) -> Output {
-    command.output().unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"))
+    command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"))
 }
 
 /// A `batchfleet` command with a quiet, deterministic environment.
 pub fn batchfleet() -> Command {
     let mut command = Command::new(binary("batchfleet"));
-    command.env("BATCHFLEET_PYTHON", python()).env_remove("BATCHFLEET_STORE");
+    command
+        .env("BATCHFLEET_PYTHON", python())
+        .env_remove("BATCHFLEET_STORE");
     command
 }
 

@@ -26,7 +26,9 @@
 //!   otherwise); a queue cannot be its own dead-letter queue and `max_deliveries` must be at
 //!   least 1 (`Refused`).
 //! - A handle from a queue deleted since is `QueueNotFound`; a string that is not a handle of
-//!   this broker is `Refused`.
+//!   this broker is `Refused`. A receiver waiting on a queue that is deleted gets
+//!   `QueueNotFound` at once.
+//! - `receive` with `max = 0` returns nothing at once (there is nothing it could wait for).
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -89,7 +91,10 @@ enum Attempt {
     Done(Vec<Delivery>),
     /// Nothing ready: wait for `changed` or until `until` (the next expiry, delay end or the
     /// caller's deadline), then look again.
-    Wait { changed: Pin<Box<OwnedNotified>>, until: Instant },
+    Wait {
+        changed: Pin<Box<OwnedNotified>>,
+        until: Instant,
+    },
 }
 
 impl EmbeddedBroker {
@@ -122,7 +127,9 @@ impl EmbeddedBroker {
         // Registered while the lock is held: any change after we let go of it notifies us.
         let mut changed = Box::pin(q.changed.clone().notified_owned());
         changed.as_mut().enable();
-        let until = q.next_deadline().map_or(deadline, |next| next.min(deadline));
+        let until = q
+            .next_deadline()
+            .map_or(deadline, |next| next.min(deadline));
         Ok(Attempt::Wait { changed, until })
     }
 }
@@ -146,9 +153,10 @@ impl Broker for EmbeddedBroker {
         if let Some(existing) = state.queues.get(&spec.name) {
             return match spec_difference(&existing.spec, spec) {
                 None => Ok(()),
-                Some(detail) => {
-                    Err(BrokerError::QueueMismatch { queue: spec.name.clone(), detail })
-                }
+                Some(detail) => Err(BrokerError::QueueMismatch {
+                    queue: spec.name.clone(),
+                    detail,
+                }),
             };
         }
         if let Some(dlq) = &spec.dead_letter_queue {
@@ -156,7 +164,9 @@ impl Broker for EmbeddedBroker {
                 return Err(BrokerError::QueueNotFound(dlq.clone()));
             }
         }
-        state.queues.insert(spec.name.clone(), Queue::new(spec.clone()));
+        state
+            .queues
+            .insert(spec.name.clone(), Queue::new(spec.clone()));
         tracing::debug!(queue = %spec.name, max_deliveries = ?spec.max_deliveries,
             dead_letter_queue = ?spec.dead_letter_queue, "queue declared");
         Ok(())
@@ -177,12 +187,17 @@ impl Broker for EmbeddedBroker {
         let first_id = state.next_id;
         let q = state.queue_mut(queue)?;
         let count = payloads.len() as u64;
-        q.ready.extend(payloads.into_iter().zip(first_id..).map(|(payload, id)| Message {
-            id,
-            payload,
-            deliveries: 0,
-            dead_letter_reason: None,
-        }));
+        q.ready.extend(
+            payloads
+                .into_iter()
+                .zip(first_id..)
+                .map(|(payload, id)| Message {
+                    id,
+                    payload,
+                    deliveries: 0,
+                    dead_letter_reason: None,
+                }),
+        );
         if count > 0 {
             q.changed.notify_waiters();
         }
@@ -197,6 +212,11 @@ impl Broker for EmbeddedBroker {
         lease: Duration,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
+        if max == 0 {
+            // Nothing could be returned, so there is nothing to wait for.
+            self.lock().queue_mut(queue)?;
+            return Ok(Vec::new());
+        }
         let deadline = after(Instant::now(), wait);
         loop {
             match self.attempt_receive(queue, max, lease, deadline)? {
@@ -258,7 +278,11 @@ impl Broker for EmbeddedBroker {
         Ok(())
     }
 
-    async fn dead_letter(&self, delivery: &DeliveryHandle, reason: &str) -> Result<(), BrokerError> {
+    async fn dead_letter(
+        &self,
+        delivery: &DeliveryHandle,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
         let key = HandleKey::parse(delivery)?;
         let mut state = self.lock();
         let message = state.take_lease(&key, delivery, Instant::now())?.message;
@@ -275,7 +299,9 @@ impl Broker for EmbeddedBroker {
 
 impl State {
     fn queue_mut(&mut self, name: &str) -> Result<&mut Queue, BrokerError> {
-        self.queues.get_mut(name).ok_or_else(|| BrokerError::QueueNotFound(name.to_owned()))
+        self.queues
+            .get_mut(name)
+            .ok_or_else(|| BrokerError::QueueNotFound(name.to_owned()))
     }
 
     /// The queue brought up to `now`: expired leases and ended delays made ready, messages
@@ -300,7 +326,10 @@ impl State {
         now: Instant,
     ) -> Result<Lease, BrokerError> {
         let q = self.refresh(key.queue, now)?;
-        let holds = q.leased.get(&key.id).is_some_and(|held| held.message.deliveries == key.delivery);
+        let holds = q
+            .leased
+            .get(&key.id)
+            .is_some_and(|held| held.message.deliveries == key.delivery);
         if !holds {
             return Err(stale(handle));
         }
@@ -349,19 +378,27 @@ impl Queue {
     }
 
     fn is_last_delivery(&self, message: &Message) -> bool {
-        self.spec.max_deliveries.is_some_and(|max| message.deliveries >= max)
+        self.spec
+            .max_deliveries
+            .is_some_and(|max| message.deliveries >= max)
     }
 
     fn delay(&mut self, message: Message, visible_at: Instant) {
-        let at = self.delayed.partition_point(|(other, _)| *other <= visible_at);
+        let at = self
+            .delayed
+            .partition_point(|(other, _)| *other <= visible_at);
         self.delayed.insert(at, (visible_at, message));
     }
 
     /// Make expired leases and ended delays ready, in the order their deadlines passed;
     /// returns the messages whose last delivery expired (for the dead-letter queue).
     fn refresh(&mut self, now: Instant) -> Vec<Message> {
-        let expired: Vec<u64> =
-            self.leased.iter().filter(|(_, held)| held.expires <= now).map(|(id, _)| *id).collect();
+        let expired: Vec<u64> = self
+            .leased
+            .iter()
+            .filter(|(_, held)| held.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
         let mut due: Vec<(Instant, Message)> = Vec::new();
         for id in expired {
             if let Some(held) = self.leased.remove(&id) {
@@ -430,7 +467,11 @@ impl<'a> HandleKey<'a> {
         let delivery = parts.next().and_then(|part| part.parse().ok());
         let id = parts.next().and_then(|part| part.parse().ok());
         match (parts.next(), id, delivery) {
-            (Some(queue), Some(id), Some(delivery)) => Ok(HandleKey { queue, id, delivery }),
+            (Some(queue), Some(id), Some(delivery)) => Ok(HandleKey {
+                queue,
+                id,
+                delivery,
+            }),
             _ => Err(BrokerError::Refused(format!(
                 "`{}` is not a delivery handle of the embedded broker",
                 handle.0

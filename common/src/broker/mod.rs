@@ -38,7 +38,11 @@ pub struct QueueSpec {
 impl QueueSpec {
     /// A plain queue: no delivery limit, no dead-letter queue.
     pub fn plain(name: impl Into<String>) -> Self {
-        QueueSpec { name: name.into(), max_deliveries: None, dead_letter_queue: None }
+        QueueSpec {
+            name: name.into(),
+            max_deliveries: None,
+            dead_letter_queue: None,
+        }
     }
 }
 
@@ -133,8 +137,11 @@ pub trait Broker: Send + Sync + 'static {
     async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError>;
 
     /// Keep the message leased for `lease` from now (heartbeat while `run()` is alive).
-    async fn extend_lease(&self, delivery: &DeliveryHandle, lease: Duration)
-        -> Result<(), BrokerError>;
+    async fn extend_lease(
+        &self,
+        delivery: &DeliveryHandle,
+        lease: Duration,
+    ) -> Result<(), BrokerError>;
 
     /// Move the message to its queue's dead-letter queue now, recording `reason`.
     async fn dead_letter(&self, delivery: &DeliveryHandle, reason: &str)

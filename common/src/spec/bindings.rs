@@ -42,8 +42,16 @@ impl Binding {
             _ => return Err(format!("`${{{{{inner}}}}}` is not a binding batchfleet knows; allowed: `${{{{inputs.NAME}}}}`, `${{{{outputs.NAME}}}}`, and in a pipeline step `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}`")),
         };
         match rest {
-            [_, name] if !name.is_empty() => Ok(Binding { parent, side, name: name.to_string() }),
-            _ => Err(format!("`${{{{{inner}}}}}` should name one {}, as `${{{{{}.NAME}}}}`", side.noun(), side.key())),
+            [_, name] if !name.is_empty() => Ok(Binding {
+                parent,
+                side,
+                name: name.to_string(),
+            }),
+            _ => Err(format!(
+                "`${{{{{inner}}}}}` should name one {}, as `${{{{{}.NAME}}}}`",
+                side.noun(),
+                side.key()
+            )),
         }
     }
 
@@ -76,7 +84,9 @@ pub(crate) fn pieces(text: &str) -> Vec<Result<&str, &str>> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("${{") {
-        let Some(len) = rest[start..].find("}}") else { break };
+        let Some(len) = rest[start..].find("}}") else {
+            break;
+        };
         out.push(Ok(&rest[..start]));
         out.push(Err(&rest[start + 3..start + len]));
         rest = &rest[start + len + 2..];
@@ -106,7 +116,11 @@ pub(crate) enum Bound<'s> {
 
 impl Scope {
     /// Look `binding` up in `self`, or in `parent` for `${{parent.…}}`.
-    pub fn resolve<'s>(&'s self, binding: &Binding, parent: Option<&'s Scope>) -> Result<Bound<'s>, String> {
+    pub fn resolve<'s>(
+        &'s self,
+        binding: &Binding,
+        parent: Option<&'s Scope>,
+    ) -> Result<Bound<'s>, String> {
         let scope = match (binding.parent, parent) {
             (false, _) => self,
             (true, Some(parent)) => parent,
@@ -130,14 +144,24 @@ impl Scope {
             Side::Inputs => self.inputs.keys().map(String::as_str).collect(),
             Side::Outputs => self.outputs.keys().map(String::as_str).collect(),
         };
-        let owner = if binding.parent { "the pipeline" } else { "this job" };
+        let owner = if binding.parent {
+            "the pipeline"
+        } else {
+            "this job"
+        };
         let declared = if names.is_empty() {
             format!("{owner} declares no {}", binding.side.key())
         } else {
             format!("declared {}: {}", binding.side.key(), list(&names))
         };
-        let hint = did_you_mean(&binding.name, &names).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
-        format!("`{}` names no {} of {owner}; {declared}{hint}", binding.display(), binding.side.noun())
+        let hint = did_you_mean(&binding.name, &names)
+            .map(|s| format!("; did you mean `{s}`?"))
+            .unwrap_or_default();
+        format!(
+            "`{}` names no {} of {owner}; {declared}{hint}",
+            binding.display(),
+            binding.side.noun()
+        )
     }
 }
 
@@ -148,7 +172,14 @@ mod tests {
     #[test]
     fn whole_bindings() {
         let b = Binding::whole("${{ inputs.data }}").unwrap().unwrap();
-        assert_eq!(b, Binding { parent: false, side: Side::Inputs, name: "data".into() });
+        assert_eq!(
+            b,
+            Binding {
+                parent: false,
+                side: Side::Inputs,
+                name: "data".into()
+            }
+        );
         let b = Binding::whole("${{parent.outputs.out}}").unwrap().unwrap();
         assert_eq!(b.display(), "${{parent.outputs.out}}");
         assert!(Binding::whole("./data").is_none());
@@ -158,7 +189,10 @@ mod tests {
 
     #[test]
     fn pieces_split_around_bindings() {
-        assert_eq!(pieces("--m=${{inputs.m}}/x"), vec![Ok("--m="), Err("inputs.m"), Ok("/x")]);
+        assert_eq!(
+            pieces("--m=${{inputs.m}}/x"),
+            vec![Ok("--m="), Err("inputs.m"), Ok("/x")]
+        );
         assert_eq!(pieces("plain"), vec![Ok("plain")]);
         assert_eq!(pieces("${{a}}${{b"), vec![Err("a"), Ok("${{b")]);
     }

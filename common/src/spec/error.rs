@@ -39,7 +39,13 @@ impl SpecError {
 
     /// An error about the whole file (it cannot be read, or is empty).
     pub(crate) fn file(file: &str, message: impl Into<String>) -> Self {
-        SpecError { file: file.to_string(), line: None, column: None, key: None, message: message.into() }
+        SpecError {
+            file: file.to_string(),
+            line: None,
+            column: None,
+            key: None,
+            message: message.into(),
+        }
     }
 
     /// A bad spec is the user's to fix.
@@ -76,7 +82,12 @@ pub struct SpecWarning {
 
 impl SpecWarning {
     pub(crate) fn at(pos: Pos, message: impl Into<String>) -> Self {
-        SpecWarning { file: String::new(), line: pos.line, column: pos.column, message: message.into() }
+        SpecWarning {
+            file: String::new(),
+            line: pos.line,
+            column: pos.column,
+            message: message.into(),
+        }
     }
 }
 

@@ -36,7 +36,11 @@ pub(crate) fn join(parent: &str, key: &str) -> String {
 impl<'a> Map<'a> {
     /// The document itself as the top-level mapping.
     pub fn root(node: &'a Node, allowed: &[&str]) -> Result<Self, SpecError> {
-        let field = Field { path: String::new(), key_pos: node.pos, node };
+        let field = Field {
+            path: String::new(),
+            key_pos: node.pos,
+            node,
+        };
         field.map(allowed)
     }
 
@@ -47,7 +51,11 @@ impl<'a> Map<'a> {
             .iter()
             .find(|(k, _)| key_text(k) == key)
             .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| Field { path: join(&self.path, key), key_pos: k.pos, node: v })
+            .map(|(k, v)| Field {
+                path: join(&self.path, key),
+                key_pos: k.pos,
+                node: v,
+            })
     }
 
     /// The value of a key the spec cannot do without.
@@ -57,10 +65,22 @@ impl<'a> Map<'a> {
         }
         let path = join(&self.path, key);
         match self.entries.iter().find(|(k, _)| key_text(k) == key) {
-            Some((k, _)) => Err(SpecError::at(k.pos, &path, format!("needs a value: {what}"))),
+            Some((k, _)) => Err(SpecError::at(
+                k.pos,
+                &path,
+                format!("needs a value ({what})"),
+            )),
             None => {
-                let under = if self.path.is_empty() { "the job".to_string() } else { format!("`{}`", self.path) };
-                Err(SpecError::at(self.pos, &path, format!("is required under {under}: {what}")))
+                let under = if self.path.is_empty() {
+                    "the job".to_string()
+                } else {
+                    format!("`{}`", self.path)
+                };
+                Err(SpecError::at(
+                    self.pos,
+                    &path,
+                    format!("is required under {under} ({what})"),
+                ))
             }
         }
     }
@@ -68,7 +88,14 @@ impl<'a> Map<'a> {
     /// Every entry, null values included, in document order.
     pub fn entries(&self) -> impl Iterator<Item = (&'a str, Field<'a>)> + '_ {
         self.entries.iter().map(|(k, v)| {
-            (key_text(k), Field { path: join(&self.path, key_text(k)), key_pos: k.pos, node: v })
+            (
+                key_text(k),
+                Field {
+                    path: join(&self.path, key_text(k)),
+                    key_pos: k.pos,
+                    node: v,
+                },
+            )
         })
     }
 }
@@ -106,13 +133,21 @@ impl<'a> Field<'a> {
                 return Err(unknown_key(key.pos, &self.path, name, allowed));
             }
         }
-        Ok(Map { path: self.path.clone(), pos: self.key_pos, entries })
+        Ok(Map {
+            path: self.path.clone(),
+            pos: self.key_pos,
+            entries,
+        })
     }
 
     /// A mapping with any keys (user-named inputs, outputs, tags, …).
     pub fn open_map(&self) -> Result<Map<'a>, SpecError> {
         match &self.node.value {
-            Value::Mapping(entries) => Ok(Map { path: self.path.clone(), pos: self.key_pos, entries }),
+            Value::Mapping(entries) => Ok(Map {
+                path: self.path.clone(),
+                pos: self.key_pos,
+                entries,
+            }),
             _ => Err(self.expected("a mapping")),
         }
     }
@@ -146,7 +181,8 @@ impl<'a> Field<'a> {
 
     pub fn u32_in(&self, min: u32, unit: &str) -> Result<u32, SpecError> {
         let value = self.int_in(min.into(), u32::MAX.into(), unit)?;
-        u32::try_from(value).map_err(|_| self.error(out_of_range(value, min.into(), u32::MAX.into(), unit)))
+        u32::try_from(value)
+            .map_err(|_| self.error(out_of_range(value, min.into(), u32::MAX.into(), unit)))
     }
 
     /// One of `options`' names, compared without regard to case when `any_case`.
@@ -163,8 +199,13 @@ impl<'a> Field<'a> {
         match found {
             Some((_, value)) => Ok(*value),
             None => {
-                let hint = did_you_mean(text, &names).map(|s| format!("; did you mean `{s}`?")).unwrap_or_default();
-                Err(self.error(format!("`{text}` is not allowed; allowed: {}{hint}", list(&names))))
+                let hint = did_you_mean(text, &names)
+                    .map(|s| format!("; did you mean `{s}`?"))
+                    .unwrap_or_default();
+                Err(self.error(format!(
+                    "`{text}` is not allowed; allowed: {}{hint}",
+                    list(&names)
+                )))
             }
         }
     }
@@ -177,7 +218,11 @@ impl<'a> Field<'a> {
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let item = Field { path: format!("{}[{i}]", self.path), key_pos: node.pos, node };
+                let item = Field {
+                    path: format!("{}[{i}]", self.path),
+                    key_pos: node.pos,
+                    node,
+                };
                 item.string()
             })
             .collect()
@@ -187,7 +232,11 @@ impl<'a> Field<'a> {
     pub fn string_map(&self) -> Result<BTreeMap<String, String>, SpecError> {
         let mut out = BTreeMap::new();
         for (key, value) in self.open_map()?.entries() {
-            let text = if value.node.is_null() { String::new() } else { value.string()? };
+            let text = if value.node.is_null() {
+                String::new()
+            } else {
+                value.string()?
+            };
             out.insert(key.to_string(), text);
         }
         Ok(out)
@@ -207,7 +256,12 @@ pub(crate) fn parse_int(text: &str) -> Option<i64> {
 }
 
 /// "`value` is out of range; allowed: …", naming open-ended ranges as "N or more".
-pub(crate) fn out_of_range(value: impl std::fmt::Display, min: i64, max: i64, unit: &str) -> String {
+pub(crate) fn out_of_range(
+    value: impl std::fmt::Display,
+    min: i64,
+    max: i64,
+    unit: &str,
+) -> String {
     let allowed = if max == i64::MAX || max == i64::from(u32::MAX) {
         format!("{min} or more{unit}")
     } else {
@@ -218,7 +272,11 @@ pub(crate) fn out_of_range(value: impl std::fmt::Display, min: i64, max: i64, un
 
 /// `a`, `b`, `c` as a message fragment.
 pub(crate) fn list(names: &[&str]) -> String {
-    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn unknown_key(pos: Pos, parent: &str, name: &str, allowed: &[&str]) -> SpecError {

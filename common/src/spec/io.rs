@@ -14,8 +14,11 @@ use super::fields::Field;
 use super::yaml::{Node, Scalar, Value};
 
 const INPUT_KEYS: &[&str] = &["type", "path", "mode", "description"];
-const INPUT_KINDS: &[(&str, InputKind)] =
-    &[("uri_folder", InputKind::UriFolder), ("uri_file", InputKind::UriFile), ("mltable", InputKind::Mltable)];
+const INPUT_KINDS: &[(&str, InputKind)] = &[
+    ("uri_folder", InputKind::UriFolder),
+    ("uri_file", InputKind::UriFile),
+    ("mltable", InputKind::Mltable),
+];
 const INPUT_MODES: &[(&str, InputMode)] = &[
     ("ro_mount", InputMode::RoMount),
     ("download", InputMode::Download),
@@ -32,12 +35,34 @@ const OUTPUT_KINDS: &[(&str, &str)] = &[
     ("mlflow_model", "mlflow_model"),
     ("triton_model", "triton_model"),
 ];
-const OUTPUT_MODES: &[(&str, &str)] = &[("rw_mount", "rw_mount"), ("upload", "upload"), ("direct", "direct")];
+const OUTPUT_MODES: &[(&str, &str)] = &[
+    ("rw_mount", "rw_mount"),
+    ("upload", "upload"),
+    ("direct", "direct"),
+];
 
 /// A path or URL as an absolute URL string; relative paths are taken from `base_dir`.
 pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, SpecError> {
     let raw = field.string()?;
-    resolve_location(&raw, base_dir).map(String::from).map_err(|e| field.error(e.to_string()))
+    if is_asset_reference(&raw) {
+        return Err(field.error(format!(
+            "`{raw}` is an Azure ML asset reference, which exists only inside Azure ML; use the \
+             storage URL behind it instead (az://<container>/<path> for a blob datastore, s3://, \
+             gs://, or a local path)"
+        )));
+    }
+    resolve_location(&raw, base_dir)
+        .map(String::from)
+        .map_err(|e| field.error(e.to_string()))
+}
+
+/// `azureml:name:version` or `azureml:name@latest`: Azure's short asset form, which would
+/// otherwise pass for a relative file name.
+fn is_asset_reference(raw: &str) -> bool {
+    let raw = raw.trim();
+    raw.get(..8)
+        .is_some_and(|p| p.eq_ignore_ascii_case("azureml:"))
+        && !raw.contains("://")
 }
 
 /// `inputs:`; `parent` is the pipeline's scope for a step's `${{parent.inputs.X}}`.
@@ -47,14 +72,24 @@ pub(crate) fn parse_inputs(
     parent: Option<&Scope>,
 ) -> Result<BTreeMap<String, InputValue>, SpecError> {
     let mut inputs = BTreeMap::new();
-    let Some(field) = field else { return Ok(inputs) };
+    let Some(field) = field else {
+        return Ok(inputs);
+    };
     for (name, entry) in field.open_map()?.entries() {
-        inputs.insert(name.to_string(), parse_input(name, &entry, base_dir, parent)?);
+        inputs.insert(
+            name.to_string(),
+            parse_input(name, &entry, base_dir, parent)?,
+        );
     }
     Ok(inputs)
 }
 
-fn parse_input(name: &str, field: &Field<'_>, base_dir: &Path, parent: Option<&Scope>) -> Result<InputValue, SpecError> {
+fn parse_input(
+    name: &str,
+    field: &Field<'_>,
+    base_dir: &Path,
+    parent: Option<&Scope>,
+) -> Result<InputValue, SpecError> {
     match &field.node.value {
         Value::Mapping(_) => parse_data_input(name, field, base_dir).map(InputValue::Data),
         Value::Scalar(s) => match Binding::whole(&s.text) {
@@ -65,27 +100,45 @@ fn parse_input(name: &str, field: &Field<'_>, base_dir: &Path, parent: Option<&S
             None => Ok(InputValue::Literal(literal(s))),
         },
         Value::Sequence(_) => Err(field.error(
-            "expected a value, or a mapping with `type`, `path` and `mode`; found a list".to_string(),
+            "expected a value, or a mapping with `type`, `path` and `mode`; found a list"
+                .to_string(),
         )),
     }
 }
 
-fn parse_data_input(name: &str, field: &Field<'_>, base_dir: &Path) -> Result<InputSpec, SpecError> {
+fn parse_data_input(
+    name: &str,
+    field: &Field<'_>,
+    base_dir: &Path,
+) -> Result<InputSpec, SpecError> {
     let map = field.map(INPUT_KEYS)?;
     let kind = match map.get("type") {
         Some(f) => f.choice(INPUT_KINDS, false)?,
         None => InputKind::UriFolder,
     };
-    let url = location(&map.require("path", "the data's folder, file or URL")?, base_dir)?;
+    let url = location(
+        &map.require("path", "the data's folder, file or URL")?,
+        base_dir,
+    )?;
     let mode = match map.get("mode") {
         Some(f) => f.choice(INPUT_MODES, false)?,
         None => InputMode::RoMount,
     };
-    Ok(InputSpec { name: name.to_string(), kind, url, mode })
+    Ok(InputSpec {
+        name: name.to_string(),
+        kind,
+        url,
+        mode,
+    })
 }
 
 /// A step input written as `${{parent.inputs.X}}`: the pipeline's input, under the step's name.
-fn bound_input(name: &str, field: &Field<'_>, binding: &Binding, parent: Option<&Scope>) -> Result<InputValue, SpecError> {
+fn bound_input(
+    name: &str,
+    field: &Field<'_>,
+    binding: &Binding,
+    parent: Option<&Scope>,
+) -> Result<InputValue, SpecError> {
     if !binding.parent || binding.side != Side::Inputs {
         return Err(field.error(format!(
             "`{}` cannot define an input; allowed: a value, a mapping with `type` and `path`, or in a pipeline step `${{{{parent.inputs.NAME}}}}`",
@@ -94,7 +147,10 @@ fn bound_input(name: &str, field: &Field<'_>, binding: &Binding, parent: Option<
     }
     let empty = Scope::default();
     match empty.resolve(binding, parent).map_err(|m| field.error(m))? {
-        Bound::Input(InputValue::Data(spec)) => Ok(InputValue::Data(InputSpec { name: name.to_string(), ..spec.clone() })),
+        Bound::Input(InputValue::Data(spec)) => Ok(InputValue::Data(InputSpec {
+            name: name.to_string(),
+            ..spec.clone()
+        })),
         Bound::Input(literal) => Ok(literal.clone()),
         Bound::Output(_) => Err(field.error("an input cannot bind to an output")),
     }
@@ -110,9 +166,8 @@ pub(crate) fn literal(scalar: &Scalar) -> serde_json::Value {
         saphyr::Scalar::Null => J::Null,
         saphyr::Scalar::Boolean(b) => J::Bool(b),
         saphyr::Scalar::Integer(i) => J::from(i),
-        saphyr::Scalar::FloatingPoint(f) => {
-            serde_json::Number::from_f64(f.0).map_or_else(|| J::String(scalar.text.clone()), J::Number)
-        }
+        saphyr::Scalar::FloatingPoint(f) => serde_json::Number::from_f64(f.0)
+            .map_or_else(|| J::String(scalar.text.clone()), J::Number),
         saphyr::Scalar::String(s) => J::String(s.into_owned()),
     }
 }
@@ -124,7 +179,12 @@ pub(crate) fn to_json(node: &Node) -> serde_json::Value {
         Value::Sequence(items) => items.iter().map(to_json).collect(),
         Value::Mapping(entries) => entries
             .iter()
-            .map(|(k, v)| (k.as_scalar().map(|s| s.text.clone()).unwrap_or_default(), to_json(v)))
+            .map(|(k, v)| {
+                (
+                    k.as_scalar().map(|s| s.text.clone()).unwrap_or_default(),
+                    to_json(v),
+                )
+            })
             .collect::<serde_json::Map<_, _>>()
             .into(),
     }
@@ -137,15 +197,30 @@ pub(crate) fn parse_outputs(
     parent: Option<&Scope>,
 ) -> Result<BTreeMap<String, OutputSpec>, SpecError> {
     let mut outputs = BTreeMap::new();
-    let Some(field) = field else { return Ok(outputs) };
+    let Some(field) = field else {
+        return Ok(outputs);
+    };
     for (name, entry) in field.open_map()?.entries() {
-        outputs.insert(name.to_string(), parse_output(name, &entry, base_dir, parent)?);
+        outputs.insert(
+            name.to_string(),
+            parse_output(name, &entry, base_dir, parent)?,
+        );
     }
     Ok(outputs)
 }
 
-fn parse_output(name: &str, field: &Field<'_>, base_dir: &Path, parent: Option<&Scope>) -> Result<OutputSpec, SpecError> {
-    let unset = || OutputSpec { name: name.to_string(), kind: "uri_folder".into(), url: None, mode: None };
+fn parse_output(
+    name: &str,
+    field: &Field<'_>,
+    base_dir: &Path,
+    parent: Option<&Scope>,
+) -> Result<OutputSpec, SpecError> {
+    let unset = || OutputSpec {
+        name: name.to_string(),
+        kind: "uri_folder".into(),
+        url: None,
+        mode: None,
+    };
     match &field.node.value {
         _ if field.node.is_null() => Ok(unset()),
         Value::Mapping(_) => {
@@ -154,31 +229,56 @@ fn parse_output(name: &str, field: &Field<'_>, base_dir: &Path, parent: Option<&
                 Some(f) => f.choice(OUTPUT_KINDS, false)?.to_string(),
                 None => "uri_folder".to_string(),
             };
-            let url = map.get("path").map(|f| location(&f, base_dir)).transpose()?;
-            let mode = map.get("mode").map(|f| f.choice(OUTPUT_MODES, false).map(str::to_string)).transpose()?;
-            Ok(OutputSpec { name: name.to_string(), kind, url, mode })
+            let url = map
+                .get("path")
+                .map(|f| location(&f, base_dir))
+                .transpose()?;
+            let mode = map
+                .get("mode")
+                .map(|f| f.choice(OUTPUT_MODES, false).map(str::to_string))
+                .transpose()?;
+            Ok(OutputSpec {
+                name: name.to_string(),
+                kind,
+                url,
+                mode,
+            })
         }
         Value::Scalar(s) => match Binding::whole(&s.text) {
-            Some(binding) => bound_output(name, field, &binding.map_err(|m| field.error(m))?, parent),
+            Some(binding) => {
+                bound_output(name, field, &binding.map_err(|m| field.error(m))?, parent)
+            }
             None => Err(field.error(format!(
                 "expected a mapping with `type`, `path` and `mode`, or nothing, found {}",
                 field.node.describe()
             ))),
         },
-        Value::Sequence(_) => Err(field.error("expected a mapping with `type`, `path` and `mode`, or nothing, found a list")),
+        Value::Sequence(_) => Err(field
+            .error("expected a mapping with `type`, `path` and `mode`, or nothing, found a list")),
     }
 }
 
 /// A step output written as `${{parent.outputs.Y}}`: the pipeline's output, under the step's name.
-fn bound_output(name: &str, field: &Field<'_>, binding: &Binding, parent: Option<&Scope>) -> Result<OutputSpec, SpecError> {
+fn bound_output(
+    name: &str,
+    field: &Field<'_>,
+    binding: &Binding,
+    parent: Option<&Scope>,
+) -> Result<OutputSpec, SpecError> {
     if !binding.parent || binding.side != Side::Outputs {
         return Err(field.error(format!(
             "`{}` cannot define an output; allowed: a mapping with `type` and `path`, nothing, or in a pipeline step `${{{{parent.outputs.NAME}}}}`",
             binding.display()
         )));
     }
-    match Scope::default().resolve(binding, parent).map_err(|m| field.error(m))? {
-        Bound::Output(spec) => Ok(OutputSpec { name: name.to_string(), ..spec.clone() }),
+    match Scope::default()
+        .resolve(binding, parent)
+        .map_err(|m| field.error(m))?
+    {
+        Bound::Output(spec) => Ok(OutputSpec {
+            name: name.to_string(),
+            ..spec.clone()
+        }),
         Bound::Input(_) => Err(field.error("an output cannot bind to an input")),
     }
 }

@@ -1,1 +1,134 @@
-//! Parsing and validating the job spec YAML.
+//! Parsing and validating the job spec YAML: Azure ML CLI v2 `type: parallel` jobs, and
+//! `type: pipeline` files holding one parallel step, into a [`ResolvedJob`].
+//!
+//! The YAML is read into a tree that keeps every node's position ([`yaml`]), then walked by hand
+//! rather than deserialised, so that every error can say where it is, which key, what was found
+//! and what is allowed (`job.yaml:7:12: retry_settings.timeout: 0 is out of range; allowed: 1 to
+//! 259200 seconds`), and unknown keys can suggest the key that was meant.
+//!
+//! Resolution rules the producer relies on:
+//! - every path (`inputs.*.path`, `outputs.*.path`, `task.code`, `task.append_row_to`) is made an
+//!   absolute URL by [`crate::store::resolve_location`], relative to the YAML file's folder;
+//! - `task.append_row_to: ${{outputs.NAME}}` becomes that output's URL, or `None` when the output
+//!   has no `path`: the producer then writes `<job root>/outputs/parallel_run_step.txt`;
+//! - `${{inputs.NAME}}` / `${{outputs.NAME}}` inside `task.program_arguments` become a literal
+//!   input's value, or a data input's or output's URL (nothing is mounted for the script);
+//! - `error_threshold` may be a top-level key or `--error_threshold`; both must then agree.
+
+mod bindings;
+mod error;
+mod fields;
+mod io;
+mod mini_batch;
+mod parallel;
+mod pipeline;
+mod program_args;
+mod suggest;
+mod yaml;
+
+use std::path::{Path, PathBuf};
+
+use crate::job::ResolvedJob;
+
+pub use error::{SpecError, SpecWarning};
+pub use mini_batch::parse_mini_batch_size;
+
+use fields::{Field, Map};
+use parallel::Context;
+
+/// A job that parsed, with the warnings to show the user before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedJob {
+    pub job: ResolvedJob,
+    pub warnings: Vec<SpecWarning>,
+}
+
+/// Read and parse the job file at `path`.
+pub fn load_job_file(path: &Path) -> Result<ParsedJob, SpecError> {
+    let yaml = std::fs::read_to_string(path).map_err(|e| {
+        SpecError::file(
+            &path.display().to_string(),
+            format!("cannot read the job file: {e}"),
+        )
+    })?;
+    parse_job_str(&yaml, path)
+}
+
+/// Parse a job spec's text. `spec_file` names the file in messages, and its folder is where
+/// relative paths in the spec start from.
+pub fn parse_job_str(yaml: &str, spec_file: &Path) -> Result<ParsedJob, SpecError> {
+    let file = spec_file.display().to_string();
+    let mut warnings = Vec::new();
+    let job = parse_document(yaml, spec_file, &mut warnings).map_err(|mut e| {
+        e.file.clone_from(&file);
+        e
+    })?;
+    for warning in &mut warnings {
+        warning.file.clone_from(&file);
+    }
+    Ok(ParsedJob { job, warnings })
+}
+
+fn parse_document(
+    yaml: &str,
+    spec_file: &Path,
+    warnings: &mut Vec<SpecWarning>,
+) -> Result<ResolvedJob, SpecError> {
+    let root = yaml::parse(yaml)
+        .map_err(|e| SpecError::at(e.pos, "", e.message))?
+        .ok_or_else(|| {
+            SpecError::file(
+                "",
+                "the file is empty; expected a job with `type: parallel`",
+            )
+        })?;
+    let base_dir = base_dir(spec_file)?;
+    let default_name = spec_file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cx = Context {
+        base_dir: &base_dir,
+        default_name: &default_name,
+        spec_file: &spec_file.display().to_string(),
+        parent: None,
+    };
+    let top = Field {
+        path: String::new(),
+        key_pos: root.pos,
+        node: &root,
+    };
+    let kind = top
+        .open_map()?
+        .require("type", "`parallel` (or `pipeline` with one parallel step)")?;
+    match kind.string()?.as_str() {
+        "parallel" => parallel::parse(&Map::root(&root, parallel::JOB_KEYS)?, &cx, warnings),
+        "pipeline" => pipeline::parse(&Map::root(&root, pipeline::PIPELINE_KEYS)?, &cx, warnings),
+        other => {
+            let hint = suggest::did_you_mean(other, &["parallel", "pipeline"])
+                .map(|s| format!("; did you mean `{s}`?"))
+                .unwrap_or_default();
+            Err(kind.error(format!(
+                "`{other}` jobs are not supported; allowed: `parallel`, or `pipeline` with one \
+                 parallel step{hint}"
+            )))
+        }
+    }
+}
+
+/// The spec file's folder as an absolute path (the file itself need not exist).
+fn base_dir(spec_file: &Path) -> Result<PathBuf, SpecError> {
+    let parent = spec_file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::path::absolute(parent).map_err(|e| {
+        SpecError::file(
+            "",
+            format!(
+                "cannot tell which folder `{}` is in: {e}",
+                spec_file.display()
+            ),
+        )
+    })
+}

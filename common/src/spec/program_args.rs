@@ -45,10 +45,16 @@ const FLAGS: &[(&str, Flag)] = &[
     ("--allowed_failed_percent", Flag::AllowedFailedPercent),
     ("--task_overhead_timeout", Flag::TaskOverheadTimeout),
     ("--progress_update_timeout", Flag::ProgressUpdateTimeout),
-    ("--first_task_creation_timeout", Flag::FirstTaskCreationTimeout),
+    (
+        "--first_task_creation_timeout",
+        Flag::FirstTaskCreationTimeout,
+    ),
     ("--resource_monitor_interval", Flag::ResourceMonitorInterval),
     ("--copy_logs_to_parent", Flag::CopyLogsToParent),
-    ("--append_row_dataframe_header", Flag::AppendRowDataframeHeader),
+    (
+        "--append_row_dataframe_header",
+        Flag::AppendRowDataframeHeader,
+    ),
 ];
 
 /// Older ParallelRunStep flags whose setting this YAML format has a key for.
@@ -73,9 +79,16 @@ pub(crate) fn parse(
     let words = split(&scalar.text)
         .map_err(|(offset, message)| SpecError::at(at(offset), &field.path, message))?
         .into_iter()
-        .map(|(offset, text)| Word { text, pos: at(offset) })
+        .map(|(offset, text)| Word {
+            text,
+            pos: at(offset),
+        })
         .collect::<Vec<_>>();
-    let mut parsed = ParsedArgs { args: ProgramArgs::default(), error_threshold_at: None, script_args: Vec::new() };
+    let mut parsed = ParsedArgs {
+        args: ProgramArgs::default(),
+        error_threshold_at: None,
+        script_args: Vec::new(),
+    };
     let mut seen: Vec<Flag> = Vec::new();
     let mut words = words.into_iter().peekable();
     while let Some(word) = words.next() {
@@ -94,15 +107,23 @@ pub(crate) fn parse(
         }
         seen.push(flag);
         let value = match inline {
-            Some(value) => Word { text: value, pos: word.pos },
+            Some(value) => Word {
+                text: value,
+                pos: word.pos,
+            },
             None => match words.next_if(|w| !w.text.starts_with("--")) {
                 Some(value) => value,
-                None => return Err(err(format!("`{name}` needs a value; allowed: {}", allowed(flag)))),
+                None => {
+                    return Err(err(format!(
+                        "`{name}` needs a value; allowed: {}",
+                        allowed(flag)
+                    )))
+                }
             },
         };
         let text = substitute(&value)?;
         apply(flag, &text, &mut parsed.args)
-            .map_err(|why| SpecError::at(value.pos, &field.path, format!("`{name}` {why}")))?;
+            .map_err(|why| SpecError::at(value.pos, &field.path, format!("`{name}`: {why}")))?;
         if flag == Flag::ErrorThreshold {
             parsed.error_threshold_at = Some(word.pos);
         }
@@ -136,9 +157,9 @@ fn allowed(flag: Flag) -> &'static str {
     match flag {
         Flag::ErrorThreshold => "-1 (ignore all failures) or more",
         Flag::AllowedFailedPercent => "a number from 0 to 100",
-        Flag::TaskOverheadTimeout | Flag::ProgressUpdateTimeout | Flag::FirstTaskCreationTimeout => {
-            "1 or more seconds"
-        }
+        Flag::TaskOverheadTimeout
+        | Flag::ProgressUpdateTimeout
+        | Flag::FirstTaskCreationTimeout => "1 or more seconds",
         Flag::ResourceMonitorInterval => "0 (off) or more seconds",
         Flag::CopyLogsToParent | Flag::AppendRowDataframeHeader => "True or False",
     }
@@ -150,8 +171,12 @@ fn apply(flag: Flag, text: &str, args: &mut ProgramArgs) -> Result<(), String> {
         Flag::ErrorThreshold => args.error_threshold = int(flag, text, -1)?,
         Flag::AllowedFailedPercent => args.allowed_failed_percent = percent(text)?,
         Flag::TaskOverheadTimeout => args.task_overhead_timeout_secs = secs(flag, text, 1)?,
-        Flag::ProgressUpdateTimeout => args.progress_update_timeout_secs = Some(secs(flag, text, 1)?),
-        Flag::FirstTaskCreationTimeout => args.first_task_creation_timeout_secs = secs(flag, text, 1)?,
+        Flag::ProgressUpdateTimeout => {
+            args.progress_update_timeout_secs = Some(secs(flag, text, 1)?)
+        }
+        Flag::FirstTaskCreationTimeout => {
+            args.first_task_creation_timeout_secs = secs(flag, text, 1)?
+        }
         Flag::ResourceMonitorInterval => args.resource_monitor_interval_secs = secs(flag, text, 0)?,
         Flag::CopyLogsToParent => args.copy_logs_to_parent = boolean(text)?,
         Flag::AppendRowDataframeHeader => args.append_row_dataframe_header = boolean(text)?,
@@ -160,9 +185,18 @@ fn apply(flag: Flag, text: &str, args: &mut ProgramArgs) -> Result<(), String> {
 }
 
 fn int(flag: Flag, text: &str, min: i64) -> Result<i64, String> {
-    let value: i64 = text.parse().map_err(|_| format!("expects an integer, found `{text}`; allowed: {}", allowed(flag)))?;
+    let value: i64 = text.parse().map_err(|_| {
+        format!(
+            "expected an integer, found `{text}`; allowed: {}",
+            allowed(flag)
+        )
+    })?;
     if value < min {
-        let unit = if flag == Flag::ErrorThreshold { "" } else { " seconds" };
+        let unit = if flag == Flag::ErrorThreshold {
+            ""
+        } else {
+            " seconds"
+        };
         return Err(out_of_range(value, min, i64::MAX, unit));
     }
     Ok(value)
@@ -174,13 +208,18 @@ fn secs(flag: Flag, text: &str, min: i64) -> Result<u64, String> {
 }
 
 fn percent(text: &str) -> Result<f64, String> {
-    let value: f64 = text
-        .parse()
-        .map_err(|_| format!("expects a number, found `{text}`; allowed: {}", allowed(Flag::AllowedFailedPercent)))?;
+    let value: f64 = text.parse().map_err(|_| {
+        format!(
+            "expected a number, found `{text}`; allowed: {}",
+            allowed(Flag::AllowedFailedPercent)
+        )
+    })?;
     if (0.0..=100.0).contains(&value) {
         Ok(value)
     } else {
-        Err(format!("{text} is out of range; allowed: 0 to 100 (percent)"))
+        Err(format!(
+            "{text} is out of range; allowed: 0 to 100 (percent)"
+        ))
     }
 }
 
@@ -189,7 +228,7 @@ fn boolean(text: &str) -> Result<bool, String> {
     match text.to_ascii_lowercase().as_str() {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(format!("expects True or False, found `{text}`")),
+        _ => Err(format!("expected True or False, found `{text}`")),
     }
 }
 
@@ -218,10 +257,12 @@ pub(crate) fn split(line: &str) -> Result<Vec<(usize, String)>, (usize, String)>
             '"' => loop {
                 match chars.next() {
                     Some((_, '"')) => break,
-                    Some((_, '\\')) => match chars.next_if(|(_, c)| matches!(c, '"' | '\\' | '$' | '`')) {
-                        Some((_, escaped)) => word.push(escaped),
-                        None => word.push('\\'),
-                    },
+                    Some((_, '\\')) => {
+                        match chars.next_if(|(_, c)| matches!(c, '"' | '\\' | '$' | '`')) {
+                            Some((_, escaped)) => word.push(escaped),
+                            None => word.push('\\'),
+                        }
+                    }
                     Some((_, c)) => word.push(c),
                     None => return Err((i, "this `\"` quote is never closed".into())),
                 }
@@ -247,7 +288,10 @@ mod tests {
 
     #[test]
     fn splits_like_a_shell() {
-        assert_eq!(texts("a  'b c' \"d \\\"e\\\"\" f\\ g"), ["a", "b c", "d \"e\"", "f g"]);
+        assert_eq!(
+            texts("a  'b c' \"d \\\"e\\\"\" f\\ g"),
+            ["a", "b c", "d \"e\"", "f g"]
+        );
         assert_eq!(texts("--x='' y"), ["--x=", "y"]);
         assert_eq!(texts("a\"b\"'c'"), ["abc"]);
         assert_eq!(texts("\"a\\nb\""), ["a\\nb"]);
@@ -256,7 +300,11 @@ mod tests {
 
     #[test]
     fn words_know_where_they_start() {
-        let offsets: Vec<usize> = split("ab  'c d' e").unwrap().into_iter().map(|(o, _)| o).collect();
+        let offsets: Vec<usize> = split("ab  'c d' e")
+            .unwrap()
+            .into_iter()
+            .map(|(o, _)| o)
+            .collect();
         assert_eq!(offsets, [0, 4, 10]);
     }
 
@@ -272,11 +320,19 @@ mod tests {
         let mut args = ProgramArgs::default();
         apply(Flag::AllowedFailedPercent, "12.5", &mut args).unwrap();
         assert_eq!(args.allowed_failed_percent, 12.5);
-        assert!(apply(Flag::AllowedFailedPercent, "101", &mut args).unwrap_err().contains("0 to 100"));
-        assert!(apply(Flag::ErrorThreshold, "-2", &mut args).unwrap_err().contains("-1 or more"));
-        assert!(apply(Flag::CopyLogsToParent, "yes", &mut args).unwrap_err().contains("True or False"));
+        assert!(apply(Flag::AllowedFailedPercent, "101", &mut args)
+            .unwrap_err()
+            .contains("0 to 100"));
+        assert!(apply(Flag::ErrorThreshold, "-2", &mut args)
+            .unwrap_err()
+            .contains("-1 or more"));
+        assert!(apply(Flag::CopyLogsToParent, "yes", &mut args)
+            .unwrap_err()
+            .contains("True or False"));
         apply(Flag::ResourceMonitorInterval, "0", &mut args).unwrap();
         assert_eq!(args.resource_monitor_interval_secs, 0);
-        assert!(apply(Flag::TaskOverheadTimeout, "0", &mut args).unwrap_err().contains("1 or more seconds"));
+        assert!(apply(Flag::TaskOverheadTimeout, "0", &mut args)
+            .unwrap_err()
+            .contains("1 or more seconds"));
     }
 }

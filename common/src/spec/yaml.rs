@@ -20,7 +20,10 @@ pub struct Pos {
 
 impl Pos {
     fn of(span: Span) -> Pos {
-        Pos { line: span.start.line(), column: span.start.col() + 1 }
+        Pos {
+            line: span.start.line(),
+            column: span.start.col() + 1,
+        }
     }
 }
 
@@ -45,9 +48,17 @@ pub(crate) struct Scalar {
     /// Plain (unquoted, untagged) scalars are the only ones YAML resolves to null, booleans or
     /// numbers; everything else is a string.
     pub plain: bool,
-    /// Where `text` starts in the file when it appears there character for character on one
-    /// line; then a character offset inside it is a column offset too.
-    pub verbatim_at: Option<Pos>,
+    /// Where each source line's share of `text` starts, when `text` can be traced back to the
+    /// file character for character (plain, quoted without escapes, or a block scalar whose
+    /// lines were only joined); empty when it cannot.
+    pub segments: Vec<Segment>,
+}
+
+/// The characters of a scalar from `offset` on sit on one source line, starting at `pos`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub offset: usize,
+    pub pos: Pos,
 }
 
 impl Scalar {
@@ -58,7 +69,11 @@ impl Scalar {
 
     /// The position of the character at `offset` (in characters) of `text`, when known.
     pub fn pos_at(&self, offset: usize) -> Option<Pos> {
-        self.verbatim_at.map(|p| Pos { line: p.line, column: p.column + offset })
+        let segment = self.segments.iter().rev().find(|s| s.offset <= offset)?;
+        Some(Pos {
+            line: segment.pos.line,
+            column: segment.pos.column + offset - segment.offset,
+        })
     }
 }
 
@@ -97,8 +112,11 @@ pub(crate) fn parse(source: &str) -> Result<Option<Node>, YamlError> {
     let mut builder = Builder::new(source);
     for item in Parser::new_from_str(source) {
         let (event, span) = item.map_err(|e| YamlError {
-            pos: Pos { line: e.marker().line(), column: e.marker().col() + 1 },
-            message: e.info().to_string(),
+            pos: Pos {
+                line: e.marker().line(),
+                column: e.marker().col() + 1,
+            },
+            message: format!("this is not valid YAML: {}", e.info()),
         })?;
         builder.on_event(event, span)?;
     }
@@ -107,8 +125,17 @@ pub(crate) fn parse(source: &str) -> Result<Option<Node>, YamlError> {
 
 /// A sequence or mapping still being filled.
 enum Frame {
-    Sequence { pos: Pos, anchor: usize, items: Vec<Node> },
-    Mapping { pos: Pos, anchor: usize, entries: Vec<(Node, Node)>, key: Option<Node> },
+    Sequence {
+        pos: Pos,
+        anchor: usize,
+        items: Vec<Node>,
+    },
+    Mapping {
+        pos: Pos,
+        anchor: usize,
+        entries: Vec<(Node, Node)>,
+        key: Option<Node>,
+    },
 }
 
 struct Builder<'s> {
@@ -120,7 +147,12 @@ struct Builder<'s> {
 
 impl<'s> Builder<'s> {
     fn new(source: &'s str) -> Self {
-        Builder { lines: source.lines().collect(), stack: Vec::new(), anchors: HashMap::new(), document: None }
+        Builder {
+            lines: source.lines().collect(),
+            stack: Vec::new(),
+            anchors: HashMap::new(),
+            document: None,
+        }
     }
 
     fn on_event(&mut self, event: Event<'_>, span: Span) -> Result<(), YamlError> {
@@ -132,23 +164,44 @@ impl<'s> Builder<'s> {
             }),
             Event::Scalar(text, style, anchor, tag) => {
                 let scalar = self.scalar(text.into_owned(), style, tag.as_deref(), span);
-                self.add(Node { pos, value: Value::Scalar(scalar) }, anchor)
+                self.add(
+                    Node {
+                        pos,
+                        value: Value::Scalar(scalar),
+                    },
+                    anchor,
+                )
             }
             Event::SequenceStart(anchor, _) => {
-                self.stack.push(Frame::Sequence { pos, anchor, items: Vec::new() });
+                self.stack.push(Frame::Sequence {
+                    pos,
+                    anchor,
+                    items: Vec::new(),
+                });
                 Ok(())
             }
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Frame::Mapping { pos, anchor, entries: Vec::new(), key: None });
+                self.stack.push(Frame::Mapping {
+                    pos,
+                    anchor,
+                    entries: Vec::new(),
+                    key: None,
+                });
                 Ok(())
             }
             Event::SequenceEnd | Event::MappingEnd => self.close(),
             Event::Alias(id) => match self.anchors.get(&id) {
                 Some(node) => {
-                    let node = Node { pos, value: node.value.clone() };
+                    let node = Node {
+                        pos,
+                        value: node.value.clone(),
+                    };
                     self.add(node, 0)
                 }
-                None => Err(YamlError { pos, message: "alias to an unknown anchor".into() }),
+                None => Err(YamlError {
+                    pos,
+                    message: "alias to an unknown anchor".into(),
+                }),
             },
             _ => Ok(()),
         }
@@ -157,28 +210,80 @@ impl<'s> Builder<'s> {
     fn scalar(&self, text: String, style: ScalarStyle, tag: Option<&Tag>, span: Span) -> Scalar {
         let plain = style == ScalarStyle::Plain && tag.is_none();
         let quote = match style {
-            ScalarStyle::Plain => Some(0),
-            ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted => Some(1),
-            ScalarStyle::Literal | ScalarStyle::Folded => None,
+            ScalarStyle::SingleQuoted | ScalarStyle::DoubleQuoted => 1,
+            ScalarStyle::Plain | ScalarStyle::Literal | ScalarStyle::Folded => 0,
         };
-        let verbatim_at = quote.filter(|_| tag.is_none()).and_then(|quote| {
-            let start = Pos::of(span);
-            let line = self.lines.get(start.line.checked_sub(1)?)?;
-            let mut rest = line.chars().skip(start.column - 1 + quote);
-            let matches = text.chars().all(|c| c != '\n' && rest.next() == Some(c));
-            matches.then_some(Pos { line: start.line, column: start.column + quote })
-        });
-        Scalar { text, plain, verbatim_at }
+        let start = Pos::of(span);
+        let start = Pos {
+            line: start.line,
+            column: start.column + quote,
+        };
+        let segments = match tag {
+            None => self.trace(&text, start).unwrap_or_default(),
+            Some(_) => Vec::new(),
+        };
+        Scalar {
+            text,
+            plain,
+            segments,
+        }
+    }
+
+    /// Follow `text` through the source from `start`: characters must match one for one, except
+    /// that a space or newline in `text` may stand for a line break (and the next line's
+    /// indentation). `None` as soon as they disagree (escapes, folded blank lines, ...).
+    fn trace(&self, text: &str, start: Pos) -> Option<Vec<Segment>> {
+        let line_at = |n: usize| self.lines.get(n - 1).copied().unwrap_or("");
+        let mut line_no = start.line;
+        let mut rest = line_at(line_no).chars().skip(start.column - 1).peekable();
+        let mut segments = vec![Segment {
+            offset: 0,
+            pos: start,
+        }];
+        for (offset, c) in text.chars().enumerate() {
+            if rest.peek() == Some(&c) {
+                rest.next();
+            } else if rest.peek().is_none() && (c == ' ' || c == '\n') {
+                line_no += 1;
+                let line = line_at(line_no);
+                let indent = line.chars().take_while(|c| *c == ' ' || *c == '\t').count();
+                rest = line.chars().skip(indent).peekable();
+                let pos = Pos {
+                    line: line_no,
+                    column: indent + 1,
+                };
+                segments.push(Segment {
+                    offset: offset + 1,
+                    pos,
+                });
+            } else {
+                return None;
+            }
+        }
+        Some(segments)
     }
 
     fn close(&mut self) -> Result<(), YamlError> {
         let (node, anchor) = match self.stack.pop() {
-            Some(Frame::Sequence { pos, anchor, items }) => {
-                (Node { pos, value: Value::Sequence(items) }, anchor)
-            }
-            Some(Frame::Mapping { pos, anchor, entries, .. }) => {
-                (Node { pos, value: Value::Mapping(entries) }, anchor)
-            }
+            Some(Frame::Sequence { pos, anchor, items }) => (
+                Node {
+                    pos,
+                    value: Value::Sequence(items),
+                },
+                anchor,
+            ),
+            Some(Frame::Mapping {
+                pos,
+                anchor,
+                entries,
+                ..
+            }) => (
+                Node {
+                    pos,
+                    value: Value::Mapping(entries),
+                },
+                anchor,
+            ),
             None => return Ok(()),
         };
         self.add(node, anchor)
@@ -204,13 +309,21 @@ impl<'s> Builder<'s> {
 /// Keys must be text, and each may appear once (a second one would silently win in most tools).
 fn check_key(entries: &[(Node, Node)], key: Node) -> Result<Node, YamlError> {
     let Some(text) = key.as_scalar().map(|s| s.text.as_str()) else {
-        return Err(YamlError { pos: key.pos, message: "a key must be plain text, not a list or mapping".into() });
+        return Err(YamlError {
+            pos: key.pos,
+            message: "a key must be plain text, not a list or mapping".into(),
+        });
     };
-    let first = entries.iter().find(|(k, _)| k.as_scalar().is_some_and(|s| s.text == text));
+    let first = entries
+        .iter()
+        .find(|(k, _)| k.as_scalar().is_some_and(|s| s.text == text));
     if let Some((first, _)) = first {
         return Err(YamlError {
             pos: key.pos,
-            message: format!("duplicate key `{text}`; it is first given at line {}", first.pos.line),
+            message: format!(
+                "duplicate key `{text}`; it is first given at line {}",
+                first.pos.line
+            ),
         });
     }
     Ok(key)
@@ -260,10 +373,22 @@ mod tests {
     }
 
     #[test]
-    fn folded_scalars_have_no_verbatim_position() {
-        let doc = parse("a: >-\n  one\n  two\n").unwrap().unwrap();
+    fn block_scalars_trace_back_to_their_lines() {
+        let doc = parse("a: >-\n  one\n  two\nb: |\n  x\n  y\n")
+            .unwrap()
+            .unwrap();
+        let folded = mapping(&doc)[0].1.as_scalar().unwrap().clone();
+        assert_eq!(folded.text, "one two");
+        assert_eq!(folded.pos_at(4), Some(Pos { line: 3, column: 3 }));
+        let literal = mapping(&doc)[1].1.as_scalar().unwrap().clone();
+        assert_eq!(literal.pos_at(2), Some(Pos { line: 6, column: 3 }));
+    }
+
+    #[test]
+    fn escapes_lose_the_trace() {
+        let doc = parse("a: \"x\\ty\"\n").unwrap().unwrap();
         let scalar = mapping(&doc)[0].1.as_scalar().unwrap().clone();
-        assert_eq!(scalar.text, "one two");
-        assert_eq!(scalar.verbatim_at, None);
+        assert!(scalar.segments.is_empty());
+        assert_eq!(scalar.pos_at(0), None);
     }
 }

@@ -69,6 +69,12 @@ impl JobLayout {
         self.key(&format!("failures/{batch_id}"))
     }
 
+    /// Present once the producer stopped the job early (a threshold was exceeded): workers
+    /// settle the job's remaining messages without running them. Holds the reason.
+    pub fn cancel_marker(&self) -> Path {
+        self.key("control/cancelled")
+    }
+
     pub fn job_result(&self) -> Path {
         self.key("logs/job_result.txt")
     }

@@ -5,12 +5,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use batchfleet_common::broker::{Broker, Delivery};
-use batchfleet_common::message::{BatchEvent, QueueNames};
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::{batch_id, BatchEvent, QueueNames};
 
 use crate::dead_letters;
 use crate::error::ProducerError;
 use crate::job_root::JobRoot;
+use crate::outcome::threshold_exceeded;
 use crate::progress::{overview_text, Progress};
+use crate::settings::progress_update_timeout;
 use crate::tracker::Tracker;
 
 /// Lease on events and dead letters while the producer handles them.
@@ -27,17 +30,30 @@ pub enum FollowEnd {
     Complete,
     /// No worker is left to run the remaining batches.
     FleetGone(String),
+    /// A threshold was exceeded: the job stops early (the reason names it, with the numbers).
+    ThresholdExceeded(String),
+    /// No batch ended for longer than `--progress_update_timeout`.
+    NoProgress(String),
+}
+
+impl FollowEnd {
+    /// Whether the job stopped before all its batches ended.
+    pub fn stopped_early(&self) -> bool {
+        !matches!(self, FollowEnd::Complete)
+    }
 }
 
 /// What the follower reads from.
 pub struct Follow<'a> {
+    pub job: &'a ResolvedJob,
     pub broker: &'a dyn Broker,
     pub queues: &'a QueueNames,
     pub root: &'a JobRoot,
 }
 
 impl Follow<'_> {
-    /// Consume events until every batch ended, or `fleet_gone` reports the workers are gone.
+    /// Consume events until every batch ended, a threshold is exceeded, no batch ends for too
+    /// long (the watchdog), or `fleet_gone` reports the workers are gone.
     pub async fn until_done(
         &self,
         tracker: &mut Tracker,
@@ -46,19 +62,28 @@ impl Follow<'_> {
     ) -> Result<FollowEnd, ProducerError> {
         let events_queue = QueueNames::events(&self.root.job_id);
         let mut last_overview = Instant::now();
+        let mut watchdog = Watchdog::new(self.job);
         while !tracker.is_complete() {
             if let Some(reason) = fleet_gone() {
                 return Ok(FollowEnd::FleetGone(reason));
             }
             self.route_dead_letters().await?;
-            let events = self
-                .broker
-                .receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT)
-                .await?;
+            let events =
+                self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await?;
             for delivery in &events {
-                self.take_event(tracker, delivery).await?;
+                if self.take_event(tracker, delivery).await? {
+                    watchdog.progressed();
+                }
             }
             progress.update(&tracker.counts());
+            if let Some(reason) = threshold_exceeded(self.job, &tracker.counts()) {
+                self.write_overview(tracker, progress).await;
+                return Ok(FollowEnd::ThresholdExceeded(reason));
+            }
+            if let Some(silence) = watchdog.tripped() {
+                self.write_overview(tracker, progress).await;
+                return Ok(FollowEnd::NoProgress(self.no_progress_reason(tracker, silence).await));
+            }
             if last_overview.elapsed() >= OVERVIEW_EVERY {
                 last_overview = Instant::now();
                 self.write_overview(tracker, progress).await;
@@ -85,14 +110,16 @@ impl Follow<'_> {
         Ok(())
     }
 
+    /// Record one event; true when it ended a batch that had not ended before.
     async fn take_event(
         &self,
         tracker: &mut Tracker,
         delivery: &Delivery,
-    ) -> Result<(), ProducerError> {
+    ) -> Result<bool, ProducerError> {
+        let mut ended_a_batch = false;
         match serde_json::from_slice::<BatchEvent>(&delivery.payload) {
             Ok(event) if event.job_id == self.root.job_id => {
-                tracker.record(&event.status);
+                ended_a_batch = tracker.record(&event.status);
             }
             Ok(event) => {
                 tracing::error!(job_id = %event.job_id, "event for another job on this job's queue ignored")
@@ -104,7 +131,24 @@ impl Follow<'_> {
             ),
         }
         self.broker.ack(&delivery.handle).await?;
-        Ok(())
+        Ok(ended_a_batch)
+    }
+
+    async fn no_progress_reason(&self, tracker: &Tracker, silence: Duration) -> String {
+        let counts = tracker.counts();
+        let waiting: Vec<String> = tracker.unfinished().take(10).map(batch_id).collect();
+        let more = counts.batches_outstanding().saturating_sub(waiting.len() as u64);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        let in_flight = match self.broker.depth(&self.queues.work).await {
+            Ok(depth) => format!("{} in flight, {} waiting in the queue", depth.in_flight, depth.ready),
+            Err(error) => format!("queue depth unknown: {error}"),
+        };
+        format!(
+            "no progress for {} s (--progress_update_timeout): {} mini-batches unfinished ({in_flight}): {}{more}",
+            silence.as_secs(),
+            counts.batches_outstanding(),
+            waiting.join(", ")
+        )
     }
 
     async fn write_overview(&self, tracker: &Tracker, progress: &Progress) {
@@ -120,5 +164,37 @@ impl Follow<'_> {
         {
             tracing::warn!(%error, "could not write the progress overview");
         }
+    }
+}
+
+/// Fails a job in which no batch ends for too long, so that a job always ends.
+struct Watchdog {
+    last_progress: Instant,
+    any_progress: bool,
+    limit: Duration,
+    /// Extra allowance before the first batch ends: runtimes may still be initialising.
+    first_allowance: Duration,
+}
+
+impl Watchdog {
+    fn new(job: &ResolvedJob) -> Self {
+        Watchdog {
+            last_progress: Instant::now(),
+            any_progress: false,
+            limit: progress_update_timeout(job),
+            first_allowance: Duration::from_secs(job.task.program_args.first_task_creation_timeout_secs),
+        }
+    }
+
+    fn progressed(&mut self) {
+        self.last_progress = Instant::now();
+        self.any_progress = true;
+    }
+
+    /// How long it has been silent, once that is longer than allowed.
+    fn tripped(&self) -> Option<Duration> {
+        let allowed = if self.any_progress { self.limit } else { self.limit + self.first_allowance };
+        let silence = self.last_progress.elapsed();
+        (silence > allowed).then_some(silence)
     }
 }

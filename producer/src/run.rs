@@ -33,6 +33,8 @@ use crate::tracker::Tracker;
 pub const DEFAULT_STORE: &str = "batchfleet-jobs";
 /// How long workers get to finish and call `shutdown()` once the job is over.
 const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
+/// After an early stop nothing in flight counts any more: workers get little time.
+const EARLY_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Options of `batchfleet run`.
 #[derive(Debug, Clone)]
@@ -77,8 +79,18 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     let mut fleet = start_workers(&broker, &queues, &job, options, &stop);
 
     let result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet).await;
+    let grace = match &result {
+        Ok((_, end)) if !end.stopped_early() => WORKER_STOP_GRACE,
+        _ => EARLY_STOP_GRACE,
+    };
+    let result = match result {
+        Ok((mut tracker, end)) if end.stopped_early() => {
+            stop_the_rest(&root, &mut tracker, &end).await.map(|()| (tracker, end))
+        }
+        other => other,
+    };
     stop.cancel();
-    stop_workers(&mut fleet).await;
+    stop_workers(&mut fleet, grace).await;
     let (tracker, end) = result?;
     finish(&job, &root, &tracker, end).await
 }
@@ -163,6 +175,7 @@ async fn plan_and_follow(
     let mut tracker = Tracker::new(plan);
     let mut progress = Progress::new(plan.batches, options.interactive);
     let follow = Follow {
+        job,
         broker,
         queues,
         root,
@@ -201,7 +214,7 @@ fn fleet_gone(
     }
 }
 
-async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>) {
+async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) {
     let all_stopped = async {
         while let Some(joined) = fleet.join_next().await {
             if let Ok(Err(error)) = joined {
@@ -209,13 +222,26 @@ async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>) {
             }
         }
     };
-    if tokio::time::timeout(WORKER_STOP_GRACE, all_stopped)
+    if tokio::time::timeout(grace, all_stopped)
         .await
         .is_err()
     {
-        tracing::warn!("workers did not stop within {WORKER_STOP_GRACE:?}; aborting them");
+        tracing::warn!("workers did not stop within {grace:?}; aborting them");
         fleet.abort_all();
     }
+}
+
+/// Tell workers to drop the job's remaining messages, and count those batches as cancelled.
+async fn stop_the_rest(root: &JobRoot, tracker: &mut Tracker, end: &FollowEnd) -> Result<(), ProducerError> {
+    let reason = match end {
+        FollowEnd::Complete => "complete".to_string(),
+        FollowEnd::FleetGone(reason)
+        | FollowEnd::ThresholdExceeded(reason)
+        | FollowEnd::NoProgress(reason) => reason.clone(),
+    };
+    root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
+    tracker.cancel_unfinished();
+    Ok(())
 }
 
 async fn finish(
@@ -233,7 +259,9 @@ async fn finish(
     let output = aggregate(root, tracker, header, &output_at).await?;
     let verdict = match end {
         FollowEnd::Complete => verdict(job, &tracker.counts(), output.rows),
-        FollowEnd::FleetGone(reason) => Verdict::Failed(reason),
+        FollowEnd::FleetGone(reason) | FollowEnd::ThresholdExceeded(reason) | FollowEnd::NoProgress(reason) => {
+            Verdict::Failed(reason)
+        }
     };
     let text = job_result_text(&verdict, root, tracker, Some(&output));
     root.put(&root.layout.job_result(), Bytes::from(text))

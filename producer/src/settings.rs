@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+use std::time::Duration;
+
 use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 
 use crate::job_root::JobRoot;
@@ -13,10 +15,10 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
         MiniBatchSize::Count(n) => format!("{n} files"),
         MiniBatchSize::Bytes(n) => format!("{n} bytes"),
     };
-    let progress_timeout = args
-        .progress_update_timeout_secs
-        .map(|s| format!("{s} s"))
-        .unwrap_or_else(|| "derived".into());
+    let progress_timeout = match args.progress_update_timeout_secs {
+        Some(secs) => format!("{secs} s"),
+        None => format!("{} s (derived)", progress_update_timeout(job).as_secs()),
+    };
     let mut text = String::new();
     let _ = writeln!(text, "job {} ({})", root.job_id, job.spec_file);
     let _ = writeln!(
@@ -50,4 +52,28 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     );
     let _ = write!(text, "  job root: {}", root.url());
     text
+}
+
+/// The longest a job may go without any mini-batch ending: `--progress_update_timeout`, or
+/// derived so that one batch can use all its attempts at full length, with the retry backoff
+/// and a minute of margin: `(timeout + task_overhead_timeout + 10) × (max_retries + 1) + 60` s.
+pub fn progress_update_timeout(job: &ResolvedJob) -> Duration {
+    let args = &job.task.program_args;
+    let secs = args.progress_update_timeout_secs.unwrap_or_else(|| {
+        (job.retry.timeout_secs + args.task_overhead_timeout_secs + 10) * u64::from(job.retry.max_deliveries()) + 60
+    });
+    Duration::from_secs(secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_derived_progress_timeout_covers_every_attempt() {
+        let mut job = crate::test_support::minimal_job();
+        assert_eq!(progress_update_timeout(&job), Duration::from_secs((60 + 30 + 10) * 3 + 60));
+        job.task.program_args.progress_update_timeout_secs = Some(7);
+        assert_eq!(progress_update_timeout(&job), Duration::from_secs(7));
+    }
 }

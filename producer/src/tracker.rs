@@ -166,6 +166,19 @@ impl Tracker {
             .map(|(i, _)| i as u64)
     }
 
+    /// Indices of batches that have not ended, in batch order.
+    pub fn unfinished(&self) -> impl Iterator<Item = u64> + '_ {
+        self.ended.iter().enumerate().filter(|(_, e)| e.is_none()).map(|(i, _)| i as u64)
+    }
+
+    /// Count every batch that has not ended as cancelled (the job stopped early).
+    pub fn cancel_unfinished(&mut self) {
+        for slot in self.ended.iter_mut().filter(|e| e.is_none()) {
+            *slot = Some(Ended { state: BatchState::Cancelled, items_in: 0, items_out: 0 });
+            self.counts.batches_cancelled += 1;
+        }
+    }
+
     /// Indices of failed batches, in batch order.
     pub fn failed(&self) -> impl Iterator<Item = u64> + '_ {
         self.ended

@@ -85,3 +85,85 @@ pub fn describe(output: &Output) -> String {
         String::from_utf8_lossy(&output.stderr)
     )
 }
+
+/// A job in a temp folder: input files, an entry script, and a spec around them.
+pub struct JobFixture {
+    pub dir: tempfile::TempDir,
+}
+
+impl JobFixture {
+    /// `files`: input file names (each holds its own name); `script`: the entry script;
+    /// `settings`: extra top-level YAML lines (mini_batch_size, retry_settings, ...);
+    /// `program_arguments`: the task's program arguments.
+    pub fn new(files: &[String], script: &str, settings: &str, program_arguments: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).expect("data dir");
+        for name in files {
+            std::fs::write(data.join(name), name).expect("input file");
+        }
+        std::fs::create_dir_all(dir.path().join("code")).expect("code dir");
+        std::fs::create_dir_all(dir.path().join("marks")).expect("marks dir");
+        std::fs::write(dir.path().join("code/entry.py"), script).expect("entry script");
+        let spec = format!(
+            "type: parallel\nname: fixture\ninputs:\n  files: {{type: uri_folder, path: ./data}}\n\
+             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
+             input_data: ${{{{inputs.files}}}}\n{settings}\n\
+             environment_variables:\n  MARKS: {marks}\n\
+             task:\n  type: run_function\n  code: ./code\n  entry_script: entry.py\n  \
+             program_arguments: \"{program_arguments}\"\n  append_row_to: ${{{{outputs.rows}}}}\n",
+            marks = dir.path().join("marks").display(),
+        );
+        std::fs::write(dir.path().join("job.yaml"), spec).expect("job.yaml");
+        JobFixture { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `batchfleet run` on the fixture's spec, to its end.
+    pub fn run(&self) -> Output {
+        run(batchfleet()
+            .arg("run")
+            .arg(self.path().join("job.yaml"))
+            .arg("--store")
+            .arg(self.path().join("jobs")))
+    }
+
+    /// The one job root the run created.
+    pub fn job_root(&self) -> PathBuf {
+        let roots: Vec<PathBuf> = std::fs::read_dir(self.path().join("jobs"))
+            .expect("a jobs folder")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        assert_eq!(roots.len(), 1, "exactly one job root expected");
+        roots[0].clone()
+    }
+
+    pub fn job_result(&self) -> String {
+        std::fs::read_to_string(self.job_root().join("logs/job_result.txt")).expect("job_result.txt")
+    }
+
+    /// The aggregated output's rows.
+    pub fn rows(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path().join("out/rows.txt"))
+            .map(|text| text.lines().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Names of marker files the script wrote under `$MARKS` (one per call it chose to record).
+    pub fn marks(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path().join("marks"))
+            .expect("marks dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// `count` input names `f000.txt`, `f001.txt`, ...
+pub fn file_names(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("f{i:03}.txt")).collect()
+}

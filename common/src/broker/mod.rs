@@ -16,6 +16,8 @@
 
 pub mod conformance;
 pub mod embedded;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 
 use std::time::Duration;
 

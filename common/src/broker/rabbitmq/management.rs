@@ -1,0 +1,217 @@
+//! Queue depth from RabbitMQ's management HTTP API (the `rabbitmq_management` plugin).
+//!
+//! AMQP can count a queue's ready messages (a passive `queue.declare`) but not its unacked
+//! ones, and depth must include those: the autoscaling signal may never hide busy work. The
+//! management API has both, as one snapshot (`messages_ready`, `messages_unacknowledged`).
+//! It is a snapshot of statistics RabbitMQ collects periodically (`collect_statistics_interval`,
+//! 5 s by default; quorum queues report on their own tick, `quorum_tick_interval`), so it lags
+//! the queue by that much — but the total it reports is consistent: a receive moves a message
+//! from ready to unacked within one snapshot, never out of both.
+//!
+//! Plain HTTP only (ureq without a TLS stack): an `https://` management URL is refused with a
+//! message saying so.
+
+use std::time::Duration;
+
+use base64::Engine;
+use url::Url;
+
+use super::session::Endpoint;
+use crate::broker::{BrokerError, QueueDepth};
+
+/// The management port RabbitMQ listens on by default (plain HTTP).
+const DEFAULT_PORT: u16 = 15672;
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A client of one broker's management API, for one vhost.
+pub(super) struct Management {
+    /// Without credentials: safe to show.
+    base: Url,
+    authorization: String,
+    vhost: String,
+    agent: ureq::Agent,
+}
+
+impl Management {
+    /// `url` when given (credentials in it win over the AMQP ones), else the AMQP host on port
+    /// 15672 with the AMQP credentials.
+    pub(super) fn new(endpoint: &Endpoint, url: Option<&str>) -> Result<Self, BrokerError> {
+        let amqp = &endpoint.uri.authority;
+        let mut base = match url {
+            Some(url) => Url::parse(url)
+                .map_err(|e| BrokerError::Refused(format!("management URL is not a URL ({e})")))?,
+            None => Url::parse(&format!("http://{}:{DEFAULT_PORT}/", host_for_url(&amqp.host)))
+                .map_err(|e| {
+                    BrokerError::Refused(format!("cannot derive a management URL ({e})"))
+                })?,
+        };
+        let username = match base.username() {
+            "" => amqp.userinfo.username.clone(),
+            name => percent_decode(name),
+        };
+        let password = match base.password() {
+            Some(password) => percent_decode(password),
+            None if url.is_some() && !base.username().is_empty() => String::new(),
+            None => amqp.userinfo.password.clone(),
+        };
+        // Errors from here on may show `base`: take the credentials out of it.
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        let credentials =
+            base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(TIMEOUT))
+            .http_status_as_error(false)
+            .build();
+        Ok(Management {
+            base,
+            authorization: format!("Basic {credentials}"),
+            vhost: endpoint.uri.vhost.clone(),
+            agent: ureq::Agent::new_with_config(config),
+        })
+    }
+
+    /// Ready + unacked as of RabbitMQ's last statistics; `None` while the queue has none yet
+    /// (it was declared moments ago) or the API does not know it (yet).
+    pub(super) async fn depth(&self, queue: &str) -> Result<Option<QueueDepth>, BrokerError> {
+        let url = self.queue_url(queue)?;
+        let (agent, authorization, shown) =
+            (self.agent.clone(), self.authorization.clone(), self.base.clone());
+        let answer =
+            tokio::task::spawn_blocking(move || get(&agent, &url, &authorization)).await.map_err(
+                |e| BrokerError::Connection(format!("management API call did not finish: {e}")),
+            )?;
+        match answer {
+            Ok((200, body)) => parse_depth(&body),
+            Ok((404, _)) => Ok(None),
+            Ok((401 | 403, _)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} refused the credentials (the user needs the \
+                 `monitoring` or `management` tag)"
+            ))),
+            Ok((status, _)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} answered HTTP {status} for queue `{queue}`"
+            ))),
+            Err(error) => Err(BrokerError::Connection(format!(
+                "the management API at {shown} did not answer ({error}); queue depth needs the \
+                 rabbitmq_management plugin (`rabbitmq-plugins enable rabbitmq_management`)"
+            ))),
+        }
+    }
+
+    fn queue_url(&self, queue: &str) -> Result<Url, BrokerError> {
+        if self.base.scheme() != "http" {
+            return Err(BrokerError::Refused(format!(
+                "management URL {}: only http:// is supported (this build has no TLS for it)",
+                self.base
+            )));
+        }
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| {
+                BrokerError::Refused(format!("management URL {} cannot take a path", self.base))
+            })?
+            .pop_if_empty()
+            .extend(["api", "queues", &self.vhost, queue]);
+        Ok(url)
+    }
+}
+
+fn get(agent: &ureq::Agent, url: &Url, authorization: &str) -> Result<(u16, String), ureq::Error> {
+    let mut response = agent.get(url.as_str()).header("authorization", authorization).call()?;
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string()?;
+    Ok((status, body))
+}
+
+fn parse_depth(body: &str) -> Result<Option<QueueDepth>, BrokerError> {
+    let queue: serde_json::Value = serde_json::from_str(body).map_err(|e| {
+        BrokerError::Refused(format!(
+            "the management API answered something that is not JSON ({e})"
+        ))
+    })?;
+    let count = |field: &str| queue.get(field).and_then(serde_json::Value::as_u64);
+    Ok(match (count("messages_ready"), count("messages_unacknowledged")) {
+        (Some(ready), Some(in_flight)) => Some(QueueDepth { ready, in_flight }),
+        _ => None,
+    })
+}
+
+/// An IPv6 literal needs brackets in a URL.
+fn host_for_url(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// `%XX` escapes of URL userinfo decoded (`+` stays `+`, unlike in a query string).
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| value.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            None => {
+                decoded.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(url: &str) -> Endpoint {
+        Endpoint::parse(url).unwrap()
+    }
+
+    #[test]
+    fn derived_from_the_amqp_url_with_the_vhost_encoded() {
+        let management = Management::new(&endpoint("amqp://bob:pw@rabbit:5672/%2f"), None).unwrap();
+        let url = management.queue_url("jobs/1 work").unwrap();
+        assert_eq!(url.as_str(), "http://rabbit:15672/api/queues/%2F/jobs%2F1%20work");
+        assert_eq!(management.authorization, "Basic Ym9iOnB3");
+    }
+
+    #[test]
+    fn an_explicit_url_keeps_its_path_and_its_credentials_stay_out_of_it() {
+        let management = Management::new(
+            &endpoint("amqp://bob:pw@rabbit/prod"),
+            Some("http://admin:s3cret@proxy:8080/rabbitmq/"),
+        )
+        .unwrap();
+        let url = management.queue_url("work").unwrap();
+        assert_eq!(url.as_str(), "http://proxy:8080/rabbitmq/api/queues/prod/work");
+        assert!(!management.base.as_str().contains("s3cret"));
+        assert_eq!(percent_decode("a%2Bb+c%zz"), "a+b+c%zz");
+    }
+
+    #[test]
+    fn https_is_refused_with_a_reason() {
+        let management =
+            Management::new(&endpoint("amqp://rabbit"), Some("https://rabbit:15671/")).unwrap();
+        let err = management.queue_url("work").unwrap_err();
+        assert!(err.to_string().contains("only http://"), "{err}");
+    }
+
+    #[test]
+    fn a_queue_without_statistics_yet_has_no_depth() {
+        assert_eq!(parse_depth(r#"{"name":"w","messages_ready":null}"#).unwrap(), None);
+        assert_eq!(
+            parse_depth(r#"{"messages_ready":2,"messages_unacknowledged":3}"#).unwrap(),
+            Some(QueueDepth { ready: 2, in_flight: 3 })
+        );
+    }
+}

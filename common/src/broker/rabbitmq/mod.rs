@@ -1,0 +1,525 @@
+//! The RabbitMQ backend of [`Broker`] (AMQP 0-9-1 with lapin), for RabbitMQ 3.10 and later.
+//!
+//! How the trait's semantics are kept on a push protocol, and what differs from
+//! [`EmbeddedBroker`](super::embedded::EmbeddedBroker) where the trait leaves room:
+//!
+//! - **Queues** are durable quorum queues; delivery limits and dead-letter queues are quorum
+//!   queue features (see the `topology` module for the arguments). Declaring requires the dead-letter
+//!   queue to exist (`QueueNotFound`); declaring again with other settings is `QueueMismatch`
+//!   (RabbitMQ's PRECONDITION_FAILED, whose text names the argument). Every operation that can
+//!   make RabbitMQ close its channel runs on a channel of its own, so an error never takes
+//!   other work with it.
+//! - **Receive.** Each `receive` opens a channel with prefetch `max`, consumes, and takes what
+//!   RabbitMQ pushes until `max` arrived, the wait ended, or — once something arrived — no more
+//!   comes within a few milliseconds; then it cancels the consumer and keeps whatever was
+//!   already on its way (still at most `max`). Nothing is ever prefetched beyond what a caller
+//!   asked for, so no message sits invisible in a buffer nobody reads. The channel stays open
+//!   while any of its deliveries is leased, and closes when the last is settled.
+//! - **Leases** are kept client-side (module `lease`): a delivery not settled or extended in time is
+//!   nacked with requeue, which counts a delivery, and its handle is stale from then on. A
+//!   handle is also stale once its channel is gone (lost connection; RabbitMQ's
+//!   `consumer_timeout`, 30 min by default, closes a channel holding one delivery longer, so
+//!   leases extended past it end there), because RabbitMQ has then requeued the message.
+//! - **Delivery count** is the quorum queue's `x-delivery-count` header + 1. Lease expiry, nack,
+//!   a crashed consumer and a closed channel all count.
+//! - **Order.** Ready messages come in publish order. A requeued message goes to the *front*
+//!   (quorum queues serve returned messages first), not the back as in the embedded broker.
+//! - **Delayed nack.** RabbitMQ has no delayed requeue: the delivery stays held (unacked) for
+//!   `delay` and is then nacked with requeue. Meanwhile its handle is stale and it counts as
+//!   *in flight* in `depth` (the embedded broker counts it ready); if the process dies or the
+//!   channel closes first, RabbitMQ requeues it early. A delay longer than `consumer_timeout`
+//!   ends at `consumer_timeout`.
+//! - **Dead-letter reasons.** When RabbitMQ dead-letters by delivery limit, the reason comes
+//!   from its `x-first-death-reason` header (`delivery_limit`). An explicit
+//!   [`Broker::dead_letter`] cannot tell RabbitMQ a reason, so it publishes a copy (with a
+//!   reason header, persistent, confirmed) to the queue's dead-letter exchange, then acks the
+//!   original. If the ack fails after the copy was confirmed, the original is delivered again
+//!   and may be dead-lettered twice: the dead-letter queue's consumer must tolerate duplicates
+//!   (batchfleet's batch-status writes are idempotent). A queue without a dead-letter queue
+//!   drops the message with a warning, as RabbitMQ itself does. A message dead-lettered into a
+//!   quorum queue starts a fresh delivery count there.
+//! - **Depth** is `messages_ready + messages_unacknowledged` from the management API
+//!   (module `management`): a consistent snapshot, lagging by RabbitMQ's statistics interval (5 s by
+//!   default). Until RabbitMQ has statistics for a new queue, depth is the exact ready count
+//!   from AMQP with 0 in flight. Without the management plugin, `depth` fails with a
+//!   `Connection` error saying so; everything else works without it.
+//! - **Publish** sends persistent messages (`delivery_mode = 2`), `mandatory`, on a confirm-mode
+//!   channel, and returns when every confirm arrived. A message no queue took (the queue does
+//!   not exist) makes the call `QueueNotFound`.
+//! - **Connection loss** surfaces as `BrokerError::Connection` (retry: transient); the next call
+//!   reconnects with exponential backoff (module `session`). Leases of the lost connection are stale.
+//! - `delete_queue` also deletes the queue's dead-letter exchange. A receiver waiting on a
+//!   queue that is deleted gets `QueueNotFound`.
+
+mod error;
+mod headers;
+mod lease;
+mod management;
+mod session;
+mod topology;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use backon::ExponentialBuilder;
+use bytes::Bytes;
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Confirmation, Consumer, ExchangeKind};
+use tokio::time::Instant;
+
+use self::lease::{after, Lease, Leases};
+use self::management::Management;
+use self::session::{Endpoint, Session, Sessions};
+use self::topology::short;
+use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
+
+/// AMQP `delivery_mode` of a message RabbitMQ writes to disk.
+const PERSISTENT: u8 = 2;
+/// Once a receive has something, how long it waits for more before returning.
+const LINGER: Duration = Duration::from_millis(25);
+/// Bound on waiting for RabbitMQ to confirm a consumer's cancellation.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to reach RabbitMQ, beyond the AMQP URL.
+#[derive(Debug, Clone)]
+pub struct RabbitMqOptions {
+    /// The management API, for [`Broker::depth`]: `http://[user:password@]host:port[/path]`.
+    /// `None`: the AMQP host on port 15672, with the AMQP credentials.
+    pub management_url: Option<String>,
+    /// Shown in RabbitMQ's connection list. `None`: `batchfleet-<pid>-<n>`.
+    pub connection_name: Option<String>,
+    /// Limit on one attempt to connect.
+    pub connect_timeout: Duration,
+    /// Attempts to (re)connect before a call fails with `Connection`, with exponential backoff.
+    pub connect_attempts: usize,
+}
+
+impl Default for RabbitMqOptions {
+    fn default() -> Self {
+        RabbitMqOptions {
+            management_url: None,
+            connection_name: None,
+            connect_timeout: Duration::from_secs(10),
+            connect_attempts: 4,
+        }
+    }
+}
+
+/// A [`Broker`] on RabbitMQ. Clones share one connection and one lease table.
+#[derive(Clone)]
+pub struct RabbitMqBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Sessions,
+    leases: Arc<Leases>,
+    management: Management,
+    connection_name: String,
+}
+
+impl std::fmt::Debug for RabbitMqBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMqBroker")
+            .field("broker", self.inner.sessions.endpoint())
+            .field("connection_name", &self.inner.connection_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RabbitMqBroker {
+    /// Connect to `url` (`amqp://user:password@host:5672/%2f`) with default options.
+    pub async fn connect(url: &str) -> Result<Self, BrokerError> {
+        Self::connect_with(url, RabbitMqOptions::default()).await
+    }
+
+    /// Connect to `url`; fails with `Connection` (naming the broker, never the password) when
+    /// RabbitMQ does not answer after `options.connect_attempts`.
+    pub async fn connect_with(url: &str, options: RabbitMqOptions) -> Result<Self, BrokerError> {
+        let endpoint = Endpoint::parse(url)?;
+        let management = Management::new(&endpoint, options.management_url.as_deref())?;
+        let instance = instance_id();
+        let connection_name =
+            options.connection_name.unwrap_or_else(|| format!("batchfleet-{instance}"));
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .with_max_times(options.connect_attempts.saturating_sub(1))
+            .with_jitter();
+        let sessions =
+            Sessions::new(endpoint, connection_name.clone(), backoff, options.connect_timeout);
+        sessions.get().await?;
+        Ok(RabbitMqBroker {
+            inner: Arc::new(Inner {
+                sessions,
+                leases: Leases::new(instance),
+                management,
+                connection_name,
+            }),
+        })
+    }
+
+    /// The name this broker's connection has in RabbitMQ (management UI, `list_connections`).
+    pub fn connection_name(&self) -> &str {
+        &self.inner.connection_name
+    }
+
+    async fn session(&self) -> Result<Arc<Session>, BrokerError> {
+        self.inner.sessions.get().await
+    }
+
+    /// The queue's ready count; `QueueNotFound` when it does not exist.
+    async fn ready_count(&self, session: &Session, queue: &str) -> Result<u64, BrokerError> {
+        let channel = session.channel().await?;
+        let passive = QueueDeclareOptions { passive: true, ..QueueDeclareOptions::default() };
+        let declared = channel
+            .queue_declare(short(queue)?, passive, FieldTable::default())
+            .await
+            .map_err(|e| error::on_queue(&e, queue))?;
+        Ok(u64::from(declared.message_count()))
+    }
+
+    fn lease(
+        &self,
+        queue: &str,
+        channel: &Channel,
+        delivery: lapin::message::Delivery,
+        lease: Duration,
+    ) -> Delivery {
+        let delivery_count = headers::delivery_count(&delivery.properties);
+        let dead_letter_reason = headers::dead_letter_reason(&delivery.properties);
+        let payload = Bytes::from(delivery.data);
+        let handle =
+            self.inner.leases.grant(queue, payload.clone(), delivery.acker, channel.clone(), lease);
+        tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
+        Delivery { handle, payload, delivery_count, dead_letter_reason }
+    }
+
+    /// Publish the dead-letter copy of a held message; `false` when the queue has no
+    /// dead-letter queue (or it was deleted) and the message is to be dropped.
+    async fn publish_dead_letter_copy(
+        &self,
+        session: &Session,
+        queue: &str,
+        payload: &[u8],
+        reason: &str,
+    ) -> Result<bool, BrokerError> {
+        let exchange = topology::dead_letter_exchange(queue);
+        let Ok(exchange_name) = short(&exchange) else {
+            return Ok(false); // too long to have been declared
+        };
+        // A channel of its own: publishing to a missing exchange closes it.
+        let channel = session.channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| error::transport(&e))?;
+        let properties = BasicProperties::default()
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers::dead_letter_copy(reason, queue));
+        let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
+        let confirmed = match channel
+            .basic_publish(exchange_name, "".into(), mandatory, payload, properties)
+            .await
+        {
+            Ok(confirm) => confirm.await,
+            Err(e) => Err(e),
+        };
+        match confirmed {
+            Ok(Confirmation::Ack(None)) => Ok(true),
+            Ok(Confirmation::Ack(Some(_))) => Ok(false), // the exchange has no queue bound
+            Ok(Confirmation::Nack(_) | Confirmation::NotRequested) => Err(BrokerError::Refused(
+                format!("RabbitMQ did not take the dead-letter copy of a message from `{queue}`"),
+            )),
+            Err(e) => match error::on_queue(&e, &exchange) {
+                BrokerError::QueueNotFound(_) => Ok(false), // no dead-letter exchange
+                other => Err(other),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for RabbitMqBroker {
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
+        topology::validate(spec)?;
+        let session = self.session().await?;
+        if let Some(dlq) = &spec.dead_letter_queue {
+            self.ready_count(&session, dlq).await?;
+        }
+        let channel = session.channel().await?;
+        let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+        channel
+            .queue_declare(short(&spec.name)?, durable, topology::arguments(spec))
+            .await
+            .map_err(|e| error::on_declare(&e, &spec.name))?;
+        if let Some(dlq) = &spec.dead_letter_queue {
+            let exchange = short(&topology::dead_letter_exchange(&spec.name))?;
+            let durable =
+                ExchangeDeclareOptions { durable: true, ..ExchangeDeclareOptions::default() };
+            channel
+                .exchange_declare(
+                    exchange.clone(),
+                    ExchangeKind::Fanout,
+                    durable,
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| error::on_queue(&e, &spec.name))?;
+            channel
+                .queue_bind(
+                    short(dlq)?,
+                    exchange,
+                    "".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| error::on_queue(&e, dlq))?;
+        }
+        tracing::debug!(queue = %spec.name, max_deliveries = ?spec.max_deliveries,
+            dead_letter_queue = ?spec.dead_letter_queue, "queue declared");
+        Ok(())
+    }
+
+    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
+        let name = short(queue)?;
+        let session = self.session().await?;
+        let channel = session.channel().await?;
+        match channel.queue_delete(name, QueueDeleteOptions::default()).await {
+            Ok(dropped) => tracing::debug!(queue, dropped, "queue deleted"),
+            Err(e) => match error::on_queue(&e, queue) {
+                BrokerError::QueueNotFound(_) => return Ok(()),
+                other => return Err(other),
+            },
+        }
+        if let Ok(exchange) = short(&topology::dead_letter_exchange(queue)) {
+            let channel = session.channel().await?;
+            channel
+                .exchange_delete(exchange, ExchangeDeleteOptions::default())
+                .await
+                .map_err(|e| error::on_queue(&e, queue))?;
+        }
+        Ok(())
+    }
+
+    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        let routing_key = short(queue)?;
+        let session = self.session().await?;
+        if payloads.is_empty() {
+            return self.ready_count(&session, queue).await.map(drop);
+        }
+        let channel = session.publisher().await?;
+        let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
+        let mut confirms = Vec::with_capacity(payloads.len());
+        for payload in &payloads {
+            let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
+            let confirm = channel
+                .basic_publish("".into(), routing_key.clone(), mandatory, payload, properties)
+                .await
+                .map_err(|e| error::transport(&e))?;
+            confirms.push(confirm);
+        }
+        let (mut unroutable, mut refused) = (0_usize, 0_usize);
+        for confirm in confirms {
+            match confirm.await.map_err(|e| error::transport(&e))? {
+                Confirmation::Ack(None) => {}
+                Confirmation::Ack(Some(_)) => unroutable += 1,
+                Confirmation::Nack(_) | Confirmation::NotRequested => refused += 1,
+            }
+        }
+        if unroutable > 0 {
+            return Err(BrokerError::QueueNotFound(queue.to_owned()));
+        }
+        if refused > 0 {
+            return Err(BrokerError::Refused(format!(
+                "RabbitMQ refused {refused} of {} messages published to `{queue}`",
+                payloads.len()
+            )));
+        }
+        tracing::trace!(queue, count = payloads.len(), "published");
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let name = short(queue)?;
+        let session = self.session().await?;
+        if max == 0 {
+            // Nothing could be returned, so there is nothing to wait for.
+            return self.ready_count(&session, queue).await.map(|_| Vec::new());
+        }
+        let channel = session.channel().await?;
+        let prefetch = u16::try_from(max).unwrap_or(u16::MAX);
+        channel
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| error::transport(&e))?;
+        let consumer = channel
+            .basic_consume(name, "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .map_err(|e| error::on_queue(&e, queue))?;
+        let deadline = after(Instant::now(), wait);
+        let taken = take(&channel, consumer, usize::from(prefetch), deadline)
+            .await
+            .map_err(|e| error::on_queue(&e, queue))?;
+        if taken.cancelled_by_broker && taken.deliveries.is_empty() {
+            // RabbitMQ cancels consumers of a deleted queue: say so if that is what happened.
+            self.ready_count(&session, queue).await?;
+        }
+        Ok(taken
+            .deliveries
+            .into_iter()
+            .map(|delivery| self.lease(queue, &channel, delivery, lease))
+            .collect())
+    }
+
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
+        let lease = self.inner.leases.take(delivery)?;
+        settled(lease.acker.ack(BasicAckOptions::default()).await, delivery)?;
+        tracing::trace!(queue = %lease.queue, handle = %delivery.0, "acked");
+        Ok(())
+    }
+
+    async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
+        let lease = self.inner.leases.take(delivery)?;
+        if delay.is_zero() {
+            return match lease.requeue().await? {
+                true => Ok(()),
+                false => Err(BrokerError::StaleDelivery(delivery.0.clone())),
+            };
+        }
+        tracing::debug!(queue = %lease.queue, handle = %delivery.0,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "holding before requeue");
+        tokio::spawn(requeue_after(lease, delay));
+        Ok(())
+    }
+
+    async fn extend_lease(
+        &self,
+        delivery: &DeliveryHandle,
+        lease: Duration,
+    ) -> Result<(), BrokerError> {
+        self.inner.leases.extend(delivery, lease)
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &DeliveryHandle,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        // Copy first, take the lease after: a failed copy leaves the handle usable.
+        let held = self.inner.leases.peek(delivery)?;
+        let session = self.session().await?;
+        let copied =
+            self.publish_dead_letter_copy(&session, &held.queue, &held.payload, reason).await?;
+        let lease = self.inner.leases.take(delivery)?;
+        if copied {
+            settled(lease.acker.ack(BasicAckOptions::default()).await, delivery)?;
+            tracing::info!(queue = %lease.queue, reason, "message dead-lettered");
+        } else {
+            let drop_it = BasicRejectOptions { requeue: false };
+            settled(lease.acker.reject(drop_it).await, delivery)?;
+            tracing::warn!(queue = %lease.queue, reason,
+                "message dropped: its queue has no dead-letter queue");
+        }
+        Ok(())
+    }
+
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
+        let session = self.session().await?;
+        let ready = self.ready_count(&session, queue).await?;
+        match self.inner.management.depth(queue).await? {
+            Some(depth) => Ok(depth),
+            None => Ok(QueueDepth { ready, in_flight: 0 }),
+        }
+    }
+}
+
+/// What one consumer got before it was cancelled.
+struct Taken {
+    deliveries: Vec<lapin::message::Delivery>,
+    /// RabbitMQ ended the consumer itself (its queue was deleted).
+    cancelled_by_broker: bool,
+}
+
+/// Take up to `max` deliveries until `deadline` (or [`LINGER`] after the last one), then cancel
+/// the consumer, keeping what arrived before the cancellation took effect.
+async fn take(
+    channel: &Channel,
+    mut consumer: Consumer,
+    max: usize,
+    deadline: Instant,
+) -> Result<Taken, lapin::Error> {
+    let mut deliveries = Vec::new();
+    let mut until = deadline;
+    while deliveries.len() < max {
+        match tokio::time::timeout_at(until, consumer.next()).await {
+            Err(_waited) => break,
+            Ok(None) => return Ok(Taken { deliveries, cancelled_by_broker: true }),
+            Ok(Some(delivery)) => {
+                deliveries.push(delivery?);
+                until = deadline.min(Instant::now() + LINGER);
+            }
+        }
+    }
+    channel.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await?;
+    // Deliveries sent before RabbitMQ saw the cancel arrive before its cancel-ok, which ends
+    // the stream. Prefetch bounds them by `max` in all.
+    let drain = async {
+        while let Some(delivery) = consumer.next().await {
+            deliveries.push(delivery?);
+        }
+        Ok::<_, lapin::Error>(())
+    };
+    match tokio::time::timeout(CANCEL_TIMEOUT, drain).await {
+        Ok(drained) => drained?,
+        Err(_) => tracing::warn!(consumer = %consumer.tag(),
+            "no cancel-ok from RabbitMQ; returning the deliveries taken so far"),
+    }
+    Ok(Taken { deliveries, cancelled_by_broker: false })
+}
+
+/// The delayed half of a nack: hold the delivery for `delay`, then requeue it.
+async fn requeue_after(lease: Lease, delay: Duration) {
+    tokio::time::sleep_until(after(Instant::now(), delay)).await;
+    match lease.requeue().await {
+        Ok(true) => tracing::debug!(queue = %lease.queue, "nack delay over; message requeued"),
+        Ok(false) => tracing::debug!(queue = %lease.queue,
+            "nack delay over after the channel closed; RabbitMQ requeued the message already"),
+        Err(error) => tracing::warn!(queue = %lease.queue, %error,
+            "requeue after the nack delay failed; RabbitMQ requeues it when the channel closes"),
+    }
+}
+
+/// An ack / reject outcome: `Ok(false)` means lapin did not send it because the channel is
+/// gone (the message is back in its queue), which makes the handle stale.
+fn settled(outcome: lapin::Result<bool>, handle: &DeliveryHandle) -> Result<(), BrokerError> {
+    match outcome {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(BrokerError::StaleDelivery(handle.0.clone())),
+        Err(e) => Err(error::transport(&e)),
+    }
+}
+
+/// Unique per broker instance, across processes: handles of one are never valid in another.
+fn instance_id() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    format!("{:x}-{nanos:x}-{}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,200 @@
+//! The AMQP connection: opened once, re-opened (with backoff) by the first call after it was
+//! lost, and the channels hanging off it.
+//!
+//! A call that finds the connection broken fails with [`BrokerError::Connection`] (transient);
+//! the *next* call reconnects. Leases held on the lost connection are gone with it — RabbitMQ
+//! put their messages back in their queues — so their handles are stale, which the lease table
+//! notices by itself (lapin poisons the ackers of a closed channel).
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use lapin::options::ConfirmSelectOptions;
+use lapin::uri::{AMQPScheme, AMQPUri};
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::error;
+use crate::broker::BrokerError;
+
+/// Where the broker is, with the password kept out of everything that is displayed.
+#[derive(Clone)]
+pub(super) struct Endpoint {
+    pub(super) uri: AMQPUri,
+    /// `amqp://user@host:port/vhost`: for logs and error messages.
+    pub(super) redacted: String,
+}
+
+impl Endpoint {
+    pub(super) fn parse(url: &str) -> Result<Self, BrokerError> {
+        // The parser's message may quote the URL: never pass it on.
+        let uri = AMQPUri::from_str(url).map_err(|_| {
+            BrokerError::Refused(format!(
+                "`{}` is not an AMQP URL (amqp://user:password@host:port/vhost)",
+                redact_unparsed(url)
+            ))
+        })?;
+        let scheme = match uri.scheme {
+            AMQPScheme::AMQP => "amqp",
+            AMQPScheme::AMQPS => "amqps",
+        };
+        let redacted = format!(
+            "{scheme}://{}@{}:{}/{}",
+            uri.authority.userinfo.username,
+            uri.authority.host,
+            uri.authority.port,
+            url::form_urlencoded::byte_serialize(uri.vhost.as_bytes()).collect::<String>()
+        );
+        Ok(Endpoint { uri, redacted })
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+/// Everything before the last `@` of the authority is credentials: drop it.
+fn redact_unparsed(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// One live connection and its publishing channel.
+pub(super) struct Session {
+    pub(super) connection: Connection,
+    /// In confirm mode; re-opened when a failed publish closed it.
+    publisher: Mutex<Option<Channel>>,
+}
+
+impl Session {
+    fn is_alive(&self) -> bool {
+        self.connection.status().connected()
+    }
+
+    /// A fresh channel, for one operation or one `receive` and the leases it hands out.
+    pub(super) async fn channel(&self) -> Result<Channel, BrokerError> {
+        self.connection.create_channel().await.map_err(|e| error::transport(&e))
+    }
+
+    /// The shared channel publishes go through, in confirm mode.
+    pub(super) async fn publisher(&self) -> Result<Channel, BrokerError> {
+        let mut publisher = self.publisher.lock().await;
+        if let Some(channel) = publisher.as_ref().filter(|c| c.status().connected()) {
+            return Ok(channel.clone());
+        }
+        let channel = self.channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| error::transport(&e))?;
+        *publisher = Some(channel.clone());
+        Ok(channel)
+    }
+}
+
+/// The current session, replaced when it is found broken.
+pub(super) struct Sessions {
+    endpoint: Endpoint,
+    connection_name: String,
+    reconnect: ExponentialBuilder,
+    connect_timeout: Duration,
+    current: Mutex<Option<Arc<Session>>>,
+}
+
+impl Sessions {
+    pub(super) fn new(
+        endpoint: Endpoint,
+        connection_name: String,
+        reconnect: ExponentialBuilder,
+        connect_timeout: Duration,
+    ) -> Self {
+        Sessions {
+            endpoint,
+            connection_name,
+            reconnect,
+            connect_timeout,
+            current: Mutex::new(None),
+        }
+    }
+
+    pub(super) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// The live session, connecting (with backoff) when there is none.
+    pub(super) async fn get(&self) -> Result<Arc<Session>, BrokerError> {
+        let mut current = self.current.lock().await;
+        if let Some(session) = current.as_ref().filter(|s| s.is_alive()) {
+            return Ok(Arc::clone(session));
+        }
+        if current.take().is_some() {
+            tracing::warn!(broker = %self.endpoint.redacted, "connection lost; reconnecting");
+        }
+        let session = Arc::new(self.connect_with_backoff().await?);
+        *current = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    async fn connect_with_backoff(&self) -> Result<Session, BrokerError> {
+        (|| self.connect_once())
+            .retry(self.reconnect)
+            .when(|e| matches!(e, BrokerError::Connection(_)))
+            .notify(|error, wait| {
+                tracing::warn!(broker = %self.endpoint.redacted, %error,
+                    retry_in_ms = wait.as_millis() as u64, "connecting to RabbitMQ failed");
+            })
+            .await
+    }
+
+    async fn connect_once(&self) -> Result<Session, BrokerError> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(self.connection_name.clone().into());
+        let connecting = Connection::connect_uri(self.endpoint.uri.clone(), properties);
+        let connection = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| {
+                BrokerError::Connection(format!(
+                    "no answer from {} within {:?}",
+                    self.endpoint.redacted, self.connect_timeout
+                ))
+            })?
+            .map_err(|e| {
+                BrokerError::Connection(format!(
+                    "cannot connect to {}: {e}",
+                    self.endpoint.redacted
+                ))
+            })?;
+        tracing::info!(broker = %self.endpoint.redacted, connection = %self.connection_name,
+            "connected to RabbitMQ");
+        Ok(Session { connection, publisher: Mutex::new(None) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_password_never_shows() {
+        let endpoint = Endpoint::parse("amqp://bob:s3cret@rabbit.local:5673/%2f").unwrap();
+        assert_eq!(endpoint.redacted, "amqp://bob@rabbit.local:5673/%2F");
+        assert!(!format!("{endpoint:?}").contains("s3cret"));
+        let err = Endpoint::parse("amqp://bob:s3cret@host:notaport/").unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn defaults_fill_in_the_vhost() {
+        let endpoint = Endpoint::parse("amqp://guest:guest@127.0.0.1").unwrap();
+        assert_eq!(endpoint.uri.vhost, "/");
+        assert_eq!(endpoint.uri.authority.port, 5672);
+    }
+}

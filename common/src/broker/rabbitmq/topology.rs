@@ -1,0 +1,101 @@
+//! How a [`QueueSpec`] becomes RabbitMQ queues, exchanges and bindings.
+//!
+//! - Every queue is a durable **quorum** queue: replicated, and it counts deliveries
+//!   (`x-delivery-count`), which is what delivery limits need.
+//! - `max_deliveries = N` is `x-delivery-limit = N - 1`: a quorum queue dead-letters a message
+//!   returned after its `1 + limit`-th delivery (measured on RabbitMQ 3.10).
+//! - A queue with a dead-letter queue gets its own fanout exchange, [`dead_letter_exchange`]
+//!   of the queue's name, bound to the dead-letter queue and set as `x-dead-letter-exchange`.
+//!   Because the exchange is named after the *work* queue, a worker that never declared the
+//!   queue can still dead-letter explicitly: it publishes to that exchange. The dead-letter
+//!   queue's name is also set as `x-dead-letter-routing-key` (a fanout ignores it), so that
+//!   declaring the queue again with another dead-letter queue is a `QueueMismatch`.
+//! - Dead-lettering uses RabbitMQ's default `at-most-once` strategy.
+//! - `max_deliveries = None` sets no limit: unlimited on RabbitMQ 3.x. RabbitMQ 4.x gives quorum
+//!   queues a default limit of 20; there, `None` means 20 deliveries.
+
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+
+use super::headers::long_string;
+use crate::broker::{BrokerError, QueueSpec};
+
+/// The prefix of the per-queue dead-letter exchange.
+const DEAD_LETTER_EXCHANGE_PREFIX: &str = "batchfleet.dlx.";
+
+/// The fanout exchange a queue's dead letters go through.
+pub(super) fn dead_letter_exchange(queue: &str) -> String {
+    format!("{DEAD_LETTER_EXCHANGE_PREFIX}{queue}")
+}
+
+/// A queue or exchange name as AMQP carries it (at most 255 bytes).
+pub(super) fn short(name: &str) -> Result<ShortString, BrokerError> {
+    ShortString::try_new(name).map_err(|_| {
+        BrokerError::Refused(format!("`{name}` is longer than the 255 bytes AMQP allows in a name"))
+    })
+}
+
+/// Refuse what the embedded broker refuses, and names RabbitMQ could not take.
+pub(super) fn validate(spec: &QueueSpec) -> Result<(), BrokerError> {
+    if spec.max_deliveries == Some(0) {
+        return Err(BrokerError::Refused(format!(
+            "queue `{}`: max_deliveries must be at least 1",
+            spec.name
+        )));
+    }
+    if spec.dead_letter_queue.as_deref() == Some(spec.name.as_str()) {
+        return Err(BrokerError::Refused(format!(
+            "queue `{}` cannot be its own dead-letter queue",
+            spec.name
+        )));
+    }
+    short(&spec.name)?;
+    if let Some(dlq) = &spec.dead_letter_queue {
+        short(dlq)?;
+        short(&dead_letter_exchange(&spec.name))?;
+    }
+    Ok(())
+}
+
+/// The `queue.declare` arguments of `spec`.
+pub(super) fn arguments(spec: &QueueSpec) -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), long_string("quorum"));
+    if let Some(max) = spec.max_deliveries {
+        let limit = i64::from(max.saturating_sub(1));
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+    }
+    if let Some(dlq) = &spec.dead_letter_queue {
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            long_string(&dead_letter_exchange(&spec.name)),
+        );
+        arguments.insert("x-dead-letter-routing-key".into(), long_string(dlq));
+    }
+    arguments
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delivery_limit_counts_redeliveries() {
+        let spec = QueueSpec {
+            name: "work".into(),
+            max_deliveries: Some(3),
+            dead_letter_queue: Some("dead".into()),
+        };
+        let arguments = arguments(&spec);
+        let get = |key: &str| arguments.inner().get(key).cloned();
+        assert_eq!(get("x-delivery-limit"), Some(AMQPValue::LongLongInt(2)));
+        assert_eq!(get("x-dead-letter-exchange"), Some(long_string("batchfleet.dlx.work")));
+        assert_eq!(get("x-dead-letter-routing-key"), Some(long_string("dead")));
+        assert_eq!(get("x-queue-type"), Some(long_string("quorum")));
+    }
+
+    #[test]
+    fn names_too_long_for_amqp_are_refused() {
+        let spec = QueueSpec::plain("w".repeat(256));
+        assert!(matches!(validate(&spec), Err(BrokerError::Refused(_))));
+    }
+}

@@ -1,0 +1,325 @@
+//! The broker conformance suite against a real RabbitMQ, and what only the RabbitMQ backend does.
+//!
+//! Needs RabbitMQ at `BATCHFLEET_TEST_AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`)
+//! with the management plugin (`BATCHFLEET_TEST_RABBITMQ_MANAGEMENT_URL`, default: the AMQP host
+//! on port 15672). `infra/rabbitmq` starts both. Without them every test fails, saying so: a
+//! broker test that skips silently would let a broken backend through.
+#![cfg(feature = "rabbitmq")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use batchfleet_common::broker::conformance::unique_prefix;
+use batchfleet_common::broker::rabbitmq::{RabbitMqBroker, RabbitMqOptions};
+use batchfleet_common::broker::{Broker, BrokerError, Delivery, DeliveryHandle, QueueSpec};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const LONG: Duration = Duration::from_secs(60);
+const EVENTUALLY: Duration = Duration::from_secs(20);
+
+fn amqp_url() -> String {
+    std::env::var("BATCHFLEET_TEST_AMQP_URL").unwrap_or_else(|_| DEFAULT_AMQP_URL.to_owned())
+}
+
+fn options() -> RabbitMqOptions {
+    RabbitMqOptions {
+        management_url: std::env::var("BATCHFLEET_TEST_RABBITMQ_MANAGEMENT_URL").ok(),
+        connect_attempts: 2,
+        connect_timeout: Duration::from_secs(5),
+        ..RabbitMqOptions::default()
+    }
+}
+
+async fn rabbitmq() -> RabbitMqBroker {
+    RabbitMqBroker::connect_with(&amqp_url(), options()).await.unwrap_or_else(|error| {
+        panic!(
+            "RabbitMQ is needed for this test and did not answer: {error}. Start it with \
+                 `infra/rabbitmq`, or point BATCHFLEET_TEST_AMQP_URL at one."
+        )
+    })
+}
+
+async fn connect() -> Arc<dyn Broker> {
+    Arc::new(rabbitmq().await)
+}
+
+mod conformance {
+    use super::connect;
+
+    batchfleet_common::broker_conformance_tests!(connect());
+}
+
+// ---------------------------------------------------------------------------------------------
+// RabbitMQ specifics
+// ---------------------------------------------------------------------------------------------
+
+fn limited(name: &str, max: u32, dlq: Option<&str>) -> QueueSpec {
+    QueueSpec {
+        name: name.into(),
+        max_deliveries: Some(max),
+        dead_letter_queue: dlq.map(str::to_owned),
+    }
+}
+
+/// One message from `queue` within [`EVENTUALLY`], riding out `Connection` errors (a call after
+/// a lost connection fails once, the next one reconnects).
+async fn receive_one(broker: &RabbitMqBroker, queue: &str, lease: Duration) -> Delivery {
+    let deadline = Instant::now() + EVENTUALLY;
+    while Instant::now() < deadline {
+        match broker.receive(queue, 1, lease, Duration::from_millis(500)).await {
+            Ok(mut got) if !got.is_empty() => return got.remove(0),
+            Ok(_) | Err(BrokerError::Connection(_)) => {}
+            Err(other) => panic!("receive from `{queue}`: {other}"),
+        }
+    }
+    panic!("nothing delivered from `{queue}` within {EVENTUALLY:?}")
+}
+
+async fn cleanup(broker: &RabbitMqBroker, queues: &[&str]) {
+    for queue in queues {
+        broker.delete_queue(queue).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_message_held_by_a_consumer_that_goes_away_is_redelivered_counting_two() {
+    let prefix = unique_prefix("crash");
+    let queue = format!("{prefix}-work");
+    let crashed = rabbitmq().await;
+    crashed.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    crashed.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let first = receive_one(&crashed, &queue, LONG).await;
+    assert_eq!(first.delivery_count, 1);
+    // The process "dies": its connection closes with the delivery unacked, lease or not.
+    drop(crashed);
+
+    let survivor = rabbitmq().await;
+    let again = receive_one(&survivor, &queue, LONG).await;
+    assert_eq!((again.payload.clone(), again.delivery_count), (first.payload, 2));
+    survivor.ack(&again.handle).await.unwrap();
+    cleanup(&survivor, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn a_connection_closed_by_rabbitmq_is_reopened_and_its_leases_are_stale() {
+    let prefix = unique_prefix("reconnect");
+    let queue = format!("{prefix}-work");
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let first = receive_one(&broker, &queue, LONG).await;
+
+    close_connection(broker.connection_name()).await;
+
+    // The same broker object recovers by itself and sees the message again, counted.
+    let again = receive_one(&broker, &queue, LONG).await;
+    assert_eq!(again.delivery_count, 2);
+    assert!(
+        matches!(broker.ack(&first.handle).await, Err(BrokerError::StaleDelivery(_))),
+        "a lease of the lost connection must be stale"
+    );
+    broker.ack(&again.handle).await.unwrap();
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn redeclaring_with_another_limit_is_a_mismatch_and_the_broker_keeps_working() {
+    let prefix = unique_prefix("mismatch");
+    let (queue, dlq) = (format!("{prefix}-work"), format!("{prefix}-dead"));
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&dlq)).await.unwrap();
+    broker.declare_queue(&limited(&queue, 3, Some(&dlq))).await.unwrap();
+
+    let err = broker.declare_queue(&limited(&queue, 5, Some(&dlq))).await.unwrap_err();
+    match &err {
+        BrokerError::QueueMismatch { queue: named, detail } => {
+            assert_eq!(named, &queue);
+            assert!(detail.contains("x-delivery-limit"), "{detail}");
+        }
+        other => panic!("expected QueueMismatch, got {other:?}"),
+    }
+    assert_eq!(err.kind(), batchfleet_common::ErrorKind::Config);
+    let err = broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap_err();
+    assert!(matches!(err, BrokerError::QueueMismatch { .. }), "{err:?}");
+
+    // The channels RabbitMQ closed took nothing else with them.
+    broker.declare_queue(&limited(&queue, 3, Some(&dlq))).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let delivery = receive_one(&broker, &queue, LONG).await;
+    broker.ack(&delivery.handle).await.unwrap();
+    cleanup(&broker, &[&queue, &dlq]).await;
+}
+
+#[tokio::test]
+async fn missing_queues_are_not_found() {
+    let prefix = unique_prefix("missing");
+    let (queue, dlq) = (format!("{prefix}-work"), format!("{prefix}-dead"));
+    let broker = rabbitmq().await;
+    let err = broker.declare_queue(&limited(&queue, 3, Some(&dlq))).await.unwrap_err();
+    assert!(matches!(&err, BrokerError::QueueNotFound(q) if *q == dlq), "{err:?}");
+    let err = broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap_err();
+    assert!(matches!(&err, BrokerError::QueueNotFound(q) if *q == queue), "{err:?}");
+    let err = broker.publish(&queue, Vec::new()).await.unwrap_err();
+    assert!(matches!(err, BrokerError::QueueNotFound(_)), "{err:?}");
+    let err = broker.receive(&queue, 0, LONG, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, BrokerError::QueueNotFound(_)), "{err:?}");
+    // Deleting a queue that never existed (and its dead-letter exchange) is fine.
+    broker.delete_queue(&queue).await.unwrap();
+}
+
+#[tokio::test]
+async fn max_deliveries_one_dead_letters_on_the_first_nack_and_the_count_starts_afresh() {
+    let prefix = unique_prefix("once");
+    let (queue, dlq) = (format!("{prefix}-work"), format!("{prefix}-dead"));
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&dlq)).await.unwrap();
+    broker.declare_queue(&limited(&queue, 1, Some(&dlq))).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let only = receive_one(&broker, &queue, LONG).await;
+    broker.nack(&only.handle, Duration::ZERO).await.unwrap();
+
+    let dead = receive_one(&broker, &dlq, LONG).await;
+    assert_eq!(dead.payload, "a");
+    assert_eq!(dead.dead_letter_reason.as_deref(), Some("delivery_limit"));
+    assert_eq!(dead.delivery_count, 1, "the dead-letter queue counts its own deliveries");
+    broker.ack(&dead.handle).await.unwrap();
+    cleanup(&broker, &[&queue, &dlq]).await;
+}
+
+#[tokio::test]
+async fn dead_lettering_from_a_queue_without_a_dead_letter_queue_drops_the_message() {
+    let prefix = unique_prefix("nodlq");
+    let queue = format!("{prefix}-work");
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let delivery = receive_one(&broker, &queue, LONG).await;
+    broker.dead_letter(&delivery.handle, "bad").await.unwrap();
+    let left = broker.receive(&queue, 1, LONG, Duration::from_secs(1)).await.unwrap();
+    assert!(left.is_empty(), "the message is still there: {left:?}");
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn a_waiting_receive_on_a_deleted_queue_is_not_found() {
+    let prefix = unique_prefix("deleted");
+    let queue = format!("{prefix}-work");
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let waiting = {
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.receive(&queue, 1, LONG, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    broker.delete_queue(&queue).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the receiver still waits on a deleted queue")
+        .unwrap();
+    assert!(matches!(outcome, Err(BrokerError::QueueNotFound(_))), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn handles_of_another_broker_are_refused() {
+    let broker = rabbitmq().await;
+    let other = rabbitmq().await;
+    let prefix = unique_prefix("foreign");
+    let queue = format!("{prefix}-work");
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let delivery = receive_one(&broker, &queue, LONG).await;
+    for foreign in [delivery.handle.clone(), DeliveryHandle("receipt-123".into())] {
+        let err = other.ack(&foreign).await.unwrap_err();
+        assert!(matches!(err, BrokerError::Refused(_)), "{err:?}");
+    }
+    broker.ack(&delivery.handle).await.unwrap();
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_a_transient_connection_error_without_the_password() {
+    let options = RabbitMqOptions { connect_attempts: 1, ..RabbitMqOptions::default() };
+    let err = RabbitMqBroker::connect_with("amqp://guest:s3cret@127.0.0.1:1/%2f", options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::Connection(_)), "{err:?}");
+    assert_eq!(err.retry(), batchfleet_common::Retry::Transient);
+    let message = err.to_string();
+    assert!(message.contains("127.0.0.1:1"), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+}
+
+#[tokio::test]
+async fn depth_without_the_management_api_says_what_is_missing() {
+    let options =
+        RabbitMqOptions { management_url: Some("http://127.0.0.1:1/".into()), ..options() };
+    let broker = RabbitMqBroker::connect_with(&amqp_url(), options)
+        .await
+        .expect("RabbitMQ is needed for this test: start it with `infra/rabbitmq`");
+    let queue = format!("{}-work", unique_prefix("nomgmt"));
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let err = broker.depth(&queue).await.unwrap_err();
+    assert!(matches!(err, BrokerError::Connection(_)), "{err:?}");
+    assert!(err.to_string().contains("rabbitmq_management"), "{err}");
+    cleanup(&broker, &[&queue]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Management API, to close a connection from the broker's side
+// ---------------------------------------------------------------------------------------------
+
+fn management_base() -> String {
+    std::env::var("BATCHFLEET_TEST_RABBITMQ_MANAGEMENT_URL")
+        .unwrap_or_else(|_| "http://127.0.0.1:15672/".to_owned())
+}
+
+fn authorization() -> String {
+    let url = url::Url::parse(&amqp_url()).expect("BATCHFLEET_TEST_AMQP_URL is a URL");
+    let credentials = format!("{}:{}", url.username(), url.password().unwrap_or_default());
+    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials))
+}
+
+/// Close the connection named `name` as an operator (or a broker restart) would.
+async fn close_connection(name: &str) {
+    let name = name.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let agent = ureq::Agent::new_with_defaults();
+        let base = url::Url::parse(&management_base()).expect("management URL");
+        // RabbitMQ lists a new connection a moment after it opened.
+        let deadline = std::time::Instant::now() + EVENTUALLY;
+        let id = loop {
+            let list = agent
+                .get(base.join("api/connections").expect("url").as_str())
+                .header("authorization", authorization())
+                .call()
+                .expect("list connections")
+                .body_mut()
+                .read_to_string()
+                .expect("connections body");
+            let list: serde_json::Value = serde_json::from_str(&list).expect("connections JSON");
+            let found = list.as_array().into_iter().flatten().find(|c| {
+                c["client_properties"]["connection_name"].as_str() == Some(name.as_str())
+            });
+            if let Some(id) = found.and_then(|c| c["name"].as_str()) {
+                break id.to_owned();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "connection `{name}` not listed by the management API"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let mut url = base;
+        url.path_segments_mut().expect("url").pop_if_empty().extend(["api", "connections", &id]);
+        agent
+            .delete(url.as_str())
+            .header("authorization", authorization())
+            .call()
+            .expect("close the connection");
+    })
+    .await
+    .expect("closing the connection");
+}

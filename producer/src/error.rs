@@ -17,6 +17,8 @@ pub enum ProducerError {
     EmptyInput { input: String, url: String },
     #[error("{0}")]
     Unsupported(String),
+    #[error("task.entry_script `{entry_script}` is not in task.code `{code}` ({spec_file})")]
+    MissingEntryScript { spec_file: String, code: String, entry_script: String },
     #[error("aggregating the output into `{url}` failed: {reason}")]
     Aggregation { url: String, reason: String },
     #[error("internal error: {0}")]
@@ -30,7 +32,9 @@ impl ProducerError {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            ProducerError::Spec(_) | ProducerError::Unsupported(_) => ErrorKind::Config,
+            ProducerError::Spec(_)
+            | ProducerError::Unsupported(_)
+            | ProducerError::MissingEntryScript { .. } => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
             ProducerError::Broker(e) => e.kind(),
             ProducerError::EmptyInput { .. } => ErrorKind::InputData,

@@ -64,6 +64,7 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
         eprintln!("{warning}");
     }
     let job = parsed.job;
+    check_entry_script(&job)?;
     let spec_text = std::fs::read_to_string(&options.spec_path).unwrap_or_default();
     let root = JobRoot::create(
         &store_url(options.store.as_deref())?,
@@ -93,6 +94,22 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     stop_workers(&mut fleet, grace).await;
     let (tracker, end) = result?;
     finish(&job, &root, &tracker, end).await
+}
+
+/// A local entry script that does not exist fails now, not after the job was planned.
+fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
+    let Some(code) = Url::parse(&job.task.code).ok().as_ref().and_then(batchfleet_common::store::local_path)
+    else {
+        return Ok(());
+    };
+    if code.join(&job.task.entry_script).is_file() {
+        return Ok(());
+    }
+    Err(ProducerError::MissingEntryScript {
+        spec_file: job.spec_file.clone(),
+        code: code.display().to_string(),
+        entry_script: job.task.entry_script.clone(),
+    })
 }
 
 fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {

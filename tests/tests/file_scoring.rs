@@ -154,3 +154,18 @@ fn an_empty_input_folder_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_missing_entry_script_is_named_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 3);
+    std::fs::remove_file(dir.path().join("src/score.py")).unwrap();
+    let output = run(batchfleet()
+        .arg("run")
+        .arg(dir.path().join("job.yaml"))
+        .arg("--store")
+        .arg(dir.path().join("jobs")));
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("score.py") && stderr.contains("job.yaml"), "{stderr}");
+}

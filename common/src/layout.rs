@@ -100,21 +100,9 @@ mod tests {
     #[test]
     fn keys_are_under_the_root() {
         let layout = JobLayout::new(Path::from("jobs/j1"));
-        assert_eq!(
-            layout.status("00000003").as_ref(),
-            "jobs/j1/status/00000003.json"
-        );
-        assert_eq!(
-            layout.failure("00000003", 2).as_ref(),
-            "jobs/j1/failures/00000003/2.json"
-        );
-        assert_eq!(
-            layout.plan_chunk(1).as_ref(),
-            "jobs/j1/plan/batches-000001.jsonl"
-        );
-        assert_eq!(
-            layout.default_output().as_ref(),
-            "jobs/j1/outputs/parallel_run_step.txt"
-        );
+        assert_eq!(layout.status("00000003").as_ref(), "jobs/j1/status/00000003.json");
+        assert_eq!(layout.failure("00000003", 2).as_ref(), "jobs/j1/failures/00000003/2.json");
+        assert_eq!(layout.plan_chunk(1).as_ref(), "jobs/j1/plan/batches-000001.jsonl");
+        assert_eq!(layout.default_output().as_ref(), "jobs/j1/outputs/parallel_run_step.txt");
     }
 }

@@ -66,10 +66,7 @@ mod tests {
 
     #[test]
     fn batch_ids_sort_in_batch_order() {
-        let ids: Vec<String> = [0u64, 9, 10, 99, 100, 12345]
-            .iter()
-            .map(|i| batch_id(*i))
-            .collect();
+        let ids: Vec<String> = [0u64, 9, 10, 99, 100, 12345].iter().map(|i| batch_id(*i)).collect();
         let mut sorted = ids.clone();
         sorted.sort();
         assert_eq!(ids, sorted);

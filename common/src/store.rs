@@ -50,21 +50,11 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn io(op: &'static str, key: &Path, source: object_store::Error) -> Self {
-        StoreError::Io {
-            op,
-            key: key.to_string(),
-            source,
-        }
+        StoreError::Io { op, key: key.to_string(), source }
     }
 
     pub fn is_not_found(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Io {
-                source: object_store::Error::NotFound { .. },
-                ..
-            }
-        )
+        matches!(self, StoreError::Io { source: object_store::Error::NotFound { .. }, .. })
     }
 
     pub fn kind(&self) -> ErrorKind {
@@ -97,10 +87,8 @@ impl StoreError {
 /// Turn what a user wrote (URL or path) into an absolute URL; relative paths resolve against
 /// `base_dir`. `azureml://` is refused with a hint.
 pub fn resolve_location(raw: &str, base_dir: &std::path::Path) -> Result<Url, StoreError> {
-    let invalid = |reason: String| StoreError::InvalidLocation {
-        location: raw.to_string(),
-        reason,
-    };
+    let invalid =
+        |reason: String| StoreError::InvalidLocation { location: raw.to_string(), reason };
     if raw.trim().is_empty() {
         return Err(invalid("it is empty".into()));
     }
@@ -124,18 +112,10 @@ pub fn resolve_location(raw: &str, base_dir: &std::path::Path) -> Result<Url, St
         };
     }
     let path = std::path::Path::new(raw);
-    let absolute = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        base_dir.join(path)
-    };
+    let absolute = if path.is_absolute() { path.to_path_buf() } else { base_dir.join(path) };
     let normalized = normalize(&absolute);
-    Url::from_file_path(&normalized).map_err(|()| {
-        invalid(format!(
-            "`{}` is not an absolute path",
-            normalized.display()
-        ))
-    })
+    Url::from_file_path(&normalized)
+        .map_err(|()| invalid(format!("`{}` is not an absolute path", normalized.display())))
 }
 
 /// Remove `.` and `..` without touching the file system (the path may not exist yet).
@@ -157,16 +137,9 @@ fn normalize(path: &std::path::Path) -> std::path::PathBuf {
 /// Open the store behind an absolute URL.
 pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
     if url.scheme() == "file" {
-        let (store, prefix) =
-            object_store::parse_url(url).map_err(|e| StoreError::Unsupported {
-                url: url.to_string(),
-                reason: e.to_string(),
-            })?;
-        return Ok(StoreLocation {
-            store: Arc::from(store),
-            prefix,
-            url: url.clone(),
-        });
+        let (store, prefix) = object_store::parse_url(url)
+            .map_err(|e| StoreError::Unsupported { url: url.to_string(), reason: e.to_string() })?;
+        return Ok(StoreLocation { store: Arc::from(store), prefix, url: url.clone() });
     }
     Err(StoreError::Unsupported {
         url: url.to_string(),
@@ -223,9 +196,6 @@ mod tests {
         let url = resolve_location("/tmp/some where", std::path::Path::new("/")).unwrap();
         let location = open(&url).unwrap();
         assert_eq!(location.prefix.as_ref(), "tmp/some where");
-        assert_eq!(
-            location.child_key("a/b.txt").as_ref(),
-            "tmp/some where/a/b.txt"
-        );
+        assert_eq!(location.child_key("a/b.txt").as_ref(), "tmp/some where/a/b.txt");
     }
 }

@@ -45,9 +45,7 @@ fn with(extra: &str) -> String {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/spec")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/spec").join(name)
 }
 
 fn fixture_url(rel: &str) -> String {
@@ -55,11 +53,7 @@ fn fixture_url(rel: &str) -> String {
 }
 
 fn assert_at(e: &SpecError, line: usize, column: usize, key: &str) {
-    assert_eq!(
-        (e.line, e.column, e.key.as_deref()),
-        (Some(line), Some(column), Some(key)),
-        "{e}"
-    );
+    assert_eq!((e.line, e.column, e.key.as_deref()), (Some(line), Some(column), Some(key)), "{e}");
 }
 
 fn assert_mentions(e: &impl std::fmt::Display, parts: &[&str]) {
@@ -78,10 +72,7 @@ fn full_azure_example_parses_every_field() {
     let job = parsed.job;
     assert_eq!(job.name, "iris-batch-scoring");
     assert_eq!(job.display_name.as_deref(), Some("Iris batch scoring"));
-    assert_eq!(
-        job.description.as_deref(),
-        Some("Score the iris files in parallel.")
-    );
+    assert_eq!(job.description.as_deref(), Some("Score the iris files in parallel."));
     assert_eq!(job.experiment_name.as_deref(), Some("batch-scoring"));
     assert_eq!(job.tags.get("version").map(String::as_str), Some("3"));
     assert_eq!(job.compute.as_deref(), Some("azureml:cpu-cluster"));
@@ -92,24 +83,12 @@ fn full_azure_example_parses_every_field() {
     assert_eq!(job.input.mode, InputMode::RoMount);
     assert_eq!(job.input.url, fixture_url("data/iris"));
     assert_eq!(job.inputs.len(), 3);
-    assert_eq!(
-        job.inputs["job_data_path"],
-        InputValue::Data(job.input.clone())
-    );
-    assert_eq!(
-        job.inputs["model_name"],
-        InputValue::Literal(json!("iris-model"))
-    );
-    assert_eq!(
-        job.inputs["score_threshold"],
-        InputValue::Literal(json!(0.5))
-    );
+    assert_eq!(job.inputs["job_data_path"], InputValue::Data(job.input.clone()));
+    assert_eq!(job.inputs["model_name"], InputValue::Literal(json!("iris-model")));
+    assert_eq!(job.inputs["score_threshold"], InputValue::Literal(json!(0.5)));
 
     assert_eq!(job.outputs["job_output_path"].url, Some(fixture_url("out")));
-    assert_eq!(
-        job.outputs["job_output_path"].mode.as_deref(),
-        Some("rw_mount")
-    );
+    assert_eq!(job.outputs["job_output_path"].mode.as_deref(), Some("rw_mount"));
     assert_eq!(job.outputs["scratch"].url, None);
     assert_eq!(job.outputs["scratch"].kind, "uri_folder");
 
@@ -120,11 +99,7 @@ fn full_azure_example_parses_every_field() {
     assert_eq!(job.mini_batch_error_threshold, 5);
     assert_eq!(job.logging_level, LoggingLevel::Debug);
     assert_eq!(
-        (
-            job.retry.max_retries,
-            job.retry.timeout_secs,
-            job.retry.max_deliveries()
-        ),
+        (job.retry.max_retries, job.retry.timeout_secs, job.retry.max_deliveries()),
         (3, 120, 4)
     );
     assert_eq!(job.environment_variables["RETRIES"], "3");
@@ -135,10 +110,7 @@ fn full_azure_example_parses_every_field() {
     assert_eq!(task.code, fixture_url("src"));
     assert_eq!(task.entry_script, "scoring/score.py");
     assert_eq!(task.append_row_to, Some(fixture_url("out")));
-    assert_eq!(
-        task.environment.as_ref().unwrap()["conda_file"],
-        json!("./env/conda.yaml")
-    );
+    assert_eq!(task.environment.as_ref().unwrap()["conda_file"], json!("./env/conda.yaml"));
     assert_eq!(
         task.program_args,
         ProgramArgs {
@@ -154,14 +126,7 @@ fn full_azure_example_parses_every_field() {
     );
     assert_eq!(
         task.script_args,
-        [
-            "--model",
-            "iris-model",
-            "--threshold",
-            "0.5",
-            "--label",
-            "setosa versicolor"
-        ]
+        ["--model", "iris-model", "--threshold", "0.5", "--label", "setosa versicolor"]
     );
 }
 
@@ -179,11 +144,7 @@ fn defaults_apply_when_keys_are_omitted() {
     assert_eq!(job.mini_batch_error_threshold, -1);
     assert_eq!(job.logging_level, LoggingLevel::Info);
     assert_eq!(
-        (
-            job.retry.max_retries,
-            job.retry.timeout_secs,
-            job.retry.max_deliveries()
-        ),
+        (job.retry.max_retries, job.retry.timeout_secs, job.retry.max_deliveries()),
         (2, 60, 3)
     );
     assert_eq!(job.task.program_args, ProgramArgs::default());
@@ -192,10 +153,7 @@ fn defaults_apply_when_keys_are_omitted() {
     assert_eq!(job.task.environment, None);
     assert_eq!(job.input.mode, InputMode::RoMount);
     assert!(job.outputs.is_empty() && job.tags.is_empty() && job.environment_variables.is_empty());
-    assert_eq!(
-        (job.display_name, job.description, job.compute),
-        (None, None, None)
-    );
+    assert_eq!((job.display_name, job.description, job.compute), (None, None, None));
 }
 
 #[test]
@@ -204,12 +162,8 @@ fn relative_paths_resolve_against_the_yaml_folder() {
     assert_eq!(job.input.url, "file:///jobs/data");
     assert_eq!(job.task.code, "file:///jobs/src");
 
-    let yaml = BASE
-        .replace("./data", "../shared/./in")
-        .replace("./src", "/opt/code");
-    let job = parse_job_str(&yaml, Path::new("/a/b/job.yaml"))
-        .unwrap()
-        .job;
+    let yaml = BASE.replace("./data", "../shared/./in").replace("./src", "/opt/code");
+    let job = parse_job_str(&yaml, Path::new("/a/b/job.yaml")).unwrap().job;
     assert_eq!(job.input.url, "file:///a/shared/in");
     assert_eq!(job.task.code, "file:///opt/code");
 
@@ -221,21 +175,13 @@ fn relative_paths_resolve_against_the_yaml_folder() {
 fn a_relative_spec_file_resolves_against_the_current_folder() {
     let job = parse_job_str(BASE, Path::new("job.yaml")).unwrap().job;
     let cwd = std::env::current_dir().unwrap();
-    assert_eq!(
-        job.input.url,
-        url::Url::from_file_path(cwd.join("data"))
-            .unwrap()
-            .to_string()
-    );
+    assert_eq!(job.input.url, url::Url::from_file_path(cwd.join("data")).unwrap().to_string());
     assert_eq!(job.spec_file, "job.yaml");
 }
 
 #[test]
 fn azureml_paths_are_refused_with_a_hint() {
-    let e = err(&BASE.replace(
-        "./data",
-        "azureml://datastores/workspaceblobstore/paths/iris",
-    ));
+    let e = err(&BASE.replace("./data", "azureml://datastores/workspaceblobstore/paths/iris"));
     assert_at(&e, 5, 11, "inputs.data.path");
     assert_mentions(&e, &["azureml://", "az://"]);
 }
@@ -244,13 +190,7 @@ fn azureml_paths_are_refused_with_a_hint() {
 fn azureml_asset_references_are_refused_too() {
     let e = err(&BASE.replace("./src", "azureml:my-code:3"));
     assert_at(&e, 9, 9, "task.code");
-    assert_mentions(
-        &e,
-        &[
-            "`azureml:my-code:3` is an Azure ML asset reference",
-            "az://",
-        ],
-    );
+    assert_mentions(&e, &["`azureml:my-code:3` is an Azure ML asset reference", "az://"]);
 }
 
 #[test]
@@ -281,17 +221,8 @@ fn errors_display_as_file_line_column_key_message() {
 fn timeout_above_three_days_is_out_of_range() {
     let e = err(&with("retry_settings:\n  timeout: 259201\n"));
     assert_at(&e, 12, 12, "retry_settings.timeout");
-    assert_mentions(
-        &e,
-        &["259201 is out of range; allowed: 1 to 259200 seconds"],
-    );
-    assert_eq!(
-        ok(&with("retry_settings:\n  timeout: 259200\n"))
-            .job
-            .retry
-            .timeout_secs,
-        259_200
-    );
+    assert_mentions(&e, &["259201 is out of range; allowed: 1 to 259200 seconds"]);
+    assert_eq!(ok(&with("retry_settings:\n  timeout: 259200\n")).job.retry.timeout_secs, 259_200);
 }
 
 #[test]
@@ -299,33 +230,21 @@ fn negative_max_retries_is_out_of_range() {
     let e = err(&with("retry_settings:\n  max_retries: -1\n"));
     assert_at(&e, 12, 16, "retry_settings.max_retries");
     assert_mentions(&e, &["-1 is out of range; allowed: 0 or more"]);
-    assert_eq!(
-        ok(&with("retry_settings:\n  max_retries: 0\n"))
-            .job
-            .retry
-            .max_deliveries(),
-        1
-    );
+    assert_eq!(ok(&with("retry_settings:\n  max_retries: 0\n")).job.retry.max_deliveries(), 1);
 }
 
 #[test]
 fn unknown_keys_suggest_the_key_meant() {
     let e = err(&with("mini_batch_sise: 10\n"));
     assert_at(&e, 11, 1, "mini_batch_sise");
-    assert_mentions(
-        &e,
-        &["unknown key `mini_batch_sise`; did you mean `mini_batch_size`?"],
-    );
+    assert_mentions(&e, &["unknown key `mini_batch_sise`; did you mean `mini_batch_size`?"]);
 
     let e = err(&with("retry_settings:\n  timout: 10\n"));
     assert_at(&e, 12, 3, "retry_settings.timout");
     assert_mentions(&e, &["did you mean `timeout`?"]);
 
     let e = err(&with("colour: blue\n"));
-    assert_mentions(
-        &e,
-        &["unknown key `colour`; allowed here: ", "`mini_batch_size`"],
-    );
+    assert_mentions(&e, &["unknown key `colour`; allowed here: ", "`mini_batch_size`"]);
 }
 
 #[test]
@@ -347,29 +266,19 @@ fn other_ranges_are_checked() {
         &err(&with("resources:\n  instance_count: 0\n")),
         &["0 is out of range; allowed: 1 or more"],
     );
-    assert_mentions(
-        &err(&with("max_concurrency_per_instance: 0\n")),
-        &["allowed: 1 or more"],
-    );
+    assert_mentions(&err(&with("max_concurrency_per_instance: 0\n")), &["allowed: 1 or more"]);
     assert_mentions(
         &err(&with("mini_batch_error_threshold: -2\n")),
         &["-2 is out of range; allowed: -1 or more"],
     );
-    assert_mentions(
-        &err(&with("error_threshold: -5\n")),
-        &["error_threshold: -5 is out of range"],
-    );
+    assert_mentions(&err(&with("error_threshold: -5\n")), &["error_threshold: -5 is out of range"]);
     let job = ok(&with("resources:\n  instance_count: 3\n  instance_type: Standard_D4\n  shm_size: 2g\n  properties: {a: 1}\n")).job;
     assert_eq!(job.instance_count, 3);
 }
 
 #[test]
 fn mini_batch_sizes_are_counts_or_binary_sizes() {
-    let size = |raw: &str| {
-        ok(&with(&format!("mini_batch_size: {raw}\n")))
-            .job
-            .mini_batch_size
-    };
+    let size = |raw: &str| ok(&with(&format!("mini_batch_size: {raw}\n"))).job.mini_batch_size;
     assert_eq!(size("\"10kb\""), MiniBatchSize::Bytes(10_240));
     assert_eq!(size("\"1MB\""), MiniBatchSize::Bytes(1_048_576));
     assert_eq!(size("10mb"), MiniBatchSize::Bytes(10 << 20));
@@ -381,28 +290,19 @@ fn mini_batch_sizes_are_counts_or_binary_sizes() {
         assert_at(&e, 11, 18, "mini_batch_size");
         assert_mentions(&e, &[bad.trim_matches('"'), "allowed"]);
     }
-    assert_eq!(
-        spec::parse_mini_batch_size("2gb"),
-        Ok(MiniBatchSize::Bytes(2 << 30))
-    );
+    assert_eq!(spec::parse_mini_batch_size("2gb"), Ok(MiniBatchSize::Bytes(2 << 30)));
 }
 
 #[test]
 fn logging_levels_are_checked_without_regard_to_case() {
-    assert_eq!(
-        ok(&with("logging_level: warning\n")).job.logging_level,
-        LoggingLevel::Warning
-    );
+    assert_eq!(ok(&with("logging_level: warning\n")).job.logging_level, LoggingLevel::Warning);
     let e = err(&with("logging_level: VERBOSE\n"));
     assert_at(&e, 11, 16, "logging_level");
     assert_mentions(
         &e,
         &["`VERBOSE` is not allowed; allowed: `DEBUG`, `INFO`, `WARNING`, `ERROR`, `CRITICAL`"],
     );
-    assert_mentions(
-        &err(&with("logging_level: WARN\n")),
-        &["did you mean `WARNING`?"],
-    );
+    assert_mentions(&err(&with("logging_level: WARN\n")), &["did you mean `WARNING`?"]);
 }
 
 #[test]
@@ -411,11 +311,7 @@ fn input_data_must_name_a_declared_data_input() {
     assert_at(&e, 6, 13, "input_data");
     assert_mentions(
         &e,
-        &[
-            "`${{inputs.dta}}` names no input",
-            "declared inputs: `data`",
-            "did you mean `data`?",
-        ],
+        &["`${{inputs.dta}}` names no input", "declared inputs: `data`", "did you mean `data`?"],
     );
 
     let e = err(&BASE.replace("${{inputs.data}}", "./data"));
@@ -431,10 +327,7 @@ fn input_data_must_name_a_declared_data_input() {
 fn job_type_must_be_parallel_or_pipeline() {
     let e = err(&BASE.replace("type: parallel", "type: command"));
     assert_at(&e, 1, 7, "type");
-    assert_mentions(
-        &e,
-        &["`command` jobs are not supported; allowed: `parallel`"],
-    );
+    assert_mentions(&e, &["`command` jobs are not supported; allowed: `parallel`"]);
 
     let e = err(&BASE.replace("type: parallel\n", ""));
     assert_at(&e, 1, 1, "type");
@@ -491,29 +384,19 @@ fn append_row_to_binds_an_output_or_takes_a_path() {
         "entry_script: score.py",
         "entry_script: score.py\n  append_row_to: ${{outputs.scores}}",
     );
-    assert_eq!(
-        ok(&bound).job.task.append_row_to.as_deref(),
-        Some("file:///jobs/out/scores.csv")
-    );
+    assert_eq!(ok(&bound).job.task.append_row_to.as_deref(), Some("file:///jobs/out/scores.csv"));
 
     let unset = yaml.replace(
         "entry_script: score.py",
         "entry_script: score.py\n  append_row_to: ${{outputs.later}}",
     );
-    assert_eq!(
-        ok(&unset).job.task.append_row_to,
-        None,
-        "no path: the producer picks the job root"
-    );
+    assert_eq!(ok(&unset).job.task.append_row_to, None, "no path: the producer picks the job root");
 
     let path = BASE.replace(
         "entry_script: score.py",
         "entry_script: score.py\n  append_row_to: gs://b/p/rows.txt",
     );
-    assert_eq!(
-        ok(&path).job.task.append_row_to.as_deref(),
-        Some("gs://b/p/rows.txt")
-    );
+    assert_eq!(ok(&path).job.task.append_row_to.as_deref(), Some("gs://b/p/rows.txt"));
 
     let missing = BASE.replace(
         "entry_script: score.py",
@@ -521,13 +404,7 @@ fn append_row_to_binds_an_output_or_takes_a_path() {
     );
     let e = err(&missing);
     assert_at(&e, 11, 18, "task.append_row_to");
-    assert_mentions(
-        &e,
-        &[
-            "`${{outputs.nope}}` names no output",
-            "this job declares no outputs",
-        ],
-    );
+    assert_mentions(&e, &["`${{outputs.nope}}` names no output", "this job declares no outputs"]);
 }
 
 // ---- program arguments ------------------------------------------------------------------------
@@ -550,23 +427,14 @@ fn program_arguments_take_both_flag_forms_and_pass_the_rest_in_order() {
     assert_eq!(args.task_overhead_timeout_secs, 12);
     assert!(!args.copy_logs_to_parent);
     assert_eq!(args.allowed_failed_percent, 100.0);
-    assert_eq!(
-        job.task.script_args,
-        ["--model", "m1", "-v", "two words", "--x=1", "last"]
-    );
+    assert_eq!(job.task.script_args, ["--model", "m1", "-v", "two words", "--x=1", "last"]);
 }
 
 #[test]
 fn misspelt_flags_warn_and_pass_through() {
     let parsed = ok(&with_args("--resource_monitor_interva 30 --batch 4"));
-    assert_eq!(
-        parsed.job.task.script_args,
-        ["--resource_monitor_interva", "30", "--batch", "4"]
-    );
-    assert_eq!(
-        parsed.job.task.program_args.resource_monitor_interval_secs,
-        600
-    );
+    assert_eq!(parsed.job.task.script_args, ["--resource_monitor_interva", "30", "--batch", "4"]);
+    assert_eq!(parsed.job.task.program_args.resource_monitor_interval_secs, 600);
     assert_eq!(parsed.warnings.len(), 1, "{:?}", parsed.warnings);
     let warning = &parsed.warnings[0];
     assert_eq!((warning.line, warning.column), (11, 22));
@@ -580,28 +448,16 @@ fn misspelt_flags_warn_and_pass_through() {
 #[test]
 fn warnings_inside_folded_arguments_point_at_the_flag() {
     let parsed = ok(&with_args(">-\n    --a 1\n    --error_treshold 2"));
-    assert_eq!(
-        parsed.job.task.script_args,
-        ["--a", "1", "--error_treshold", "2"]
-    );
-    assert_eq!(
-        (parsed.warnings[0].line, parsed.warnings[0].column),
-        (13, 5)
-    );
+    assert_eq!(parsed.job.task.script_args, ["--a", "1", "--error_treshold", "2"]);
+    assert_eq!((parsed.warnings[0].line, parsed.warnings[0].column), (13, 5));
     assert_mentions(&parsed.warnings[0], &["misspelling of `--error_threshold`"]);
 }
 
 #[test]
 fn superseded_azure_flags_warn_where_to_set_them() {
     let parsed = ok(&with_args("--run_invocation_timeout 600"));
-    assert_mentions(
-        &parsed.warnings[0],
-        &["`--run_invocation_timeout`", "retry_settings.timeout"],
-    );
-    assert_eq!(
-        parsed.job.task.script_args,
-        ["--run_invocation_timeout", "600"]
-    );
+    assert_mentions(&parsed.warnings[0], &["`--run_invocation_timeout`", "retry_settings.timeout"]);
+    assert_eq!(parsed.job.task.script_args, ["--run_invocation_timeout", "600"]);
 }
 
 #[test]
@@ -614,25 +470,16 @@ fn bad_flag_values_name_the_flag_value_and_range() {
     );
 
     let e = err(&with_args("\"--allowed_failed_percent=150\""));
-    assert_mentions(
-        &e,
-        &["`--allowed_failed_percent`: 150 is out of range; allowed: 0 to 100"],
-    );
+    assert_mentions(&e, &["`--allowed_failed_percent`: 150 is out of range; allowed: 0 to 100"]);
 
     let e = err(&with_args("--copy_logs_to_parent yes"));
-    assert_mentions(
-        &e,
-        &["`--copy_logs_to_parent`: expected True or False, found `yes`"],
-    );
+    assert_mentions(&e, &["`--copy_logs_to_parent`: expected True or False, found `yes`"]);
 
     let e = err(&with_args("--error_threshold"));
     assert_mentions(&e, &["`--error_threshold` needs a value"]);
 
     let e = err(&with_args("--first_task_creation_timeout soon"));
-    assert_mentions(
-        &e,
-        &["expected an integer, found `soon`; allowed: 1 or more seconds"],
-    );
+    assert_mentions(&e, &["expected an integer, found `soon`; allowed: 1 or more seconds"]);
 
     let e = err(&with_args("--a 'unclosed"));
     assert_at(&e, 11, 26, "task.program_arguments");
@@ -643,10 +490,7 @@ fn bad_flag_values_name_the_flag_value_and_range() {
 fn error_threshold_given_twice_must_agree() {
     let both = with_args("--error_threshold 5") + "error_threshold: 3\n";
     let e = err(&both);
-    assert_mentions(
-        &e,
-        &["`--error_threshold 5` disagrees with `error_threshold: 3` at line 12"],
-    );
+    assert_mentions(&e, &["`--error_threshold 5` disagrees with `error_threshold: 3` at line 12"]);
 
     let same = with_args("--error_threshold 3") + "error_threshold: 3\n";
     assert_eq!(ok(&same).job.task.program_args.error_threshold, 3);
@@ -662,10 +506,7 @@ fn pipeline_runs_its_parallel_step_with_parent_bindings() {
     let job = parsed.job;
     assert_eq!(job.name, "pipeline");
     assert_eq!(job.display_name.as_deref(), Some("Score the iris files"));
-    assert_eq!(
-        job.description.as_deref(),
-        Some("A pipeline with one parallel step.")
-    );
+    assert_eq!(job.description.as_deref(), Some("A pipeline with one parallel step."));
     assert_eq!(job.experiment_name.as_deref(), Some("pipelines"));
     assert_eq!(job.tags.get("owner").map(String::as_str), Some("data-team"));
     assert_eq!(job.tags.get("step").map(String::as_str), Some("score"));
@@ -674,33 +515,18 @@ fn pipeline_runs_its_parallel_step_with_parent_bindings() {
     assert_eq!(job.input.name, "job_data_path");
     assert_eq!(job.input.url, fixture_url("data/iris"));
     assert_eq!(job.input.mode, InputMode::Download);
-    assert_eq!(
-        job.inputs["model"],
-        InputValue::Literal(json!("iris-model"))
-    );
-    assert_eq!(
-        job.outputs["job_output_path"].url.as_deref(),
-        Some("s3://bucket/iris/predictions")
-    );
-    assert_eq!(
-        job.task.append_row_to.as_deref(),
-        Some("s3://bucket/iris/predictions")
-    );
+    assert_eq!(job.inputs["model"], InputValue::Literal(json!("iris-model")));
+    assert_eq!(job.outputs["job_output_path"].url.as_deref(), Some("s3://bucket/iris/predictions"));
+    assert_eq!(job.task.append_row_to.as_deref(), Some("s3://bucket/iris/predictions"));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/src");
-    assert_eq!(
-        job.task.code,
-        url::Url::from_file_path(src).unwrap().to_string()
-    );
+    assert_eq!(job.task.code, url::Url::from_file_path(src).unwrap().to_string());
     assert_eq!(job.task.script_args, ["--model", "iris-model"]);
     assert_eq!(job.task.program_args.error_threshold, 3);
     assert_eq!(job.mini_batch_size, MiniBatchSize::Count(2));
     assert_eq!((job.retry.max_retries, job.retry.timeout_secs), (1, 30));
 
     assert_eq!(parsed.warnings.len(), 1);
-    assert_mentions(
-        &parsed.warnings[0],
-        &["step `prepare` (`type: command`) is skipped"],
-    );
+    assert_mentions(&parsed.warnings[0], &["step `prepare` (`type: command`) is skipped"]);
     assert_eq!(parsed.warnings[0].line, 27);
 }
 
@@ -731,32 +557,23 @@ fn pipeline_step_errors_carry_the_step_path() {
     assert_at(&e, 9, 13, "jobs.score.inputs.data");
     assert_mentions(
         &e,
-        &[
-            "`${{parent.inputs.rw}}` names no input of the pipeline",
-            "did you mean `raw`?",
-        ],
+        &["`${{parent.inputs.rw}}` names no input of the pipeline", "did you mean `raw`?"],
     );
 
-    let e = err(&format!(
-        "{PIPELINE}    retry_settings:\n      timeout: 0\n"
-    ));
+    let e = err(&format!("{PIPELINE}    retry_settings:\n      timeout: 0\n"));
     assert_at(&e, 16, 16, "jobs.score.retry_settings.timeout");
 }
 
 #[test]
 fn pipeline_with_two_parallel_steps_is_refused() {
-    let second = PIPELINE
-        .lines()
-        .skip(5)
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        .replacen("score:", "score_again:", 1);
+    let second = PIPELINE.lines().skip(5).map(|l| format!("{l}\n")).collect::<String>().replacen(
+        "score:",
+        "score_again:",
+        1,
+    );
     let e = err(&format!("{PIPELINE}{second}"));
     assert_at(&e, 15, 3, "jobs.score_again");
-    assert_mentions(
-        &e,
-        &["several steps are `type: parallel` (`score`, `score_again`)"],
-    );
+    assert_mentions(&e, &["several steps are `type: parallel` (`score`, `score_again`)"]);
 }
 
 #[test]

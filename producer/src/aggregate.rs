@@ -46,11 +46,7 @@ pub fn output_location(job: &ResolvedJob, root: &JobRoot) -> Result<StoreLocatio
             .values()
             .any(|o| o.url.as_deref() == Some(raw.as_str()) && o.kind == "uri_folder");
     let url = if is_folder {
-        let base = if raw.ends_with('/') {
-            raw.clone()
-        } else {
-            format!("{raw}/")
-        };
+        let base = if raw.ends_with('/') { raw.clone() } else { format!("{raw}/") };
         format!("{base}{OUTPUT_FILE_NAME}")
     } else {
         raw.clone()
@@ -65,21 +61,15 @@ pub async fn aggregate(
     header: Option<&str>,
     output: &StoreLocation,
 ) -> Result<Aggregated, ProducerError> {
-    let failed = |reason: String| ProducerError::Aggregation {
-        url: output.url.to_string(),
-        reason,
-    };
+    let failed =
+        |reason: String| ProducerError::Aggregation { url: output.url.to_string(), reason };
     let upload = output
         .store
         .put_multipart(&output.prefix)
         .await
         .map_err(|e| failed(StoreError::io("put_multipart", &output.prefix, e).to_string()))?;
     let mut writer = WriteMultipart::new(upload);
-    let mut totals = Aggregated {
-        url: output.url.to_string(),
-        rows: 0,
-        bytes: 0,
-    };
+    let mut totals = Aggregated { url: output.url.to_string(), rows: 0, bytes: 0 };
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
@@ -103,12 +93,7 @@ async fn copy_part(
     totals: &mut Aggregated,
 ) -> Result<(), StoreError> {
     let key = root.layout.result_part(batch_id);
-    let result = root
-        .location
-        .store
-        .get(&key)
-        .await
-        .map_err(|e| StoreError::io("get", &key, e))?;
+    let result = root.location.store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
     let mut stream = result.into_stream();
     let mut last_byte = b'\n';
     while let Some(chunk) = stream.next().await {

@@ -41,12 +41,7 @@ pub enum Command {
 /// bad path, empty input).
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run {
-            job,
-            store,
-            python,
-            no_progress,
-        } => {
+        Command::Run { job, store, python, no_progress } => {
             let options = RunOptions {
                 spec_path: job,
                 store,

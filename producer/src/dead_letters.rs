@@ -48,17 +48,9 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         .put(&key, PutPayload::from_bytes(Bytes::from(json)))
         .await
         .map_err(|e| StoreError::io("put", &key, e))?;
-    let event = BatchEvent {
-        job_id: message.job_id.clone(),
-        status,
-    };
+    let event = BatchEvent { job_id: message.job_id.clone(), status };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
-    broker
-        .publish(
-            &QueueNames::events(&message.job_id),
-            vec![Bytes::from(payload)],
-        )
-        .await?;
+    broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await?;
     broker.ack(&delivery.handle).await?;
     tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())
@@ -72,10 +64,7 @@ async fn read_status(
     let key = layout.status(batch_id);
     match root.store.get(&key).await {
         Ok(result) => {
-            let bytes = result
-                .bytes()
-                .await
-                .map_err(|e| StoreError::io("get", &key, e))?;
+            let bytes = result.bytes().await.map_err(|e| StoreError::io("get", &key, e))?;
             Ok(serde_json::from_slice(&bytes).ok())
         }
         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -89,10 +78,7 @@ async fn failed_status(
     message: &MiniBatchMessage,
     delivery: &Delivery,
 ) -> Result<BatchStatus, ProducerError> {
-    let reason = delivery
-        .dead_letter_reason
-        .clone()
-        .unwrap_or_else(|| "dead-lettered".into());
+    let reason = delivery.dead_letter_reason.clone().unwrap_or_else(|| "dead-lettered".into());
     let error = match last_failure(root, layout, &message.batch_id).await? {
         Some(record) => record,
         None => FailureRecord {

@@ -102,9 +102,7 @@ impl Follow<'_> {
             if let Err(error) = dead_letters::route(self.broker, delivery).await {
                 // Leave it on the queue: it is routed again once the store answers.
                 tracing::error!(%error, "routing a dead-lettered mini-batch failed; it will be retried");
-                self.broker
-                    .nack(&delivery.handle, Duration::from_secs(5))
-                    .await?;
+                self.broker.nack(&delivery.handle, Duration::from_secs(5)).await?;
             }
         }
         Ok(())
@@ -140,7 +138,9 @@ impl Follow<'_> {
         let more = counts.batches_outstanding().saturating_sub(waiting.len() as u64);
         let more = if more > 0 { format!(" and {more} more") } else { String::new() };
         let in_flight = match self.broker.depth(&self.queues.work).await {
-            Ok(depth) => format!("{} in flight, {} waiting in the queue", depth.in_flight, depth.ready),
+            Ok(depth) => {
+                format!("{} in flight, {} waiting in the queue", depth.in_flight, depth.ready)
+            }
             Err(error) => format!("queue depth unknown: {error}"),
         };
         format!(
@@ -157,10 +157,8 @@ impl Follow<'_> {
             Err(_) => 0,
         };
         let text = overview_text(&tracker.counts(), progress.elapsed(), in_flight);
-        if let Err(error) = self
-            .root
-            .put(&self.root.layout.progress_overview(), Bytes::from(text))
-            .await
+        if let Err(error) =
+            self.root.put(&self.root.layout.progress_overview(), Bytes::from(text)).await
         {
             tracing::warn!(%error, "could not write the progress overview");
         }
@@ -182,7 +180,9 @@ impl Watchdog {
             last_progress: Instant::now(),
             any_progress: false,
             limit: progress_update_timeout(job),
-            first_allowance: Duration::from_secs(job.task.program_args.first_task_creation_timeout_secs),
+            first_allowance: Duration::from_secs(
+                job.task.program_args.first_task_creation_timeout_secs,
+            ),
         }
     }
 
@@ -193,7 +193,8 @@ impl Watchdog {
 
     /// How long it has been silent, once that is longer than allowed.
     fn tripped(&self) -> Option<Duration> {
-        let allowed = if self.any_progress { self.limit } else { self.limit + self.first_allowance };
+        let allowed =
+            if self.any_progress { self.limit } else { self.limit + self.first_allowance };
         let silence = self.last_progress.elapsed();
         (silence > allowed).then_some(silence)
     }

@@ -23,19 +23,13 @@ impl JobRoot {
         if !url.path().ends_with('/') {
             url.set_path(&format!("{}/", url.path()));
         }
-        let url = url
-            .join(&format!("{job_id}/"))
-            .map_err(|e| StoreError::InvalidLocation {
-                location: store_url.to_string(),
-                reason: e.to_string(),
-            })?;
+        let url = url.join(&format!("{job_id}/")).map_err(|e| StoreError::InvalidLocation {
+            location: store_url.to_string(),
+            reason: e.to_string(),
+        })?;
         let location = store::open(&url)?;
         let layout = JobLayout::new(location.prefix.clone());
-        Ok(JobRoot {
-            job_id: job_id.to_string(),
-            location,
-            layout,
-        })
+        Ok(JobRoot { job_id: job_id.to_string(), location, layout })
     }
 
     /// The root's URL, as messages carry it.
@@ -64,22 +58,14 @@ impl JobRoot {
     }
 
     pub async fn get(&self, key: &object_store::path::Path) -> Result<Bytes, StoreError> {
-        let result = self
-            .location
-            .store
-            .get(key)
-            .await
-            .map_err(|e| StoreError::io("get", key, e))?;
-        result
-            .bytes()
-            .await
-            .map_err(|e| StoreError::io("get", key, e))
+        let result =
+            self.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+        result.bytes().await.map_err(|e| StoreError::io("get", key, e))
     }
 
     /// Record the spec as written and the resolved job that workers read.
     pub async fn write_spec(&self, spec_yaml: &str, job: &ResolvedJob) -> Result<(), StoreError> {
-        self.put(&self.layout.job_yaml(), Bytes::from(spec_yaml.to_string()))
-            .await?;
+        self.put(&self.layout.job_yaml(), Bytes::from(spec_yaml.to_string())).await?;
         let json = serde_json::to_vec_pretty(job).map_err(|e| StoreError::InvalidLocation {
             location: self.layout.job_json().to_string(),
             reason: format!("cannot serialise the resolved job: {e}"),
@@ -94,20 +80,11 @@ pub fn new_job_id(name: &str) -> String {
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
     let stamp: String = stamp.chars().filter(|c| c.is_ascii_digit()).collect();
     let (date, time) = stamp.split_at(8.min(stamp.len()));
-    let nanos = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos = now.duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
     let safe_name: String = name
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
         .collect();
     format!("{safe_name}-{date}-{time}-{salt:04x}")
 }
@@ -120,11 +97,7 @@ mod tests {
     fn job_ids_are_safe_and_time_ordered() {
         let id = new_job_id("my job/1");
         assert!(id.starts_with("my-job-1-"), "{id}");
-        assert!(
-            id.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
-            "{id}"
-        );
+        assert!(id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{id}");
     }
 
     #[test]

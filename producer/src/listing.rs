@@ -23,11 +23,7 @@ pub fn list_in_key_order(
         walk_sorted(Arc::clone(&location.store), prefix)
     } else {
         let key = prefix.clone();
-        location
-            .store
-            .list(Some(&prefix))
-            .map_err(move |e| StoreError::io("list", &key, e))
-            .boxed()
+        location.store.list(Some(&prefix)).map_err(move |e| StoreError::io("list", &key, e)).boxed()
     }
 }
 
@@ -86,14 +82,7 @@ mod tests {
     #[tokio::test]
     async fn local_folders_list_in_flat_key_order() {
         let dir = tempfile::tempdir().unwrap();
-        for rel in [
-            "b.txt",
-            "a/2.txt",
-            "a/1.txt",
-            "a-c.txt",
-            "a/z/0.txt",
-            "c/d/e/f.txt",
-        ] {
+        for rel in ["b.txt", "a/2.txt", "a/1.txt", "a-c.txt", "a/z/0.txt", "c/d/e/f.txt"] {
             let path = dir.path().join(rel);
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             std::fs::write(path, rel).unwrap();
@@ -105,10 +94,8 @@ mod tests {
             .try_collect()
             .await
             .unwrap();
-        let rel: Vec<&str> = keys
-            .iter()
-            .map(|k| &k[location.prefix.as_ref().len() + 1..])
-            .collect();
+        let rel: Vec<&str> =
+            keys.iter().map(|k| &k[location.prefix.as_ref().len() + 1..]).collect();
         let mut sorted = rel.clone();
         sorted.sort();
         assert_eq!(rel, sorted, "listing must be in flat key order");

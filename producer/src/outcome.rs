@@ -113,11 +113,7 @@ pub fn job_result_text(
     let failed: Vec<String> = tracker.failed().take(50).map(batch_id).collect();
     if !failed.is_empty() {
         let more = counts.batches_failed.saturating_sub(failed.len() as u64);
-        let suffix = if more > 0 {
-            format!(" and {more} more")
-        } else {
-            String::new()
-        };
+        let suffix = if more > 0 { format!(" and {more} more") } else { String::new() };
         let _ = writeln!(text, "failed mini-batches: {}{suffix}", failed.join(", "));
     }
     let _ = writeln!(text, "job root: {}", root.url());
@@ -155,21 +151,12 @@ mod tests {
             "equal is allowed"
         );
         let reason = threshold_exceeded(&job(2, -1, 100.0), &counts(10, 3, 3)).unwrap();
-        assert!(
-            reason.contains("mini_batch_error_threshold") && reason.contains('3'),
-            "{reason}"
-        );
-        assert_eq!(
-            threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 5)),
-            None
-        );
+        assert!(reason.contains("mini_batch_error_threshold") && reason.contains('3'), "{reason}");
+        assert_eq!(threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 5)), None);
         assert!(threshold_exceeded(&job(-1, 5, 100.0), &counts(10, 1, 6))
             .unwrap()
             .contains("error_threshold"));
-        assert_eq!(
-            threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 2, 2)),
-            None
-        );
+        assert_eq!(threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 2, 2)), None);
         assert!(threshold_exceeded(&job(-1, -1, 20.0), &counts(10, 3, 3))
             .unwrap()
             .contains("allowed_failed_percent"));

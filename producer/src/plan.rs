@@ -45,10 +45,7 @@ pub async fn plan_and_publish(
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
     let mut chunk: Vec<MiniBatchMessage> = Vec::new();
-    let mut summary = PlanSummary {
-        batches: 0,
-        items: 0,
-    };
+    let mut summary = PlanSummary { batches: 0, items: 0 };
     let mut chunk_no = 0u64;
 
     let mut objects = input_objects(job, &input).await?;
@@ -76,13 +73,7 @@ pub async fn plan_and_publish(
     }
     flush_chunk(target, chunk_no, &mut chunk).await?;
     let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
-    target
-        .root
-        .put(
-            &target.root.layout.plan_summary(),
-            Bytes::from(summary_json),
-        )
-        .await?;
+    target.root.put(&target.root.layout.plan_summary(), Bytes::from(summary_json)).await?;
     Ok(summary)
 }
 
@@ -173,18 +164,11 @@ async fn flush_chunk(
         lines.push(b'\n');
         payloads.push(Bytes::from(json));
     }
-    target
-        .root
-        .put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines))
-        .await?;
+    target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
     for group in payloads.chunks(PUBLISH_GROUP) {
         target.broker.publish(target.queue, group.to_vec()).await?;
     }
-    tracing::debug!(
-        chunk = chunk_no,
-        batches = chunk.len(),
-        "plan chunk published"
-    );
+    tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
     chunk.clear();
     Ok(())
 }
@@ -199,11 +183,7 @@ struct BatchCutter {
 
 impl BatchCutter {
     fn new(limit: MiniBatchSize) -> Self {
-        BatchCutter {
-            limit,
-            items: Vec::new(),
-            bytes: 0,
-        }
+        BatchCutter { limit, items: Vec::new(), bytes: 0 }
     }
 
     /// Add an item; returns a full batch when this item completes one.
@@ -240,10 +220,8 @@ pub async fn read_plan(root: &JobRoot) -> Result<Vec<MiniBatchMessage>, Producer
             Err(object_store::Error::NotFound { .. }) => break,
             Err(e) => return Err(batchfleet_common::store::StoreError::io("get", &key, e).into()),
         };
-        for (line_no, line) in bytes
-            .split(|b| *b == b'\n')
-            .enumerate()
-            .filter(|(_, l)| !l.is_empty())
+        for (line_no, line) in
+            bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.is_empty())
         {
             let msg = serde_json::from_slice(line).map_err(|e| {
                 ProducerError::internal(format!("{key}:{}: not a plan entry: {e}", line_no + 1))
@@ -279,10 +257,7 @@ mod tests {
 
     #[test]
     fn exact_multiples_leave_no_empty_batch() {
-        let lens: Vec<usize> = cut(MiniBatchSize::Count(2), &[1; 4])
-            .iter()
-            .map(Vec::len)
-            .collect();
+        let lens: Vec<usize> = cut(MiniBatchSize::Count(2), &[1; 4]).iter().map(Vec::len).collect();
         assert_eq!(lens, [2, 2]);
     }
 
@@ -293,10 +268,8 @@ mod tests {
 
     #[test]
     fn size_batches_close_once_the_size_is_reached() {
-        let lens: Vec<usize> = cut(MiniBatchSize::Bytes(100), &[60, 30, 20, 200, 5])
-            .iter()
-            .map(Vec::len)
-            .collect();
+        let lens: Vec<usize> =
+            cut(MiniBatchSize::Bytes(100), &[60, 30, 20, 200, 5]).iter().map(Vec::len).collect();
         assert_eq!(lens, [3, 1, 1]);
     }
 }

@@ -28,11 +28,7 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(200));
             bar
         });
-        Progress {
-            bar,
-            started: Instant::now(),
-            last_line: Instant::now(),
-        }
+        Progress { bar, started: Instant::now(), last_line: Instant::now() }
     }
 
     pub fn update(&mut self, counts: &Counts) {
@@ -67,9 +63,7 @@ pub fn overview_line(counts: &Counts, elapsed: Duration, in_flight: Option<u64>)
     } else {
         "-".into()
     };
-    let in_flight = in_flight
-        .map(|n| format!(", {n} in flight"))
-        .unwrap_or_default();
+    let in_flight = in_flight.map(|n| format!(", {n} in flight")).unwrap_or_default();
     format!(
         "progress: {ended}/{} mini-batches ({} succeeded, {} failed{in_flight}), {rate:.1}/s, ETA {eta}",
         counts.batches_total, counts.batches_succeeded, counts.batches_failed

@@ -66,10 +66,7 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     let job = parsed.job;
     check_entry_script(&job)?;
     let spec_text = std::fs::read_to_string(&options.spec_path).unwrap_or_default();
-    let root = JobRoot::create(
-        &store_url(options.store.as_deref())?,
-        &new_job_id(&job.name),
-    )?;
+    let root = JobRoot::create(&store_url(options.store.as_deref())?, &new_job_id(&job.name))?;
     root.write_spec(&spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 
@@ -98,7 +95,8 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
 
 /// A local entry script that does not exist fails now, not after the job was planned.
 fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
-    let Some(code) = Url::parse(&job.task.code).ok().as_ref().and_then(batchfleet_common::store::local_path)
+    let Some(code) =
+        Url::parse(&job.task.code).ok().as_ref().and_then(batchfleet_common::store::local_path)
     else {
         return Ok(());
     };
@@ -124,9 +122,7 @@ async fn declare_queues(
     job: &ResolvedJob,
     job_id: &str,
 ) -> Result<(), ProducerError> {
-    broker
-        .declare_queue(&QueueSpec::plain(&queues.dead_letter))
-        .await?;
+    broker.declare_queue(&QueueSpec::plain(&queues.dead_letter)).await?;
     broker
         .declare_queue(&QueueSpec {
             name: queues.work.clone(),
@@ -134,9 +130,7 @@ async fn declare_queues(
             dead_letter_queue: Some(queues.dead_letter.clone()),
         })
         .await?;
-    broker
-        .declare_queue(&QueueSpec::plain(QueueNames::events(job_id)))
-        .await?;
+    broker.declare_queue(&QueueSpec::plain(QueueNames::events(job_id))).await?;
     Ok(())
 }
 
@@ -160,13 +154,7 @@ fn start_workers(
         };
         let worker = Worker::new(Arc::clone(broker), config);
         let stop = stop.clone();
-        fleet.spawn(async move {
-            worker
-                .run(stop)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        });
+        fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });
     }
     fleet
 }
@@ -179,29 +167,15 @@ async fn plan_and_follow(
     options: &RunOptions,
     fleet: &mut JoinSet<Result<(), String>>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
-    let target = PlanTarget {
-        root,
-        broker,
-        queue: &queues.work,
-    };
+    let target = PlanTarget { root, broker, queue: &queues.work };
     let plan = plan_and_publish(job, &target).await?;
-    eprintln!(
-        "planned {} mini-batches of {} items",
-        plan.batches, plan.items
-    );
+    eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
     let mut tracker = Tracker::new(plan);
     let mut progress = Progress::new(plan.batches, options.interactive);
-    let follow = Follow {
-        job,
-        broker,
-        queues,
-        root,
-    };
+    let follow = Follow { job, broker, queues, root };
     let mut last_worker_error = None;
     let end = follow
-        .until_done(&mut tracker, &mut progress, || {
-            fleet_gone(fleet, &mut last_worker_error)
-        })
+        .until_done(&mut tracker, &mut progress, || fleet_gone(fleet, &mut last_worker_error))
         .await?;
     progress.finish();
     Ok((tracker, end))
@@ -222,10 +196,7 @@ fn fleet_gone(
         *last_error = Some(error);
     }
     if fleet.is_empty() {
-        Some(format!(
-            "every worker stopped; last: {}",
-            last_error.as_deref().unwrap_or("unknown")
-        ))
+        Some(format!("every worker stopped; last: {}", last_error.as_deref().unwrap_or("unknown")))
     } else {
         None
     }
@@ -239,17 +210,18 @@ async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) 
             }
         }
     };
-    if tokio::time::timeout(grace, all_stopped)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, all_stopped).await.is_err() {
         tracing::warn!("workers did not stop within {grace:?}; aborting them");
         fleet.abort_all();
     }
 }
 
 /// Tell workers to drop the job's remaining messages, and count those batches as cancelled.
-async fn stop_the_rest(root: &JobRoot, tracker: &mut Tracker, end: &FollowEnd) -> Result<(), ProducerError> {
+async fn stop_the_rest(
+    root: &JobRoot,
+    tracker: &mut Tracker,
+    end: &FollowEnd,
+) -> Result<(), ProducerError> {
     let reason = match end {
         FollowEnd::Complete => "complete".to_string(),
         FollowEnd::FleetGone(reason)
@@ -268,21 +240,17 @@ async fn finish(
     end: FollowEnd,
 ) -> Result<JobReport, ProducerError> {
     let output_at = output_location(job, root)?;
-    let header = if job.task.program_args.append_row_dataframe_header {
-        tracker.header()
-    } else {
-        None
-    };
+    let header =
+        if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
     let output = aggregate(root, tracker, header, &output_at).await?;
     let verdict = match end {
         FollowEnd::Complete => verdict(job, &tracker.counts(), output.rows),
-        FollowEnd::FleetGone(reason) | FollowEnd::ThresholdExceeded(reason) | FollowEnd::NoProgress(reason) => {
-            Verdict::Failed(reason)
-        }
+        FollowEnd::FleetGone(reason)
+        | FollowEnd::ThresholdExceeded(reason)
+        | FollowEnd::NoProgress(reason) => Verdict::Failed(reason),
     };
     let text = job_result_text(&verdict, root, tracker, Some(&output));
-    root.put(&root.layout.job_result(), Bytes::from(text))
-        .await?;
+    root.put(&root.layout.job_result(), Bytes::from(text)).await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),
         verdict,

@@ -45,11 +45,7 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
         "  thresholds: mini_batch_error_threshold {}; error_threshold {}; allowed_failed_percent {}",
         job.mini_batch_error_threshold, args.error_threshold, args.allowed_failed_percent
     );
-    let _ = writeln!(
-        text,
-        "  entry script: {} in {}",
-        job.task.entry_script, job.task.code
-    );
+    let _ = writeln!(text, "  entry script: {} in {}", job.task.entry_script, job.task.code);
     let _ = write!(text, "  job root: {}", root.url());
     text
 }
@@ -60,7 +56,9 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
 pub fn progress_update_timeout(job: &ResolvedJob) -> Duration {
     let args = &job.task.program_args;
     let secs = args.progress_update_timeout_secs.unwrap_or_else(|| {
-        (job.retry.timeout_secs + args.task_overhead_timeout_secs + 10) * u64::from(job.retry.max_deliveries()) + 60
+        (job.retry.timeout_secs + args.task_overhead_timeout_secs + 10)
+            * u64::from(job.retry.max_deliveries())
+            + 60
     });
     Duration::from_secs(secs)
 }

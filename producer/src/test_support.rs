@@ -29,10 +29,7 @@ pub fn minimal_job() -> ResolvedJob {
         max_concurrency_per_instance: 1,
         mini_batch_error_threshold: -1,
         logging_level: LoggingLevel::Info,
-        retry: RetrySettings {
-            max_retries: 2,
-            timeout_secs: 60,
-        },
+        retry: RetrySettings { max_retries: 2, timeout_secs: 60 },
         task: TaskSpec {
             code: "file:///tmp/code".into(),
             entry_script: "score.py".into(),

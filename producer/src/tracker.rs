@@ -94,10 +94,8 @@ impl Tracker {
         if let (BatchState::Failed, Some(error), None) =
             (status.state, &status.error, &self.first_error)
         {
-            self.first_error = Some(FirstError {
-                batch_id: status.batch_id.clone(),
-                record: error.clone(),
-            });
+            self.first_error =
+                Some(FirstError { batch_id: status.batch_id.clone(), record: error.clone() });
         }
         true
     }
@@ -154,15 +152,7 @@ impl Tracker {
         self.ended
             .iter()
             .enumerate()
-            .filter(|(_, e)| {
-                matches!(
-                    e,
-                    Some(Ended {
-                        state: BatchState::Succeeded,
-                        ..
-                    })
-                )
-            })
+            .filter(|(_, e)| matches!(e, Some(Ended { state: BatchState::Succeeded, .. })))
             .map(|(i, _)| i as u64)
     }
 
@@ -184,15 +174,7 @@ impl Tracker {
         self.ended
             .iter()
             .enumerate()
-            .filter(|(_, e)| {
-                matches!(
-                    e,
-                    Some(Ended {
-                        state: BatchState::Failed,
-                        ..
-                    })
-                )
-            })
+            .filter(|(_, e)| matches!(e, Some(Ended { state: BatchState::Failed, .. })))
             .map(|(i, _)| i as u64)
     }
 }
@@ -229,10 +211,7 @@ mod tests {
 
     #[test]
     fn counts_batches_and_items_once() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 3,
-            items: 7,
-        });
+        let mut tracker = Tracker::new(PlanSummary { batches: 3, items: 7 });
         assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
         assert!(
             !tracker.record(&status(0, BatchState::Succeeded, 3, 3)),
@@ -251,39 +230,26 @@ mod tests {
 
     #[test]
     fn a_late_success_replaces_a_failure() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 2,
-        });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
         tracker.record(&status(0, BatchState::Failed, 2, 0));
         assert!(tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
         assert_eq!(
-            (
-                counts.batches_succeeded,
-                counts.batches_failed,
-                counts.items_failed
-            ),
+            (counts.batches_succeeded, counts.batches_failed, counts.items_failed),
             (1, 0, 0)
         );
     }
 
     #[test]
     fn items_out_is_capped_at_items_in() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 2,
-        });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
         tracker.record(&status(0, BatchState::Succeeded, 2, 5));
         assert_eq!(tracker.counts().items_succeeded, 2);
     }
 
     #[test]
     fn statuses_outside_the_plan_are_ignored() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 1,
-        });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 1 });
         assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
     }
 }

@@ -8,10 +8,7 @@ use std::process::{Command, Output};
 
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
 /// The target profile folder the running test was built into (`target/debug`).
@@ -45,17 +42,13 @@ pub fn python() -> PathBuf {
 
 /// Run a command to its end, capturing its output.
 pub fn run(command: &mut Command) -> Output {
-    command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"))
+    command.output().unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"))
 }
 
 /// A `batchfleet` command with a quiet, deterministic environment.
 pub fn batchfleet() -> Command {
     let mut command = Command::new(binary("batchfleet"));
-    command
-        .env("BATCHFLEET_PYTHON", python())
-        .env_remove("BATCHFLEET_STORE");
+    command.env("BATCHFLEET_PYTHON", python()).env_remove("BATCHFLEET_STORE");
     command
 }
 
@@ -142,7 +135,8 @@ impl JobFixture {
     }
 
     pub fn job_result(&self) -> String {
-        std::fs::read_to_string(self.job_root().join("logs/job_result.txt")).expect("job_result.txt")
+        std::fs::read_to_string(self.job_root().join("logs/job_result.txt"))
+            .expect("job_result.txt")
     }
 
     /// The aggregated output's rows.

@@ -22,11 +22,7 @@ def run(mini_batch, mini_batch_context):
 fn write_job(dir: &Path, header: bool) {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     for i in 0..5 {
-        std::fs::write(
-            dir.join("data").join(format!("f{i}.txt")),
-            "x".repeat(i + 1),
-        )
-        .unwrap();
+        std::fs::write(dir.join("data").join(format!("f{i}.txt")), "x".repeat(i + 1)).unwrap();
     }
     std::fs::create_dir_all(dir.join("code")).unwrap();
     std::fs::write(dir.join("code/frame.py"), SCRIPT).unwrap();

@@ -67,53 +67,106 @@ fn one_attempt(extra: &str) -> String {
 
 #[test]
 fn mini_batch_error_threshold_allows_equal_and_fails_one_more() {
-    let at_limit = JobFixture::new(&inputs(6, 2), &script(FAIL_BAD_BATCHES), &one_attempt("mini_batch_error_threshold: 2"), "");
+    let at_limit = JobFixture::new(
+        &inputs(6, 2),
+        &script(FAIL_BAD_BATCHES),
+        &one_attempt("mini_batch_error_threshold: 2"),
+        "",
+    );
     let output = at_limit.run();
-    assert!(output.status.success(), "2 failures with threshold 2 must succeed: {}", describe(&output));
+    assert!(
+        output.status.success(),
+        "2 failures with threshold 2 must succeed: {}",
+        describe(&output)
+    );
     assert_rows_exactly(&at_limit, file_names(6));
     let result = at_limit.job_result();
     assert!(result.starts_with("succeeded\n"), "{result}");
     assert!(result.contains("2 failed"), "{result}");
 
-    let over = JobFixture::new(&inputs(6, 3), &script(FAIL_BAD_BATCHES), &one_attempt("mini_batch_error_threshold: 2"), "");
+    let over = JobFixture::new(
+        &inputs(6, 3),
+        &script(FAIL_BAD_BATCHES),
+        &one_attempt("mini_batch_error_threshold: 2"),
+        "",
+    );
     let output = over.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     let result = over.job_result();
     let first = result.lines().next().unwrap();
-    assert!(first.starts_with("failed: mini_batch_error_threshold exceeded: 3 mini-batches failed, 2 allowed"), "{result}");
+    assert!(
+        first.starts_with(
+            "failed: mini_batch_error_threshold exceeded: 3 mini-batches failed, 2 allowed"
+        ),
+        "{result}"
+    );
 }
 
 #[test]
 fn error_threshold_counts_items_run_did_not_return() {
     let settings = "mini_batch_size: 5\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 0, timeout: 30}";
-    let at_limit = JobFixture::new(&inputs(8, 2), &script(SKIP_BAD_ITEMS), settings, "--error_threshold 2");
+    let at_limit =
+        JobFixture::new(&inputs(8, 2), &script(SKIP_BAD_ITEMS), settings, "--error_threshold 2");
     let output = at_limit.run();
     assert!(output.status.success(), "{}", describe(&output));
     assert_rows_exactly(&at_limit, file_names(8));
-    assert!(at_limit.job_result().contains("items: 10 total, 8 succeeded, 2 failed"), "{}", at_limit.job_result());
+    assert!(
+        at_limit.job_result().contains("items: 10 total, 8 succeeded, 2 failed"),
+        "{}",
+        at_limit.job_result()
+    );
     assert!(at_limit.marks().is_empty(), "partial results are not retried");
 
-    let over = JobFixture::new(&inputs(8, 3), &script(SKIP_BAD_ITEMS), settings, "--error_threshold 2");
+    let over =
+        JobFixture::new(&inputs(8, 3), &script(SKIP_BAD_ITEMS), settings, "--error_threshold 2");
     let output = over.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert!(over.job_result().starts_with("failed: error_threshold exceeded: 3 items failed, 2 allowed"), "{}", over.job_result());
+    assert!(
+        over.job_result()
+            .starts_with("failed: error_threshold exceeded: 3 items failed, 2 allowed"),
+        "{}",
+        over.job_result()
+    );
 }
 
 #[test]
 fn allowed_failed_percent_is_a_share_of_all_mini_batches() {
-    let at_limit = JobFixture::new(&inputs(8, 2), &script(FAIL_BAD_BATCHES), &one_attempt(""), "--allowed_failed_percent 20");
+    let at_limit = JobFixture::new(
+        &inputs(8, 2),
+        &script(FAIL_BAD_BATCHES),
+        &one_attempt(""),
+        "--allowed_failed_percent 20",
+    );
     let output = at_limit.run();
-    assert!(output.status.success(), "2 of 10 with 20% allowed must succeed: {}", describe(&output));
+    assert!(
+        output.status.success(),
+        "2 of 10 with 20% allowed must succeed: {}",
+        describe(&output)
+    );
 
-    let over = JobFixture::new(&inputs(7, 3), &script(FAIL_BAD_BATCHES), &one_attempt(""), "--allowed_failed_percent 20");
+    let over = JobFixture::new(
+        &inputs(7, 3),
+        &script(FAIL_BAD_BATCHES),
+        &one_attempt(""),
+        "--allowed_failed_percent 20",
+    );
     let output = over.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert!(over.job_result().starts_with("failed: allowed_failed_percent exceeded"), "{}", over.job_result());
+    assert!(
+        over.job_result().starts_with("failed: allowed_failed_percent exceeded"),
+        "{}",
+        over.job_result()
+    );
 }
 
 #[test]
 fn minus_one_ignores_every_failure() {
-    let fixture = JobFixture::new(&inputs(3, 5), &script(FAIL_BAD_BATCHES), &one_attempt("mini_batch_error_threshold: -1"), "--error_threshold -1");
+    let fixture = JobFixture::new(
+        &inputs(3, 5),
+        &script(FAIL_BAD_BATCHES),
+        &one_attempt("mini_batch_error_threshold: -1"),
+        "--error_threshold -1",
+    );
     let output = fixture.run();
     assert!(output.status.success(), "{}", describe(&output));
     assert_rows_exactly(&fixture, file_names(3));
@@ -136,14 +189,19 @@ def run(mini_batch):
     let fixture = JobFixture::new(&inputs(4, 1), &script(body), settings, "");
     let output = fixture.run();
     assert!(output.status.success(), "threshold -1 by default: {}", describe(&output));
-    assert_eq!(fixture.marks(), ["poison-1", "poison-2", "poison-3"], "exactly max_retries + 1 attempts");
+    assert_eq!(
+        fixture.marks(),
+        ["poison-1", "poison-2", "poison-3"],
+        "exactly max_retries + 1 attempts"
+    );
     assert_rows_exactly(&fixture, file_names(4));
 
     // bad0.txt sorts before f000.txt: it is batch 00000000.
     let root = fixture.job_root();
     for attempt in 1..=3 {
-        let record = std::fs::read_to_string(root.join(format!("failures/00000000/{attempt}.json")))
-            .unwrap_or_else(|e| panic!("failure record of attempt {attempt}: {e}"));
+        let record =
+            std::fs::read_to_string(root.join(format!("failures/00000000/{attempt}.json")))
+                .unwrap_or_else(|e| panic!("failure record of attempt {attempt}: {e}"));
         assert!(record.contains("user_error") && record.contains("poisoned batch"), "{record}");
     }
     assert!(!root.join("failures/00000000/4.json").exists(), "no 4th attempt");
@@ -172,7 +230,8 @@ def run(mini_batch):
     let output = fixture.run();
     assert!(output.status.success(), "{}", describe(&output));
     assert_rows_exactly(&fixture, file_names(4));
-    let record = std::fs::read_to_string(fixture.job_root().join("failures/00000001/1.json")).unwrap();
+    let record =
+        std::fs::read_to_string(fixture.job_root().join("failures/00000001/1.json")).unwrap();
     assert!(record.contains("\"timeout\""), "{record}");
 }
 
@@ -190,7 +249,8 @@ def run(mini_batch):
     let output = fixture.run();
     assert!(output.status.success(), "{}", describe(&output));
     assert_rows_exactly(&fixture, file_names(5));
-    let record = std::fs::read_to_string(fixture.job_root().join("failures/00000002/1.json")).unwrap();
+    let record =
+        std::fs::read_to_string(fixture.job_root().join("failures/00000002/1.json")).unwrap();
     assert!(record.contains("runtime_crash"), "{record}");
 }
 
@@ -220,7 +280,12 @@ def run(mini_batch):
     return mini_batch
 "#;
     let settings = "mini_batch_size: 1\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 0, timeout: 600}";
-    let fixture = JobFixture::new(&file_names(3), &script(body), settings, "--progress_update_timeout 2 --first_task_creation_timeout 1");
+    let fixture = JobFixture::new(
+        &file_names(3),
+        &script(body),
+        settings,
+        "--progress_update_timeout 2 --first_task_creation_timeout 1",
+    );
     let started = std::time::Instant::now();
     let output = fixture.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
@@ -248,7 +313,12 @@ def run(mini_batch):
     let runs = fixture.marks().len();
     assert!(runs < 41, "the remaining batches must not all run: {runs} of 41 ran");
     let result = fixture.job_result();
-    assert!(result.starts_with("failed: mini_batch_error_threshold exceeded: 1 mini-batches failed, 0 allowed"), "{result}");
+    assert!(
+        result.starts_with(
+            "failed: mini_batch_error_threshold exceeded: 1 mini-batches failed, 0 allowed"
+        ),
+        "{result}"
+    );
     let cancelled: u64 = result
         .lines()
         .find_map(|l| l.strip_prefix("mini-batches: "))
@@ -259,7 +329,10 @@ def run(mini_batch):
     let rows = fixture.rows();
     let unique: BTreeSet<&String> = rows.iter().collect();
     assert_eq!(unique.len(), rows.len(), "no duplicated rows");
-    assert!(fixture.job_root().join("control/cancelled").exists(), "workers are told to drop the rest");
+    assert!(
+        fixture.job_root().join("control/cancelled").exists(),
+        "workers are told to drop the rest"
+    );
 }
 
 #[test]
@@ -268,7 +341,11 @@ fn no_rows_at_all_fails_a_job_with_append_row_to() {
     let fixture = JobFixture::new(&file_names(3), &script(body), &one_attempt(""), "");
     let output = fixture.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert!(fixture.job_result().starts_with("failed: no mini-batch returned any row"), "{}", fixture.job_result());
+    assert!(
+        fixture.job_result().starts_with("failed: no mini-batch returned any row"),
+        "{}",
+        fixture.job_result()
+    );
 }
 
 #[test]
@@ -277,6 +354,10 @@ fn returning_none_fails_the_attempt_with_the_expected_types() {
     let fixture = JobFixture::new(&file_names(1), &script(body), &one_attempt(""), "");
     let output = fixture.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    let record = std::fs::read_to_string(fixture.job_root().join("failures/00000000/1.json")).unwrap();
-    assert!(record.contains("list") && record.contains("DataFrame") && record.contains("None"), "{record}");
+    let record =
+        std::fs::read_to_string(fixture.job_root().join("failures/00000000/1.json")).unwrap();
+    assert!(
+        record.contains("list") && record.contains("DataFrame") && record.contains("None"),
+        "{record}"
+    );
 }

@@ -11,32 +11,18 @@ fn prepare_example(dir: &Path, count: usize) {
     let example = repo_root().join("examples/file-scoring");
     copy_tree(&example.join("src"), &dir.join("src")).unwrap();
     std::fs::copy(example.join("job.yaml"), dir.join("job.yaml")).unwrap();
-    let generated = run(Command::new(python())
-        .arg(example.join("generate.py"))
-        .args([
-            "--out",
-            dir.join("data").to_str().unwrap(),
-            "--count",
-            &count.to_string(),
-        ]));
-    assert!(
-        generated.status.success(),
-        "generate.py failed: {}",
-        describe(&generated)
-    );
+    let generated = run(Command::new(python()).arg(example.join("generate.py")).args([
+        "--out",
+        dir.join("data").to_str().unwrap(),
+        "--count",
+        &count.to_string(),
+    ]));
+    assert!(generated.status.success(), "generate.py failed: {}", describe(&generated));
 }
 
 fn job_result_of(jobs: &Path) -> String {
-    let job_dirs: Vec<_> = std::fs::read_dir(jobs)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    assert_eq!(
-        job_dirs.len(),
-        1,
-        "one job root expected under {}",
-        jobs.display()
-    );
+    let job_dirs: Vec<_> = std::fs::read_dir(jobs).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(job_dirs.len(), 1, "one job root expected under {}", jobs.display());
     std::fs::read_to_string(job_dirs[0].join("logs/job_result.txt")).unwrap()
 }
 
@@ -47,54 +33,31 @@ fn the_example_scores_every_file_exactly_once() {
     prepare_example(dir.path(), 237);
     let jobs = dir.path().join("jobs");
 
-    let output = run(batchfleet()
-        .arg("run")
-        .arg(dir.path().join("job.yaml"))
-        .arg("--store")
-        .arg(&jobs));
-    assert!(
-        output.status.success(),
-        "the job must succeed: {}",
-        describe(&output)
-    );
+    let output =
+        run(batchfleet().arg("run").arg(dir.path().join("job.yaml")).arg("--store").arg(&jobs));
+    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
 
     let scores = std::fs::read_to_string(dir.path().join("output/scores.txt"))
         .unwrap_or_else(|e| panic!("no output file: {e}\n{}", describe(&output)));
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     for line in scores.lines() {
         let name = line.split(' ').next().unwrap().to_string();
-        assert!(
-            line.ends_with(" long") || line.ends_with(" short"),
-            "malformed row `{line}`"
-        );
+        assert!(line.ends_with(" long") || line.ends_with(" short"), "malformed row `{line}`");
         *seen.entry(name).or_default() += 1;
     }
-    assert_eq!(
-        seen.len(),
-        237,
-        "every input file must appear in the output"
-    );
+    assert_eq!(seen.len(), 237, "every input file must appear in the output");
     let repeated: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     assert!(repeated.is_empty(), "rows repeated: {repeated:?}");
 
     // Batch order: rows come out in input key order (shard-0/doc-00000, shard-0/doc-00004, ...).
-    let names: Vec<&str> = scores
-        .lines()
-        .map(|l| l.split(' ').next().unwrap())
-        .collect();
+    let names: Vec<&str> = scores.lines().map(|l| l.split(' ').next().unwrap()).collect();
     assert_eq!(names[0], "doc-00000.txt");
     assert_eq!(names[1], "doc-00004.txt");
 
     let result = job_result_of(&jobs);
     assert_eq!(result.lines().next(), Some("succeeded"), "{result}");
-    assert!(
-        result.contains("mini-batches: 24 total, 24 succeeded, 0 failed"),
-        "{result}"
-    );
-    assert!(
-        result.contains("items: 237 total, 237 succeeded, 0 failed"),
-        "{result}"
-    );
+    assert!(result.contains("mini-batches: 24 total, 24 succeeded, 0 failed"), "{result}");
+    assert!(result.contains("items: 237 total, 237 succeeded, 0 failed"), "{result}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("scores.txt (237 rows)"), "{stdout}");
 }
@@ -106,11 +69,7 @@ fn a_typo_in_the_spec_names_file_line_and_key_and_exits_2() {
     let spec = std::fs::read_to_string(dir.path().join("job.yaml")).unwrap();
     let typo = spec.replace("mini_batch_size:", "mini_batch_sise:");
     std::fs::write(dir.path().join("job.yaml"), &typo).unwrap();
-    let line = typo
-        .lines()
-        .position(|l| l.starts_with("mini_batch_sise"))
-        .unwrap()
-        + 1;
+    let line = typo.lines().position(|l| l.starts_with("mini_batch_sise")).unwrap() + 1;
 
     let output = run(batchfleet()
         .arg("run")
@@ -119,22 +78,10 @@ fn a_typo_in_the_spec_names_file_line_and_key_and_exits_2() {
         .arg(dir.path().join("jobs")));
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(&format!("job.yaml:{line}:")),
-        "file and line expected: {stderr}"
-    );
-    assert!(
-        stderr.contains("mini_batch_sise"),
-        "the bad key expected: {stderr}"
-    );
-    assert!(
-        stderr.contains("mini_batch_size"),
-        "a did-you-mean expected: {stderr}"
-    );
-    assert!(
-        !dir.path().join("jobs").exists(),
-        "nothing may be written for a bad spec"
-    );
+    assert!(stderr.contains(&format!("job.yaml:{line}:")), "file and line expected: {stderr}");
+    assert!(stderr.contains("mini_batch_sise"), "the bad key expected: {stderr}");
+    assert!(stderr.contains("mini_batch_size"), "a did-you-mean expected: {stderr}");
+    assert!(!dir.path().join("jobs").exists(), "nothing may be written for a bad spec");
 }
 
 #[test]
@@ -149,10 +96,7 @@ fn an_empty_input_folder_is_a_clear_error() {
         .arg(dir.path().join("jobs")));
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("documents") && stderr.contains("no files"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("documents") && stderr.contains("no files"), "{stderr}");
 }
 
 #[test]

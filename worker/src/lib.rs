@@ -2,6 +2,23 @@
 //! them in long-lived runtime processes, and writes each batch's result part and status to the
 //! job root before acknowledging its message.
 //!
-//! - [`runtime`]: entry-script processes and the line protocol they speak.
+//! - [`Worker`]: the consume loop (`concurrency` slots), as the standalone binary and the
+//!   producer's embedded mode run it.
+//! - [`runtime`]: entry-script processes and the line protocol they speak
+//!   (docs/entry-protocol.md).
+//!
+//! Inside: `slot` (receive → run → settle), `jobs` (job.json cache), `materialize` (items to
+//! local paths), `output` (result parts, statuses, failure records, events, user logs),
+//! `heartbeat` (lease extension), `infra` (retries for store and broker calls).
 
+mod heartbeat;
+mod infra;
+mod jobs;
+mod materialize;
+mod output;
 pub mod runtime;
+mod slot;
+mod worker;
+
+pub use infra::InfraError;
+pub use worker::{Worker, WorkerConfig, WorkerError, WorkerSummary};

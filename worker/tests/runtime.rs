@@ -13,10 +13,11 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(10);
 
 fn request(scratch: &Scratch, index: u64, items: &[&str]) -> RunRequest {
+    let batch_id = format!("{index:08}");
     RunRequest {
-        batch_id: format!("{index:08}"),
+        context: MiniBatchContext::for_files(&batch_id),
+        batch_id,
         items: items.iter().map(|s| s.to_string()).collect(),
-        context: MiniBatchContext::for_files(index),
         output: scratch.path().join(format!("out-{index}.txt")),
     }
 }
@@ -67,17 +68,15 @@ def run(mini_batch):
     let init_log = scratch.path().join("init.log");
     config.env.insert("INIT_LOG".into(), init_log.display().to_string());
     let mut process = RuntimeProcess::start(&config).await.expect("start");
-    for (i, items) in [vec!["/d/a.txt", "/d/b.txt"], vec!["/d/c.txt"], vec!["/d/e.txt"]]
-        .iter()
-        .enumerate()
+    for (i, items) in
+        [vec!["/d/a.txt", "/d/b.txt"], vec!["/d/c.txt"], vec!["/d/e.txt"]].iter().enumerate()
     {
         let (items_out, rows, header, text) =
             run_ok(&mut process, request(&scratch, i as u64, items)).await;
         assert_eq!(items_out, items.len() as u64);
         assert_eq!(rows, items.len() as u64);
         assert_eq!(header, None);
-        let expected: String =
-            items.iter().map(|p| format!("{}:{}\n", i + 1, &p[3..])).collect();
+        let expected: String = items.iter().map(|p| format!("{}:{}\n", i + 1, &p[3..])).collect();
         assert_eq!(text, expected);
     }
     process.shutdown(GRACE).await.expect("shutdown");
@@ -210,7 +209,7 @@ def run(mini_batch, mini_batch_context):
     let mut process = RuntimeProcess::start(&config).await.expect("start");
     assert!(process.passes_context());
     let (_, _, _, text) = run_ok(&mut process, request(&scratch, 7, &["/a"])).await;
-    assert_eq!(text, "7\n{}\n0\n");
+    assert_eq!(text, "00000007\n{}\n0\n");
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
@@ -355,10 +354,8 @@ def run(mini_batch):
     let mut process = RuntimeProcess::start(&config).await.expect("start");
     let pid = process.pid().expect("pid");
     let started = Instant::now();
-    let error = process
-        .run(request(&scratch, 0, &["/a"]), Duration::from_secs(2))
-        .await
-        .unwrap_err();
+    let error =
+        process.run(request(&scratch, 0, &["/a"]), Duration::from_secs(2)).await.unwrap_err();
     assert!(matches!(error, RuntimeError::Timeout { secs: 2 }), "{error:?}");
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
     assert!(wait_gone(pid, Duration::from_secs(5)).await, "runtime {pid} still runs");

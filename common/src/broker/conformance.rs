@@ -48,23 +48,13 @@ pub fn unique_prefix(test: &str) -> String {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
         .take(24)
-        .map(|c| {
-            if c == '_' {
-                '-'
-            } else {
-                c.to_ascii_lowercase()
-            }
-        })
+        .map(|c| if c == '_' { '-' } else { c.to_ascii_lowercase() })
         .collect();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos());
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "bfc-{tag}-{:x}{:x}{count}",
-        std::process::id(),
-        nanos & 0xff_ffff_ffff
-    )
+    format!("bfc-{tag}-{:x}{:x}{count}", std::process::id(), nanos & 0xff_ffff_ffff)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -78,39 +68,15 @@ pub async fn publish_then_receive_gets_every_payload(broker: Arc<dyn Broker>, pr
     let queue = declare_plain(b, prefix, "work").await;
     let sent = payloads(prefix, 3);
     ok(b.publish(&queue, sent.clone()).await, "publish 3 messages");
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth {
-            ready: 3,
-            in_flight: 0,
-        },
-        "after publishing 3",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth { ready: 3, in_flight: 0 }, "after publishing 3").await;
 
     let got = receive_exactly(b, &queue, 3, LONG_LEASE, "the 3 published messages").await;
     assert_same_payloads(&got, &sent, "received payloads");
     for delivery in &got {
-        assert_eq!(
-            delivery.delivery_count, 1,
-            "a first delivery must have delivery_count 1"
-        );
-        assert_eq!(
-            delivery.dead_letter_reason, None,
-            "a work message has no dead-letter reason"
-        );
+        assert_eq!(delivery.delivery_count, 1, "a first delivery must have delivery_count 1");
+        assert_eq!(delivery.dead_letter_reason, None, "a work message has no dead-letter reason");
     }
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth {
-            ready: 0,
-            in_flight: 3,
-        },
-        "after receiving all 3",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth { ready: 0, in_flight: 3 }, "after receiving all 3").await;
 
     ack_all(b, &got).await;
     expect_depth(b, &queue, QueueDepth::default(), "after acking all 3").await;
@@ -125,10 +91,7 @@ pub async fn ready_messages_come_in_publish_order(broker: Arc<dyn Broker>, prefi
     ok(b.publish(&queue, sent.clone()).await, "publish 5 messages");
     let got = receive_exactly(b, &queue, 5, LONG_LEASE, "the 5 published messages").await;
     let got_payloads: Vec<Bytes> = got.iter().map(|d| d.payload.clone()).collect();
-    assert_eq!(
-        got_payloads, sent,
-        "ready messages must be received in publish order"
-    );
+    assert_eq!(got_payloads, sent, "ready messages must be received in publish order");
     ack_all(b, &got).await;
     delete(b, &[&queue]).await;
 }
@@ -137,19 +100,11 @@ pub async fn ready_messages_come_in_publish_order(broker: Arc<dyn Broker>, prefi
 pub async fn ack_removes_the_message(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let got = receive_exactly(b, &queue, 1, SHORT_LEASE, "the published message").await;
     ok(b.ack(&got[0].handle).await, "ack the delivery");
-    expect_nothing(
-        b,
-        &queue,
-        SHORT_LEASE * 2,
-        "an acked message must never be delivered again",
-    )
-    .await;
+    expect_nothing(b, &queue, SHORT_LEASE * 2, "an acked message must never be delivered again")
+        .await;
     expect_depth(b, &queue, QueueDepth::default(), "after the ack").await;
     delete(b, &[&queue]).await;
 }
@@ -160,40 +115,21 @@ pub async fn batch_of_250_is_received_exactly_once(broker: Arc<dyn Broker>, pref
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
     let sent = payloads(prefix, COUNT);
-    ok(
-        b.publish(&queue, sent.clone()).await,
-        "publish 250 messages in one call",
-    );
+    ok(b.publish(&queue, sent.clone()).await, "publish 250 messages in one call");
 
     let mut seen: HashMap<Bytes, usize> = HashMap::new();
     let deadline = Instant::now() + EVENTUALLY * 3;
     while seen.len() < COUNT && Instant::now() < deadline {
-        let got = ok(
-            b.receive(&queue, 10, LONG_LEASE, POLL_WAIT).await,
-            "receive",
-        );
+        let got = ok(b.receive(&queue, 10, LONG_LEASE, POLL_WAIT).await, "receive");
         for delivery in &got {
             *seen.entry(delivery.payload.clone()).or_default() += 1;
         }
         ack_all(b, &got).await;
     }
     let duplicates: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        duplicates.is_empty(),
-        "messages received more than once: {duplicates:?}"
-    );
-    assert_eq!(
-        seen.len(),
-        COUNT,
-        "every one of the 250 published messages must be received"
-    );
-    expect_nothing(
-        b,
-        &queue,
-        POLL_WAIT,
-        "nothing is left after all 250 were acked",
-    )
-    .await;
+    assert!(duplicates.is_empty(), "messages received more than once: {duplicates:?}");
+    assert_eq!(seen.len(), COUNT, "every one of the 250 published messages must be received");
+    expect_nothing(b, &queue, POLL_WAIT, "nothing is left after all 250 were acked").await;
     delete(b, &[&queue]).await;
 }
 
@@ -205,56 +141,24 @@ pub async fn lease_expiry_redelivers_and_old_handle_is_stale(
 ) {
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let (first, leased_from) =
         receive_one_timed(b, &queue, SHORT_LEASE, "the first delivery").await;
-    assert_eq!(
-        first.delivery_count, 1,
-        "a first delivery must have delivery_count 1"
-    );
+    assert_eq!(first.delivery_count, 1, "a first delivery must have delivery_count 1");
 
-    let second = receive_one(
-        b,
-        &queue,
-        LONG_LEASE,
-        "the redelivery after the lease ran out",
-    )
-    .await;
+    let second = receive_one(b, &queue, LONG_LEASE, "the redelivery after the lease ran out").await;
     let seen_at = Instant::now();
-    assert_not_before(
-        leased_from,
-        seen_at,
-        SHORT_LEASE,
-        "a leased message was delivered again",
-    );
-    assert_eq!(
-        second.payload, first.payload,
-        "the redelivery must carry the same payload"
-    );
+    assert_not_before(leased_from, seen_at, SHORT_LEASE, "a leased message was delivered again");
+    assert_eq!(second.payload, first.payload, "the redelivery must carry the same payload");
     assert_eq!(
         second.delivery_count, 2,
         "after the lease ran out the message must be delivered again with delivery_count 2"
     );
-    assert_ne!(
-        second.handle, first.handle,
-        "each delivery must have its own handle"
-    );
-    expect_stale(
-        b.ack(&first.handle).await,
-        "ack with the handle of the expired first delivery",
-    );
+    assert_ne!(second.handle, first.handle, "each delivery must have its own handle");
+    expect_stale(b.ack(&first.handle).await, "ack with the handle of the expired first delivery");
 
     ok(b.ack(&second.handle).await, "ack the redelivery");
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth::default(),
-        "after acking the redelivery",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth::default(), "after acking the redelivery").await;
     delete(b, &[&queue]).await;
 }
 
@@ -262,29 +166,14 @@ pub async fn lease_expiry_redelivers_and_old_handle_is_stale(
 pub async fn nack_redelivers_with_incremented_count(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let first = receive_one(b, &queue, LONG_LEASE, "the first delivery").await;
-    ok(
-        b.nack(&first.handle, Duration::ZERO).await,
-        "nack without delay",
-    );
+    ok(b.nack(&first.handle, Duration::ZERO).await, "nack without delay");
 
     let second = receive_one(b, &queue, LONG_LEASE, "the redelivery after a nack").await;
-    assert_eq!(
-        second.payload, first.payload,
-        "the redelivery must carry the same payload"
-    );
-    assert_eq!(
-        second.delivery_count, 2,
-        "a nack must count as a delivery used"
-    );
-    expect_stale(
-        b.ack(&first.handle).await,
-        "ack with the handle of the nacked delivery",
-    );
+    assert_eq!(second.payload, first.payload, "the redelivery must carry the same payload");
+    assert_eq!(second.delivery_count, 2, "a nack must count as a delivery used");
+    expect_stale(b.ack(&first.handle).await, "ack with the handle of the nacked delivery");
     ok(b.ack(&second.handle).await, "ack the redelivery");
     delete(b, &[&queue]).await;
 }
@@ -297,26 +186,15 @@ pub async fn nack_with_delay_hides_the_message_until_the_delay_ends(
     const DELAY: Duration = Duration::from_secs(2);
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let first = receive_one(b, &queue, LONG_LEASE, "the first delivery").await;
     let nacked_from = Instant::now();
     ok(b.nack(&first.handle, DELAY).await, "nack with a 2 s delay");
 
     let second = receive_one(b, &queue, LONG_LEASE, "the redelivery after the nack delay").await;
     let seen_at = Instant::now();
-    assert_not_before(
-        nacked_from,
-        seen_at,
-        DELAY,
-        "a message nacked with a delay came back",
-    );
-    assert_eq!(
-        second.delivery_count, 2,
-        "a delayed nack must count as a delivery used"
-    );
+    assert_not_before(nacked_from, seen_at, DELAY, "a message nacked with a delay came back");
+    assert_eq!(second.delivery_count, 2, "a delayed nack must count as a delivery used");
     ok(b.ack(&second.handle).await, "ack the redelivery");
     delete(b, &[&queue]).await;
 }
@@ -327,18 +205,12 @@ pub async fn extend_lease_keeps_the_message_invisible(broker: Arc<dyn Broker>, p
     const EXTENDED: Duration = Duration::from_secs(10);
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let delivery = receive_one(b, &queue, LEASE, "the first delivery").await;
     // The original lease started before this instant, so it has surely run out 1 s after
     // `received + LEASE`.
     let received = Instant::now();
-    ok(
-        b.extend_lease(&delivery.handle, EXTENDED).await,
-        "extend the lease to 10 s",
-    );
+    ok(b.extend_lease(&delivery.handle, EXTENDED).await, "extend the lease to 10 s");
 
     let past_original = received + LEASE + Duration::from_secs(1);
     expect_nothing_until(
@@ -348,20 +220,8 @@ pub async fn extend_lease_keeps_the_message_invisible(broker: Arc<dyn Broker>, p
         "a message whose lease was extended must stay invisible past its original lease",
     )
     .await;
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth {
-            ready: 0,
-            in_flight: 1,
-        },
-        "with the lease extended",
-    )
-    .await;
-    ok(
-        b.ack(&delivery.handle).await,
-        "ack with the handle whose lease was extended",
-    );
+    expect_depth(b, &queue, QueueDepth { ready: 0, in_flight: 1 }, "with the lease extended").await;
+    ok(b.ack(&delivery.handle).await, "ack with the handle whose lease was extended");
     delete(b, &[&queue]).await;
 }
 
@@ -379,39 +239,21 @@ pub async fn delivery_limit_moves_the_message_to_the_dead_letter_queue(
         let what = format!("delivery {n} of 3");
         let delivery = receive_one(b, &queue, LONG_LEASE, &what).await;
         assert_eq!(delivery.delivery_count, n, "the delivery count of {what}");
-        ok(
-            b.nack(&delivery.handle, Duration::ZERO).await,
-            &format!("nack {what}"),
-        );
+        ok(b.nack(&delivery.handle, Duration::ZERO).await, &format!("nack {what}"));
     }
 
     // A backend may move the message on the next receive from the work queue: keep receiving
     // there (it must stay empty) while looking in the dead-letter queue.
     let dead = receive_from_dead_letter_queue(b, &queue, &dlq, "after its 3rd delivery").await;
-    assert_eq!(
-        dead.payload, sent[0],
-        "the dead-lettered message must keep its payload"
-    );
+    assert_eq!(dead.payload, sent[0], "the dead-lettered message must keep its payload");
     assert_eq!(
         dead.dead_letter_reason.as_deref(),
         Some("delivery_limit"),
         "a message whose deliveries ran out must carry the reason `delivery_limit`"
     );
     ok(b.ack(&dead.handle).await, "ack the dead-lettered message");
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth::default(),
-        "the work queue after dead-lettering",
-    )
-    .await;
-    expect_depth(
-        b,
-        &dlq,
-        QueueDepth::default(),
-        "the dead-letter queue after the ack",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth::default(), "the work queue after dead-lettering").await;
+    expect_depth(b, &dlq, QueueDepth::default(), "the dead-letter queue after the ack").await;
     delete(b, &[&queue, &dlq]).await;
 }
 
@@ -423,33 +265,18 @@ pub async fn explicit_dead_letter_records_the_reason(broker: Arc<dyn Broker>, pr
     let sent = payloads(prefix, 1);
     ok(b.publish(&queue, sent.clone()).await, "publish 1 message");
     let delivery = receive_one(b, &queue, LONG_LEASE, "the first delivery").await;
-    ok(
-        b.dead_letter(&delivery.handle, REASON).await,
-        "dead-letter the delivery",
-    );
+    ok(b.dead_letter(&delivery.handle, REASON).await, "dead-letter the delivery");
 
     let dead = receive_one(b, &dlq, LONG_LEASE, "the explicitly dead-lettered message").await;
-    assert_eq!(
-        dead.payload, sent[0],
-        "the dead-lettered message must keep its payload"
-    );
+    assert_eq!(dead.payload, sent[0], "the dead-lettered message must keep its payload");
     assert_eq!(
         dead.dead_letter_reason.as_deref(),
         Some(REASON),
         "a dead-lettered message must carry the reason given to dead_letter"
     );
-    expect_stale(
-        b.ack(&delivery.handle).await,
-        "ack with the handle of a dead-lettered delivery",
-    );
+    expect_stale(b.ack(&delivery.handle).await, "ack with the handle of a dead-lettered delivery");
     ok(b.ack(&dead.handle).await, "ack the dead-lettered message");
-    expect_nothing(
-        b,
-        &queue,
-        POLL_WAIT,
-        "a dead-lettered message must leave the work queue",
-    )
-    .await;
+    expect_nothing(b, &queue, POLL_WAIT, "a dead-lettered message must leave the work queue").await;
     delete(b, &[&queue, &dlq]).await;
 }
 
@@ -458,10 +285,7 @@ pub async fn concurrent_receivers_never_share_a_message(broker: Arc<dyn Broker>,
     const COUNT: usize = 60;
     let queue = declare_plain(broker.as_ref(), prefix, "work").await;
     let sent = payloads(prefix, COUNT);
-    ok(
-        broker.publish(&queue, sent.clone()).await,
-        "publish 60 messages",
-    );
+    ok(broker.publish(&queue, sent.clone()).await, "publish 60 messages");
 
     let received = Arc::new(Mutex::new(Vec::<Bytes>::new()));
     let done = Arc::new(AtomicUsize::new(0));
@@ -472,10 +296,7 @@ pub async fn concurrent_receivers_never_share_a_message(broker: Arc<dyn Broker>,
             let (received, done) = (received.clone(), done.clone());
             tokio::spawn(async move {
                 while done.load(Ordering::SeqCst) < COUNT && Instant::now() < deadline {
-                    let got = ok(
-                        broker.receive(&queue, 3, LONG_LEASE, POLL_WAIT).await,
-                        "receive",
-                    );
+                    let got = ok(broker.receive(&queue, 3, LONG_LEASE, POLL_WAIT).await, "receive");
                     // Record before acking: the other receiver must not get these meanwhile.
                     received
                         .lock()
@@ -499,15 +320,8 @@ pub async fn concurrent_receivers_never_share_a_message(broker: Arc<dyn Broker>,
         *counts.entry(payload).or_default() += 1;
     }
     let duplicates: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        duplicates.is_empty(),
-        "two receivers both got a leased message: {duplicates:?}"
-    );
-    assert_eq!(
-        counts.len(),
-        COUNT,
-        "the two receivers together must get all 60 messages"
-    );
+    assert!(duplicates.is_empty(), "two receivers both got a leased message: {duplicates:?}");
+    assert_eq!(counts.len(), COUNT, "the two receivers together must get all 60 messages");
     delete(broker.as_ref(), &[&queue]).await;
 }
 
@@ -524,11 +338,7 @@ pub async fn receive_on_an_empty_queue_returns_empty_after_waiting(
         .await
         .unwrap_or_else(|_| panic!("receive on an empty queue with a 1 s wait did not return"));
     let got = ok(got, "receive on an empty queue");
-    assert!(
-        got.is_empty(),
-        "receive on an empty queue returned {} messages",
-        got.len()
-    );
+    assert!(got.is_empty(), "receive on an empty queue returned {} messages", got.len());
     assert!(
         started.elapsed() >= WAIT / 2,
         "receive on an empty queue must wait (about `wait`) rather than return at once; \
@@ -550,19 +360,12 @@ pub async fn waiting_receive_wakes_when_a_message_arrives(broker: Arc<dyn Broker
     // Give the receiver a moment to start waiting. Nothing depends on it: if the message is
     // published first, the receive simply finds it.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    ok(
-        broker.publish(&queue, payloads(prefix, 1)).await,
-        "publish while a receive waits",
-    );
+    ok(broker.publish(&queue, payloads(prefix, 1)).await, "publish while a receive waits");
     let got = match receiving.await {
         Ok(got) => ok(got, "the waiting receive"),
         Err(failed) => std::panic::resume_unwind(failed.into_panic()),
     };
-    assert_eq!(
-        got.len(),
-        1,
-        "a receive waiting 10 s must get a message published meanwhile"
-    );
+    assert_eq!(got.len(), 1, "a receive waiting 10 s must get a message published meanwhile");
     assert!(
         started.elapsed() < WAIT - Duration::from_secs(3),
         "a waiting receive must return when a message arrives, not when its wait ends \
@@ -578,21 +381,10 @@ pub async fn declare_twice_with_the_same_spec_is_ok(broker: Arc<dyn Broker>, pre
     let b = broker.as_ref();
     let (queue, dlq) = declare_with_dead_letter(b, prefix, 3).await;
     let _ = declare_with_dead_letter(b, prefix, 3).await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish after re-declaring",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish after re-declaring");
     let _ = declare_with_dead_letter(b, prefix, 3).await;
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth {
-            ready: 1,
-            in_flight: 0,
-        },
-        "re-declaring keeps messages",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth { ready: 1, in_flight: 0 }, "re-declaring keeps messages")
+        .await;
     delete(b, &[&queue, &dlq]).await;
 }
 
@@ -614,43 +406,22 @@ pub async fn undeclared_queue_is_not_found(broker: Arc<dyn Broker>, prefix: &str
 pub async fn delete_queue_is_idempotent(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 2)).await,
-        "publish 2 messages",
-    );
-    ok(
-        b.delete_queue(&queue).await,
-        "delete a queue holding messages",
-    );
+    ok(b.publish(&queue, payloads(prefix, 2)).await, "publish 2 messages");
+    ok(b.delete_queue(&queue).await, "delete a queue holding messages");
     ok(b.delete_queue(&queue).await, "delete the same queue again");
-    ok(
-        b.delete_queue(&format!("{prefix}-never-declared")).await,
-        "delete a missing queue",
-    );
+    ok(b.delete_queue(&format!("{prefix}-never-declared")).await, "delete a missing queue");
 }
 
 /// Handles of settled deliveries are stale: ack twice, nack or extend after an ack.
 pub async fn settled_handles_are_stale(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
     let queue = declare_plain(b, prefix, "work").await;
-    ok(
-        b.publish(&queue, payloads(prefix, 1)).await,
-        "publish 1 message",
-    );
+    ok(b.publish(&queue, payloads(prefix, 1)).await, "publish 1 message");
     let delivery = receive_one(b, &queue, LONG_LEASE, "the first delivery").await;
     ok(b.ack(&delivery.handle).await, "ack the delivery");
-    expect_stale(
-        b.ack(&delivery.handle).await,
-        "a second ack of the same delivery",
-    );
-    expect_stale(
-        b.nack(&delivery.handle, Duration::ZERO).await,
-        "nack after ack",
-    );
-    expect_stale(
-        b.extend_lease(&delivery.handle, LONG_LEASE).await,
-        "extend_lease after ack",
-    );
+    expect_stale(b.ack(&delivery.handle).await, "a second ack of the same delivery");
+    expect_stale(b.nack(&delivery.handle, Duration::ZERO).await, "nack after ack");
+    expect_stale(b.extend_lease(&delivery.handle, LONG_LEASE).await, "extend_lease after ack");
     delete(b, &[&queue]).await;
 }
 
@@ -659,35 +430,17 @@ pub async fn settled_handles_are_stale(broker: Arc<dyn Broker>, prefix: &str) {
 pub async fn depth_is_zero_after_all_are_settled(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
     let (queue, dlq) = declare_with_dead_letter(b, prefix, 5).await;
-    ok(
-        b.publish(&queue, payloads(prefix, 4)).await,
-        "publish 4 messages",
-    );
+    ok(b.publish(&queue, payloads(prefix, 4)).await, "publish 4 messages");
     let got = receive_exactly(b, &queue, 3, LONG_LEASE, "3 of the 4 messages").await;
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth {
-            ready: 1,
-            in_flight: 3,
-        },
-        "with 3 of 4 received",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth { ready: 1, in_flight: 3 }, "with 3 of 4 received").await;
 
     ok(b.ack(&got[0].handle).await, "ack the 1st");
     ok(b.nack(&got[1].handle, Duration::ZERO).await, "nack the 2nd");
-    ok(
-        b.dead_letter(&got[2].handle, "test").await,
-        "dead-letter the 3rd",
-    );
+    ok(b.dead_letter(&got[2].handle, "test").await, "dead-letter the 3rd");
     expect_depth(
         b,
         &queue,
-        QueueDepth {
-            ready: 2,
-            in_flight: 0,
-        },
+        QueueDepth { ready: 2, in_flight: 0 },
         "after ack, nack and dead-letter",
     )
     .await;
@@ -696,20 +449,9 @@ pub async fn depth_is_zero_after_all_are_settled(broker: Arc<dyn Broker>, prefix
     ack_all(b, &rest).await;
     let dead = receive_one(b, &dlq, LONG_LEASE, "the dead-lettered message").await;
     ok(b.ack(&dead.handle).await, "ack the dead-lettered message");
-    expect_depth(
-        b,
-        &queue,
-        QueueDepth::default(),
-        "the work queue after all were settled",
-    )
-    .await;
-    expect_depth(
-        b,
-        &dlq,
-        QueueDepth::default(),
-        "the dead-letter queue after all were settled",
-    )
-    .await;
+    expect_depth(b, &queue, QueueDepth::default(), "the work queue after all were settled").await;
+    expect_depth(b, &dlq, QueueDepth::default(), "the dead-letter queue after all were settled")
+        .await;
     delete(b, &[&queue, &dlq]).await;
 }
 
@@ -731,17 +473,12 @@ fn expect_stale(result: Result<(), BrokerError>, what: &str) {
 
 /// Distinct payloads `"{prefix}-{i}"`.
 fn payloads(prefix: &str, count: usize) -> Vec<Bytes> {
-    (0..count)
-        .map(|i| Bytes::from(format!("{prefix}-{i:04}")))
-        .collect()
+    (0..count).map(|i| Bytes::from(format!("{prefix}-{i:04}"))).collect()
 }
 
 async fn declare_plain(broker: &dyn Broker, prefix: &str, suffix: &str) -> String {
     let name = format!("{prefix}-{suffix}");
-    ok(
-        broker.declare_queue(&QueueSpec::plain(&name)).await,
-        &format!("declare queue `{name}`"),
-    );
+    ok(broker.declare_queue(&QueueSpec::plain(&name)).await, &format!("declare queue `{name}`"));
     name
 }
 
@@ -758,19 +495,13 @@ async fn declare_with_dead_letter(
         max_deliveries: Some(max_deliveries),
         dead_letter_queue: Some(dlq.clone()),
     };
-    ok(
-        broker.declare_queue(&spec).await,
-        &format!("declare queue `{work}` with `{dlq}`"),
-    );
+    ok(broker.declare_queue(&spec).await, &format!("declare queue `{work}` with `{dlq}`"));
     (work, dlq)
 }
 
 async fn delete(broker: &dyn Broker, queues: &[&str]) {
     for queue in queues {
-        ok(
-            broker.delete_queue(queue).await,
-            &format!("delete queue `{queue}`"),
-        );
+        ok(broker.delete_queue(queue).await, &format!("delete queue `{queue}`"));
     }
 }
 
@@ -792,9 +523,7 @@ async fn receive_exactly(
     let deadline = Instant::now() + EVENTUALLY;
     let mut got = Vec::with_capacity(count);
     while got.len() < count && Instant::now() < deadline {
-        let more = broker
-            .receive(queue, count - got.len(), lease, POLL_WAIT)
-            .await;
+        let more = broker.receive(queue, count - got.len(), lease, POLL_WAIT).await;
         got.extend(ok(more, &format!("receive {what} from `{queue}`")));
     }
     assert!(
@@ -820,10 +549,7 @@ async fn receive_one_timed(
     let deadline = Instant::now() + EVENTUALLY;
     while Instant::now() < deadline {
         let asked_at = Instant::now();
-        let got = ok(
-            broker.receive(queue, 1, lease, POLL_WAIT).await,
-            &format!("receive {what}"),
-        );
+        let got = ok(broker.receive(queue, 1, lease, POLL_WAIT).await, &format!("receive {what}"));
         match <[Delivery; 1]>::try_from(got) {
             Ok([delivery]) => return (delivery, asked_at),
             Err(got) if got.is_empty() => {}
@@ -838,10 +564,7 @@ async fn receive_one_timed(
 /// side, so a slow broker or a slow machine can never make this fail.
 fn assert_not_before(from: Instant, seen_at: Instant, at_least: Duration, what: &str) {
     let after = seen_at.saturating_duration_since(from);
-    assert!(
-        after >= at_least,
-        "{what} after {after:?}, before its {at_least:?} were up"
-    );
+    assert!(after >= at_least, "{what} after {after:?}, before its {at_least:?} were up");
 }
 
 /// Receive on `queue` for `window`; any delivery fails with `what`.
@@ -855,12 +578,7 @@ async fn expect_nothing_until(broker: &dyn Broker, queue: &str, until: Instant, 
         if left.is_zero() {
             return;
         }
-        let got = ok(
-            broker
-                .receive(queue, 10, LONG_LEASE, left.min(POLL_WAIT))
-                .await,
-            what,
-        );
+        let got = ok(broker.receive(queue, 10, LONG_LEASE, left.min(POLL_WAIT)).await, what);
         if let Some(delivery) = got.first() {
             panic!(
                 "{what}, but `{queue}` delivered {:?} (delivery_count {})",
@@ -880,10 +598,7 @@ async fn receive_from_dead_letter_queue(
 ) -> Delivery {
     let deadline = Instant::now() + EVENTUALLY;
     while Instant::now() < deadline {
-        let again = ok(
-            broker.receive(queue, 1, LONG_LEASE, POLL_WAIT).await,
-            "receive work",
-        );
+        let again = ok(broker.receive(queue, 1, LONG_LEASE, POLL_WAIT).await, "receive work");
         if let Some(delivery) = again.first() {
             panic!(
                 "a message whose deliveries ran out was delivered once more from `{queue}` \
@@ -891,10 +606,7 @@ async fn receive_from_dead_letter_queue(
                 delivery.delivery_count
             );
         }
-        let dead = ok(
-            broker.receive(dlq, 1, LONG_LEASE, POLL_WAIT).await,
-            "receive dead",
-        );
+        let dead = ok(broker.receive(dlq, 1, LONG_LEASE, POLL_WAIT).await, "receive dead");
         if let Some(delivery) = dead.into_iter().next() {
             return delivery;
         }

@@ -127,9 +127,7 @@ impl EmbeddedBroker {
         // Registered while the lock is held: any change after we let go of it notifies us.
         let mut changed = Box::pin(q.changed.clone().notified_owned());
         changed.as_mut().enable();
-        let until = q
-            .next_deadline()
-            .map_or(deadline, |next| next.min(deadline));
+        let until = q.next_deadline().map_or(deadline, |next| next.min(deadline));
         Ok(Attempt::Wait { changed, until })
     }
 }
@@ -153,10 +151,9 @@ impl Broker for EmbeddedBroker {
         if let Some(existing) = state.queues.get(&spec.name) {
             return match spec_difference(&existing.spec, spec) {
                 None => Ok(()),
-                Some(detail) => Err(BrokerError::QueueMismatch {
-                    queue: spec.name.clone(),
-                    detail,
-                }),
+                Some(detail) => {
+                    Err(BrokerError::QueueMismatch { queue: spec.name.clone(), detail })
+                }
             };
         }
         if let Some(dlq) = &spec.dead_letter_queue {
@@ -164,9 +161,7 @@ impl Broker for EmbeddedBroker {
                 return Err(BrokerError::QueueNotFound(dlq.clone()));
             }
         }
-        state
-            .queues
-            .insert(spec.name.clone(), Queue::new(spec.clone()));
+        state.queues.insert(spec.name.clone(), Queue::new(spec.clone()));
         tracing::debug!(queue = %spec.name, max_deliveries = ?spec.max_deliveries,
             dead_letter_queue = ?spec.dead_letter_queue, "queue declared");
         Ok(())
@@ -187,17 +182,12 @@ impl Broker for EmbeddedBroker {
         let first_id = state.next_id;
         let q = state.queue_mut(queue)?;
         let count = payloads.len() as u64;
-        q.ready.extend(
-            payloads
-                .into_iter()
-                .zip(first_id..)
-                .map(|(payload, id)| Message {
-                    id,
-                    payload,
-                    deliveries: 0,
-                    dead_letter_reason: None,
-                }),
-        );
+        q.ready.extend(payloads.into_iter().zip(first_id..).map(|(payload, id)| Message {
+            id,
+            payload,
+            deliveries: 0,
+            dead_letter_reason: None,
+        }));
         if count > 0 {
             q.changed.notify_waiters();
         }
@@ -299,9 +289,7 @@ impl Broker for EmbeddedBroker {
 
 impl State {
     fn queue_mut(&mut self, name: &str) -> Result<&mut Queue, BrokerError> {
-        self.queues
-            .get_mut(name)
-            .ok_or_else(|| BrokerError::QueueNotFound(name.to_owned()))
+        self.queues.get_mut(name).ok_or_else(|| BrokerError::QueueNotFound(name.to_owned()))
     }
 
     /// The queue brought up to `now`: expired leases and ended delays made ready, messages
@@ -326,10 +314,8 @@ impl State {
         now: Instant,
     ) -> Result<Lease, BrokerError> {
         let q = self.refresh(key.queue, now)?;
-        let holds = q
-            .leased
-            .get(&key.id)
-            .is_some_and(|held| held.message.deliveries == key.delivery);
+        let holds =
+            q.leased.get(&key.id).is_some_and(|held| held.message.deliveries == key.delivery);
         if !holds {
             return Err(stale(handle));
         }
@@ -378,27 +364,19 @@ impl Queue {
     }
 
     fn is_last_delivery(&self, message: &Message) -> bool {
-        self.spec
-            .max_deliveries
-            .is_some_and(|max| message.deliveries >= max)
+        self.spec.max_deliveries.is_some_and(|max| message.deliveries >= max)
     }
 
     fn delay(&mut self, message: Message, visible_at: Instant) {
-        let at = self
-            .delayed
-            .partition_point(|(other, _)| *other <= visible_at);
+        let at = self.delayed.partition_point(|(other, _)| *other <= visible_at);
         self.delayed.insert(at, (visible_at, message));
     }
 
     /// Make expired leases and ended delays ready, in the order their deadlines passed;
     /// returns the messages whose last delivery expired (for the dead-letter queue).
     fn refresh(&mut self, now: Instant) -> Vec<Message> {
-        let expired: Vec<u64> = self
-            .leased
-            .iter()
-            .filter(|(_, held)| held.expires <= now)
-            .map(|(id, _)| *id)
-            .collect();
+        let expired: Vec<u64> =
+            self.leased.iter().filter(|(_, held)| held.expires <= now).map(|(id, _)| *id).collect();
         let mut due: Vec<(Instant, Message)> = Vec::new();
         for id in expired {
             if let Some(held) = self.leased.remove(&id) {
@@ -467,11 +445,7 @@ impl<'a> HandleKey<'a> {
         let delivery = parts.next().and_then(|part| part.parse().ok());
         let id = parts.next().and_then(|part| part.parse().ok());
         match (parts.next(), id, delivery) {
-            (Some(queue), Some(id), Some(delivery)) => Ok(HandleKey {
-                queue,
-                id,
-                delivery,
-            }),
+            (Some(queue), Some(id), Some(delivery)) => Ok(HandleKey { queue, id, delivery }),
             _ => Err(BrokerError::Refused(format!(
                 "`{}` is not a delivery handle of the embedded broker",
                 handle.0

@@ -40,11 +40,7 @@ pub struct QueueSpec {
 impl QueueSpec {
     /// A plain queue: no delivery limit, no dead-letter queue.
     pub fn plain(name: impl Into<String>) -> Self {
-        QueueSpec {
-            name: name.into(),
-            max_deliveries: None,
-            dead_letter_queue: None,
-        }
+        QueueSpec { name: name.into(), max_deliveries: None, dead_letter_queue: None }
     }
 }
 

@@ -42,11 +42,7 @@ impl Binding {
             _ => return Err(format!("`${{{{{inner}}}}}` is not a binding batchfleet knows; allowed: `${{{{inputs.NAME}}}}`, `${{{{outputs.NAME}}}}`, and in a pipeline step `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}`")),
         };
         match rest {
-            [_, name] if !name.is_empty() => Ok(Binding {
-                parent,
-                side,
-                name: name.to_string(),
-            }),
+            [_, name] if !name.is_empty() => Ok(Binding { parent, side, name: name.to_string() }),
             _ => Err(format!(
                 "`${{{{{inner}}}}}` should name one {}, as `${{{{{}.NAME}}}}`",
                 side.noun(),
@@ -144,11 +140,7 @@ impl Scope {
             Side::Inputs => self.inputs.keys().map(String::as_str).collect(),
             Side::Outputs => self.outputs.keys().map(String::as_str).collect(),
         };
-        let owner = if binding.parent {
-            "the pipeline"
-        } else {
-            "this job"
-        };
+        let owner = if binding.parent { "the pipeline" } else { "this job" };
         let declared = if names.is_empty() {
             format!("{owner} declares no {}", binding.side.key())
         } else {
@@ -172,14 +164,7 @@ mod tests {
     #[test]
     fn whole_bindings() {
         let b = Binding::whole("${{ inputs.data }}").unwrap().unwrap();
-        assert_eq!(
-            b,
-            Binding {
-                parent: false,
-                side: Side::Inputs,
-                name: "data".into()
-            }
-        );
+        assert_eq!(b, Binding { parent: false, side: Side::Inputs, name: "data".into() });
         let b = Binding::whole("${{parent.outputs.out}}").unwrap().unwrap();
         assert_eq!(b.display(), "${{parent.outputs.out}}");
         assert!(Binding::whole("./data").is_none());
@@ -189,10 +174,7 @@ mod tests {
 
     #[test]
     fn pieces_split_around_bindings() {
-        assert_eq!(
-            pieces("--m=${{inputs.m}}/x"),
-            vec![Ok("--m="), Err("inputs.m"), Ok("/x")]
-        );
+        assert_eq!(pieces("--m=${{inputs.m}}/x"), vec![Ok("--m="), Err("inputs.m"), Ok("/x")]);
         assert_eq!(pieces("plain"), vec![Ok("plain")]);
         assert_eq!(pieces("${{a}}${{b"), vec![Err("a"), Ok("${{b")]);
     }

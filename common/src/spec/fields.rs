@@ -36,11 +36,7 @@ pub(crate) fn join(parent: &str, key: &str) -> String {
 impl<'a> Map<'a> {
     /// The document itself as the top-level mapping.
     pub fn root(node: &'a Node, allowed: &[&str]) -> Result<Self, SpecError> {
-        let field = Field {
-            path: String::new(),
-            key_pos: node.pos,
-            node,
-        };
+        let field = Field { path: String::new(), key_pos: node.pos, node };
         field.map(allowed)
     }
 
@@ -51,11 +47,7 @@ impl<'a> Map<'a> {
             .iter()
             .find(|(k, _)| key_text(k) == key)
             .filter(|(_, v)| !v.is_null())
-            .map(|(k, v)| Field {
-                path: join(&self.path, key),
-                key_pos: k.pos,
-                node: v,
-            })
+            .map(|(k, v)| Field { path: join(&self.path, key), key_pos: k.pos, node: v })
     }
 
     /// The value of a key the spec cannot do without.
@@ -65,22 +57,14 @@ impl<'a> Map<'a> {
         }
         let path = join(&self.path, key);
         match self.entries.iter().find(|(k, _)| key_text(k) == key) {
-            Some((k, _)) => Err(SpecError::at(
-                k.pos,
-                &path,
-                format!("needs a value ({what})"),
-            )),
+            Some((k, _)) => Err(SpecError::at(k.pos, &path, format!("needs a value ({what})"))),
             None => {
                 let under = if self.path.is_empty() {
                     "the job".to_string()
                 } else {
                     format!("`{}`", self.path)
                 };
-                Err(SpecError::at(
-                    self.pos,
-                    &path,
-                    format!("is required under {under} ({what})"),
-                ))
+                Err(SpecError::at(self.pos, &path, format!("is required under {under} ({what})")))
             }
         }
     }
@@ -88,14 +72,7 @@ impl<'a> Map<'a> {
     /// Every entry, null values included, in document order.
     pub fn entries(&self) -> impl Iterator<Item = (&'a str, Field<'a>)> + '_ {
         self.entries.iter().map(|(k, v)| {
-            (
-                key_text(k),
-                Field {
-                    path: join(&self.path, key_text(k)),
-                    key_pos: k.pos,
-                    node: v,
-                },
-            )
+            (key_text(k), Field { path: join(&self.path, key_text(k)), key_pos: k.pos, node: v })
         })
     }
 }
@@ -133,21 +110,15 @@ impl<'a> Field<'a> {
                 return Err(unknown_key(key.pos, &self.path, name, allowed));
             }
         }
-        Ok(Map {
-            path: self.path.clone(),
-            pos: self.key_pos,
-            entries,
-        })
+        Ok(Map { path: self.path.clone(), pos: self.key_pos, entries })
     }
 
     /// A mapping with any keys (user-named inputs, outputs, tags, …).
     pub fn open_map(&self) -> Result<Map<'a>, SpecError> {
         match &self.node.value {
-            Value::Mapping(entries) => Ok(Map {
-                path: self.path.clone(),
-                pos: self.key_pos,
-                entries,
-            }),
+            Value::Mapping(entries) => {
+                Ok(Map { path: self.path.clone(), pos: self.key_pos, entries })
+            }
             _ => Err(self.expected("a mapping")),
         }
     }
@@ -202,10 +173,7 @@ impl<'a> Field<'a> {
                 let hint = did_you_mean(text, &names)
                     .map(|s| format!("; did you mean `{s}`?"))
                     .unwrap_or_default();
-                Err(self.error(format!(
-                    "`{text}` is not allowed; allowed: {}{hint}",
-                    list(&names)
-                )))
+                Err(self.error(format!("`{text}` is not allowed; allowed: {}{hint}", list(&names))))
             }
         }
     }
@@ -218,11 +186,7 @@ impl<'a> Field<'a> {
             .iter()
             .enumerate()
             .map(|(i, node)| {
-                let item = Field {
-                    path: format!("{}[{i}]", self.path),
-                    key_pos: node.pos,
-                    node,
-                };
+                let item = Field { path: format!("{}[{i}]", self.path), key_pos: node.pos, node };
                 item.string()
             })
             .collect()
@@ -232,11 +196,7 @@ impl<'a> Field<'a> {
     pub fn string_map(&self) -> Result<BTreeMap<String, String>, SpecError> {
         let mut out = BTreeMap::new();
         for (key, value) in self.open_map()?.entries() {
-            let text = if value.node.is_null() {
-                String::new()
-            } else {
-                value.string()?
-            };
+            let text = if value.node.is_null() { String::new() } else { value.string()? };
             out.insert(key.to_string(), text);
         }
         Ok(out)
@@ -272,11 +232,7 @@ pub(crate) fn out_of_range(
 
 /// `a`, `b`, `c` as a message fragment.
 pub(crate) fn list(names: &[&str]) -> String {
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
 }
 
 fn unknown_key(pos: Pos, parent: &str, name: &str, allowed: &[&str]) -> SpecError {

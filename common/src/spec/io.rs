@@ -35,11 +35,8 @@ const OUTPUT_KINDS: &[(&str, &str)] = &[
     ("mlflow_model", "mlflow_model"),
     ("triton_model", "triton_model"),
 ];
-const OUTPUT_MODES: &[(&str, &str)] = &[
-    ("rw_mount", "rw_mount"),
-    ("upload", "upload"),
-    ("direct", "direct"),
-];
+const OUTPUT_MODES: &[(&str, &str)] =
+    &[("rw_mount", "rw_mount"), ("upload", "upload"), ("direct", "direct")];
 
 /// A path or URL as an absolute URL string; relative paths are taken from `base_dir`.
 pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, SpecError> {
@@ -51,18 +48,14 @@ pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, Spe
              gs://, or a local path)"
         )));
     }
-    resolve_location(&raw, base_dir)
-        .map(String::from)
-        .map_err(|e| field.error(e.to_string()))
+    resolve_location(&raw, base_dir).map(String::from).map_err(|e| field.error(e.to_string()))
 }
 
 /// `azureml:name:version` or `azureml:name@latest`: Azure's short asset form, which would
 /// otherwise pass for a relative file name.
 fn is_asset_reference(raw: &str) -> bool {
     let raw = raw.trim();
-    raw.get(..8)
-        .is_some_and(|p| p.eq_ignore_ascii_case("azureml:"))
-        && !raw.contains("://")
+    raw.get(..8).is_some_and(|p| p.eq_ignore_ascii_case("azureml:")) && !raw.contains("://")
 }
 
 /// `inputs:`; `parent` is the pipeline's scope for a step's `${{parent.inputs.X}}`.
@@ -76,10 +69,7 @@ pub(crate) fn parse_inputs(
         return Ok(inputs);
     };
     for (name, entry) in field.open_map()?.entries() {
-        inputs.insert(
-            name.to_string(),
-            parse_input(name, &entry, base_dir, parent)?,
-        );
+        inputs.insert(name.to_string(), parse_input(name, &entry, base_dir, parent)?);
     }
     Ok(inputs)
 }
@@ -116,20 +106,12 @@ fn parse_data_input(
         Some(f) => f.choice(INPUT_KINDS, false)?,
         None => InputKind::UriFolder,
     };
-    let url = location(
-        &map.require("path", "the data's folder, file or URL")?,
-        base_dir,
-    )?;
+    let url = location(&map.require("path", "the data's folder, file or URL")?, base_dir)?;
     let mode = match map.get("mode") {
         Some(f) => f.choice(INPUT_MODES, false)?,
         None => InputMode::RoMount,
     };
-    Ok(InputSpec {
-        name: name.to_string(),
-        kind,
-        url,
-        mode,
-    })
+    Ok(InputSpec { name: name.to_string(), kind, url, mode })
 }
 
 /// A step input written as `${{parent.inputs.X}}`: the pipeline's input, under the step's name.
@@ -147,10 +129,9 @@ fn bound_input(
     }
     let empty = Scope::default();
     match empty.resolve(binding, parent).map_err(|m| field.error(m))? {
-        Bound::Input(InputValue::Data(spec)) => Ok(InputValue::Data(InputSpec {
-            name: name.to_string(),
-            ..spec.clone()
-        })),
+        Bound::Input(InputValue::Data(spec)) => {
+            Ok(InputValue::Data(InputSpec { name: name.to_string(), ..spec.clone() }))
+        }
         Bound::Input(literal) => Ok(literal.clone()),
         Bound::Output(_) => Err(field.error("an input cannot bind to an output")),
     }
@@ -179,12 +160,7 @@ pub(crate) fn to_json(node: &Node) -> serde_json::Value {
         Value::Sequence(items) => items.iter().map(to_json).collect(),
         Value::Mapping(entries) => entries
             .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_scalar().map(|s| s.text.clone()).unwrap_or_default(),
-                    to_json(v),
-                )
-            })
+            .map(|(k, v)| (k.as_scalar().map(|s| s.text.clone()).unwrap_or_default(), to_json(v)))
             .collect::<serde_json::Map<_, _>>()
             .into(),
     }
@@ -201,10 +177,7 @@ pub(crate) fn parse_outputs(
         return Ok(outputs);
     };
     for (name, entry) in field.open_map()?.entries() {
-        outputs.insert(
-            name.to_string(),
-            parse_output(name, &entry, base_dir, parent)?,
-        );
+        outputs.insert(name.to_string(), parse_output(name, &entry, base_dir, parent)?);
     }
     Ok(outputs)
 }
@@ -215,12 +188,8 @@ fn parse_output(
     base_dir: &Path,
     parent: Option<&Scope>,
 ) -> Result<OutputSpec, SpecError> {
-    let unset = || OutputSpec {
-        name: name.to_string(),
-        kind: "uri_folder".into(),
-        url: None,
-        mode: None,
-    };
+    let unset =
+        || OutputSpec { name: name.to_string(), kind: "uri_folder".into(), url: None, mode: None };
     match &field.node.value {
         _ if field.node.is_null() => Ok(unset()),
         Value::Mapping(_) => {
@@ -229,20 +198,12 @@ fn parse_output(
                 Some(f) => f.choice(OUTPUT_KINDS, false)?.to_string(),
                 None => "uri_folder".to_string(),
             };
-            let url = map
-                .get("path")
-                .map(|f| location(&f, base_dir))
-                .transpose()?;
+            let url = map.get("path").map(|f| location(&f, base_dir)).transpose()?;
             let mode = map
                 .get("mode")
                 .map(|f| f.choice(OUTPUT_MODES, false).map(str::to_string))
                 .transpose()?;
-            Ok(OutputSpec {
-                name: name.to_string(),
-                kind,
-                url,
-                mode,
-            })
+            Ok(OutputSpec { name: name.to_string(), kind, url, mode })
         }
         Value::Scalar(s) => match Binding::whole(&s.text) {
             Some(binding) => {
@@ -271,14 +232,8 @@ fn bound_output(
             binding.display()
         )));
     }
-    match Scope::default()
-        .resolve(binding, parent)
-        .map_err(|m| field.error(m))?
-    {
-        Bound::Output(spec) => Ok(OutputSpec {
-            name: name.to_string(),
-            ..spec.clone()
-        }),
+    match Scope::default().resolve(binding, parent).map_err(|m| field.error(m))? {
+        Bound::Output(spec) => Ok(OutputSpec { name: name.to_string(), ..spec.clone() }),
         Bound::Input(_) => Err(field.error("an output cannot bind to an input")),
     }
 }

@@ -13,9 +13,7 @@ const ALLOWED: &str = "a number of files such as `10`, or an amount of data such
 pub fn parse_mini_batch_size(raw: &str) -> Result<MiniBatchSize, String> {
     let (digits, unit) = split_unit(raw);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "`{raw}` is not a mini-batch size; allowed: {ALLOWED}"
-        ));
+        return Err(format!("`{raw}` is not a mini-batch size; allowed: {ALLOWED}"));
     }
     let multiplier: u64 = match unit.map(|u| u.to_ascii_lowercase()) {
         None => 1,
@@ -23,20 +21,12 @@ pub fn parse_mini_batch_size(raw: &str) -> Result<MiniBatchSize, String> {
         Some(u) if u == "m" => 1 << 20,
         Some(_) => 1 << 30,
     };
-    let value = digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(multiplier))
-        .ok_or_else(|| {
-            format!(
-                "`{raw}` is too large; allowed: at most {} bytes or files",
-                u64::MAX
-            )
+    let value =
+        digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)).ok_or_else(|| {
+            format!("`{raw}` is too large; allowed: at most {} bytes or files", u64::MAX)
         })?;
     match (value, unit) {
-        (0, _) => Err(format!(
-            "`{raw}` is out of range; allowed: 1 or more ({ALLOWED})"
-        )),
+        (0, _) => Err(format!("`{raw}` is out of range; allowed: 1 or more ({ALLOWED})")),
         (n, None) => Ok(MiniBatchSize::Count(n)),
         (n, Some(_)) => Ok(MiniBatchSize::Bytes(n)),
     }
@@ -60,25 +50,14 @@ mod tests {
     #[test]
     fn counts_and_sizes() {
         assert_eq!(parse_mini_batch_size("5"), Ok(MiniBatchSize::Count(5)));
-        assert_eq!(
-            parse_mini_batch_size("10kb"),
-            Ok(MiniBatchSize::Bytes(10 * 1024))
-        );
-        assert_eq!(
-            parse_mini_batch_size("1MB"),
-            Ok(MiniBatchSize::Bytes(1 << 20))
-        );
-        assert_eq!(
-            parse_mini_batch_size("2Gb"),
-            Ok(MiniBatchSize::Bytes(2 << 30))
-        );
+        assert_eq!(parse_mini_batch_size("10kb"), Ok(MiniBatchSize::Bytes(10 * 1024)));
+        assert_eq!(parse_mini_batch_size("1MB"), Ok(MiniBatchSize::Bytes(1 << 20)));
+        assert_eq!(parse_mini_batch_size("2Gb"), Ok(MiniBatchSize::Bytes(2 << 30)));
     }
 
     #[test]
     fn malformed_sizes_are_refused() {
-        for raw in [
-            "10 kb", "10k", "1.5mb", "0", "0kb", "", "kb", "-1", "10tb", "10b", " 10",
-        ] {
+        for raw in ["10 kb", "10k", "1.5mb", "0", "0kb", "", "kb", "-1", "10tb", "10b", " 10"] {
             let err = parse_mini_batch_size(raw).unwrap_err();
             assert!(err.contains("allowed"), "{raw}: {err}");
         }

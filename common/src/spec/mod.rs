@@ -46,10 +46,7 @@ pub struct ParsedJob {
 /// Read and parse the job file at `path`.
 pub fn load_job_file(path: &Path) -> Result<ParsedJob, SpecError> {
     let yaml = std::fs::read_to_string(path).map_err(|e| {
-        SpecError::file(
-            &path.display().to_string(),
-            format!("cannot read the job file: {e}"),
-        )
+        SpecError::file(&path.display().to_string(), format!("cannot read the job file: {e}"))
     })?;
     parse_job_str(&yaml, path)
 }
@@ -74,33 +71,22 @@ fn parse_document(
     spec_file: &Path,
     warnings: &mut Vec<SpecWarning>,
 ) -> Result<ResolvedJob, SpecError> {
-    let root = yaml::parse(yaml)
-        .map_err(|e| SpecError::at(e.pos, "", e.message))?
-        .ok_or_else(|| {
-            SpecError::file(
-                "",
-                "the file is empty; expected a job with `type: parallel`",
-            )
+    let root =
+        yaml::parse(yaml).map_err(|e| SpecError::at(e.pos, "", e.message))?.ok_or_else(|| {
+            SpecError::file("", "the file is empty; expected a job with `type: parallel`")
         })?;
     let base_dir = base_dir(spec_file)?;
-    let default_name = spec_file
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let default_name =
+        spec_file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let cx = Context {
         base_dir: &base_dir,
         default_name: &default_name,
         spec_file: &spec_file.display().to_string(),
         parent: None,
     };
-    let top = Field {
-        path: String::new(),
-        key_pos: root.pos,
-        node: &root,
-    };
-    let kind = top
-        .open_map()?
-        .require("type", "`parallel` (or `pipeline` with one parallel step)")?;
+    let top = Field { path: String::new(), key_pos: root.pos, node: &root };
+    let kind =
+        top.open_map()?.require("type", "`parallel` (or `pipeline` with one parallel step)")?;
     match kind.string()?.as_str() {
         "parallel" => parallel::parse(&Map::root(&root, parallel::JOB_KEYS)?, &cx, warnings),
         "pipeline" => pipeline::parse(&Map::root(&root, pipeline::PIPELINE_KEYS)?, &cx, warnings),
@@ -118,17 +104,11 @@ fn parse_document(
 
 /// The spec file's folder as an absolute path (the file itself need not exist).
 fn base_dir(spec_file: &Path) -> Result<PathBuf, SpecError> {
-    let parent = spec_file
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let parent = spec_file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::path::absolute(parent).map_err(|e| {
         SpecError::file(
             "",
-            format!(
-                "cannot tell which folder `{}` is in: {e}",
-                spec_file.display()
-            ),
+            format!("cannot tell which folder `{}` is in: {e}", spec_file.display()),
         )
     })
 }

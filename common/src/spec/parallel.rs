@@ -40,14 +40,8 @@ pub(crate) const JOB_KEYS: &[&str] = &[
 ];
 const RESOURCE_KEYS: &[&str] = &["instance_count", "instance_type", "shm_size", "properties"];
 const RETRY_KEYS: &[&str] = &["max_retries", "timeout"];
-const TASK_KEYS: &[&str] = &[
-    "type",
-    "code",
-    "entry_script",
-    "program_arguments",
-    "append_row_to",
-    "environment",
-];
+const TASK_KEYS: &[&str] =
+    &["type", "code", "entry_script", "program_arguments", "append_row_to", "environment"];
 const LEVELS: &[(&str, LoggingLevel)] = &[
     ("DEBUG", LoggingLevel::Debug),
     ("INFO", LoggingLevel::Info),
@@ -88,10 +82,7 @@ pub(crate) fn parse(
         .map(|f| f.int_in(-1, i64::MAX, "").map(|v| (v, f)))
         .transpose()?;
     let task = task(
-        &job.require(
-            "task",
-            "a `run_function` task with `code` and `entry_script`",
-        )?,
+        &job.require("task", "a `run_function` task with `code` and `entry_script`")?,
         &scope,
         cx,
         warnings,
@@ -102,11 +93,7 @@ pub(crate) fn parse(
         display_name: optional_string(job, "display_name")?,
         description: optional_string(job, "description")?,
         experiment_name: optional_string(job, "experiment_name")?,
-        tags: job
-            .get("tags")
-            .map(|f| f.string_map())
-            .transpose()?
-            .unwrap_or_default(),
+        tags: job.get("tags").map(|f| f.string_map()).transpose()?.unwrap_or_default(),
         spec_file: cx.spec_file.to_string(),
         input,
         inputs: scope.inputs,
@@ -154,27 +141,18 @@ fn mini_batch_size(field: Option<Field<'_>>) -> Result<MiniBatchSize, SpecError>
     let Some(field) = field else {
         return Ok(MiniBatchSize::Count(1));
     };
-    let raw = &field
-        .scalar("a number of files or a size such as `10mb`")?
-        .text;
+    let raw = &field.scalar("a number of files or a size such as `10mb`")?.text;
     parse_mini_batch_size(raw).map_err(|m| field.error(m))
 }
 
 fn instance_count(field: Option<Field<'_>>) -> Result<u32, SpecError> {
     let Some(field) = field else { return Ok(1) };
     let resources = field.map(RESOURCE_KEYS)?;
-    Ok(resources
-        .get("instance_count")
-        .map(|f| f.u32_in(1, ""))
-        .transpose()?
-        .unwrap_or(1))
+    Ok(resources.get("instance_count").map(|f| f.u32_in(1, "")).transpose()?.unwrap_or(1))
 }
 
 fn retry_settings(field: Option<Field<'_>>) -> Result<RetrySettings, SpecError> {
-    let mut retry = RetrySettings {
-        max_retries: 2,
-        timeout_secs: 60,
-    };
+    let mut retry = RetrySettings { max_retries: 2, timeout_secs: 60 };
     let Some(field) = field else { return Ok(retry) };
     let map = field.map(RETRY_KEYS)?;
     if let Some(f) = map.get("max_retries") {
@@ -194,11 +172,8 @@ fn input_data(field: &Field<'_>, scope: &Scope, cx: &Context<'_>) -> Result<Inpu
         Some(Err(m)) => return Err(field.error(m)),
         _ => {
             let names: Vec<&str> = scope.inputs.keys().map(String::as_str).collect();
-            let declared = if names.is_empty() {
-                "none declared".to_string()
-            } else {
-                list(&names)
-            };
+            let declared =
+                if names.is_empty() { "none declared".to_string() } else { list(&names) };
             return Err(field.error(format!(
                 "`{text}` is not an input binding; allowed: `${{{{inputs.NAME}}}}` naming a data input of this job ({declared})"
             )));
@@ -226,12 +201,8 @@ fn task(
     warnings: &mut Vec<SpecWarning>,
 ) -> Result<Task, SpecError> {
     let map = field.map(TASK_KEYS)?;
-    map.require("type", "`run_function`")?
-        .choice(&[("run_function", ())], false)?;
-    let code = location(
-        &map.require("code", "the folder holding the entry script")?,
-        cx.base_dir,
-    )?;
+    map.require("type", "`run_function`")?.choice(&[("run_function", ())], false)?;
+    let code = location(&map.require("code", "the folder holding the entry script")?, cx.base_dir)?;
     let entry_script = entry_script(&map.require(
         "entry_script",
         "the Python file, inside `task.code`, defining `init()` and `run()`",
@@ -246,11 +217,8 @@ fn task(
             script_args: Vec::new(),
         },
     };
-    let append_row_to = map
-        .get("append_row_to")
-        .map(|f| append_row_to(&f, scope, cx))
-        .transpose()?
-        .flatten();
+    let append_row_to =
+        map.get("append_row_to").map(|f| append_row_to(&f, scope, cx)).transpose()?.flatten();
     let spec = TaskSpec {
         code,
         entry_script,
@@ -323,10 +291,7 @@ fn append_row_to(
         return location(field, cx.base_dir).map(Some);
     };
     let binding = binding.map_err(|m| field.error(m))?;
-    match scope
-        .resolve(&binding, cx.parent)
-        .map_err(|m| field.error(m))?
-    {
+    match scope.resolve(&binding, cx.parent).map_err(|m| field.error(m))? {
         Bound::Output(output) => Ok(output.url.clone()),
         Bound::Input(_) => Err(field.error(format!(
             "`{}` is an input; allowed: `${{{{outputs.NAME}}}}` or a path or URL",
@@ -378,11 +343,7 @@ mod tests {
     use crate::spec::yaml::{self, Node};
 
     fn field_of(node: &Node) -> Field<'_> {
-        Field {
-            path: "task.entry_script".into(),
-            key_pos: node.pos,
-            node,
-        }
+        Field { path: "task.entry_script".into(), key_pos: node.pos, node }
     }
 
     #[test]
@@ -393,14 +354,9 @@ mod tests {
         };
         assert_eq!(ok("./score.py").unwrap(), "score.py");
         assert_eq!(ok("src/../src/score.py").unwrap(), "src/score.py");
-        for bad in [
-            "../score.py",
-            "/abs/score.py",
-            "s3://b/score.py",
-            "a/../../x.py",
-            ".",
-            "C:\\x.py",
-        ] {
+        for bad in
+            ["../score.py", "/abs/score.py", "s3://b/score.py", "a/../../x.py", ".", "C:\\x.py"]
+        {
             assert!(ok(bad).is_err(), "{bad}");
         }
     }

@@ -52,31 +52,17 @@ pub(crate) fn parse(
     let step = parallel_step(&jobs, warnings)?;
     let keys = step_keys();
     let step_map = step.map(&keys)?;
-    let step_cx = Context {
-        parent: Some(&parent),
-        ..*cx
-    };
+    let step_cx = Context { parent: Some(&parent), ..*cx };
     let mut job = parallel::parse(&step_map, &step_cx, warnings)?;
 
     job.name = optional_string(pipeline, "name")?.unwrap_or_else(|| cx.default_name.to_string());
-    job.display_name = job
-        .display_name
-        .or(optional_string(pipeline, "display_name")?);
-    job.description = job
-        .description
-        .or(optional_string(pipeline, "description")?);
+    job.display_name = job.display_name.or(optional_string(pipeline, "display_name")?);
+    job.description = job.description.or(optional_string(pipeline, "description")?);
     job.experiment_name = optional_string(pipeline, "experiment_name")?;
-    let mut tags = pipeline
-        .get("tags")
-        .map(|f| f.string_map())
-        .transpose()?
-        .unwrap_or_default();
+    let mut tags = pipeline.get("tags").map(|f| f.string_map()).transpose()?.unwrap_or_default();
     tags.append(&mut job.tags);
     job.tags = tags;
-    job.compute = job
-        .compute
-        .or(optional_string(pipeline, "compute")?)
-        .or(default_compute);
+    job.compute = job.compute.or(optional_string(pipeline, "compute")?).or(default_compute);
     Ok(job)
 }
 
@@ -95,10 +81,7 @@ fn parallel_step<'a>(
             ));
         }
         let kind = map
-            .require(
-                "type",
-                "the step's kind, `parallel` for the step batchfleet runs",
-            )?
+            .require("type", "the step's kind, `parallel` for the step batchfleet runs")?
             .string()?;
         if kind == "parallel" {
             parallel.push((name, step));

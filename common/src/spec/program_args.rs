@@ -45,16 +45,10 @@ const FLAGS: &[(&str, Flag)] = &[
     ("--allowed_failed_percent", Flag::AllowedFailedPercent),
     ("--task_overhead_timeout", Flag::TaskOverheadTimeout),
     ("--progress_update_timeout", Flag::ProgressUpdateTimeout),
-    (
-        "--first_task_creation_timeout",
-        Flag::FirstTaskCreationTimeout,
-    ),
+    ("--first_task_creation_timeout", Flag::FirstTaskCreationTimeout),
     ("--resource_monitor_interval", Flag::ResourceMonitorInterval),
     ("--copy_logs_to_parent", Flag::CopyLogsToParent),
-    (
-        "--append_row_dataframe_header",
-        Flag::AppendRowDataframeHeader,
-    ),
+    ("--append_row_dataframe_header", Flag::AppendRowDataframeHeader),
 ];
 
 /// Older ParallelRunStep flags whose setting this YAML format has a key for.
@@ -79,10 +73,7 @@ pub(crate) fn parse(
     let words = split(&scalar.text)
         .map_err(|(offset, message)| SpecError::at(at(offset), &field.path, message))?
         .into_iter()
-        .map(|(offset, text)| Word {
-            text,
-            pos: at(offset),
-        })
+        .map(|(offset, text)| Word { text, pos: at(offset) })
         .collect::<Vec<_>>();
     let mut parsed = ParsedArgs {
         args: ProgramArgs::default(),
@@ -107,17 +98,11 @@ pub(crate) fn parse(
         }
         seen.push(flag);
         let value = match inline {
-            Some(value) => Word {
-                text: value,
-                pos: word.pos,
-            },
+            Some(value) => Word { text: value, pos: word.pos },
             None => match words.next_if(|w| !w.text.starts_with("--")) {
                 Some(value) => value,
                 None => {
-                    return Err(err(format!(
-                        "`{name}` needs a value; allowed: {}",
-                        allowed(flag)
-                    )))
+                    return Err(err(format!("`{name}` needs a value; allowed: {}", allowed(flag))))
                 }
             },
         };
@@ -185,18 +170,11 @@ fn apply(flag: Flag, text: &str, args: &mut ProgramArgs) -> Result<(), String> {
 }
 
 fn int(flag: Flag, text: &str, min: i64) -> Result<i64, String> {
-    let value: i64 = text.parse().map_err(|_| {
-        format!(
-            "expected an integer, found `{text}`; allowed: {}",
-            allowed(flag)
-        )
-    })?;
+    let value: i64 = text
+        .parse()
+        .map_err(|_| format!("expected an integer, found `{text}`; allowed: {}", allowed(flag)))?;
     if value < min {
-        let unit = if flag == Flag::ErrorThreshold {
-            ""
-        } else {
-            " seconds"
-        };
+        let unit = if flag == Flag::ErrorThreshold { "" } else { " seconds" };
         return Err(out_of_range(value, min, i64::MAX, unit));
     }
     Ok(value)
@@ -217,9 +195,7 @@ fn percent(text: &str) -> Result<f64, String> {
     if (0.0..=100.0).contains(&value) {
         Ok(value)
     } else {
-        Err(format!(
-            "{text} is out of range; allowed: 0 to 100 (percent)"
-        ))
+        Err(format!("{text} is out of range; allowed: 0 to 100 (percent)"))
     }
 }
 
@@ -288,10 +264,7 @@ mod tests {
 
     #[test]
     fn splits_like_a_shell() {
-        assert_eq!(
-            texts("a  'b c' \"d \\\"e\\\"\" f\\ g"),
-            ["a", "b c", "d \"e\"", "f g"]
-        );
+        assert_eq!(texts("a  'b c' \"d \\\"e\\\"\" f\\ g"), ["a", "b c", "d \"e\"", "f g"]);
         assert_eq!(texts("--x='' y"), ["--x=", "y"]);
         assert_eq!(texts("a\"b\"'c'"), ["abc"]);
         assert_eq!(texts("\"a\\nb\""), ["a\\nb"]);
@@ -300,11 +273,8 @@ mod tests {
 
     #[test]
     fn words_know_where_they_start() {
-        let offsets: Vec<usize> = split("ab  'c d' e")
-            .unwrap()
-            .into_iter()
-            .map(|(o, _)| o)
-            .collect();
+        let offsets: Vec<usize> =
+            split("ab  'c d' e").unwrap().into_iter().map(|(o, _)| o).collect();
         assert_eq!(offsets, [0, 4, 10]);
     }
 
@@ -323,9 +293,7 @@ mod tests {
         assert!(apply(Flag::AllowedFailedPercent, "101", &mut args)
             .unwrap_err()
             .contains("0 to 100"));
-        assert!(apply(Flag::ErrorThreshold, "-2", &mut args)
-            .unwrap_err()
-            .contains("-1 or more"));
+        assert!(apply(Flag::ErrorThreshold, "-2", &mut args).unwrap_err().contains("-1 or more"));
         assert!(apply(Flag::CopyLogsToParent, "yes", &mut args)
             .unwrap_err()
             .contains("True or False"));

@@ -39,44 +39,23 @@ fn score(word: &str, candidate: &str) -> Score {
     let dissimilarity = ((1.0 - similarity) * 1000.0).round() as u32;
     // Short names need tighter limits: `name` is two edits from `type`.
     let max_edits = (candidate.chars().count() / 4).clamp(1, 3);
-    Score {
-        edits,
-        dissimilarity,
-        max_edits,
-    }
+    Score { edits, dissimilarity, max_edits }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const KEYS: &[&str] = &[
-        "type",
-        "name",
-        "mini_batch_size",
-        "max_concurrency_per_instance",
-        "task",
-    ];
+    const KEYS: &[&str] =
+        &["type", "name", "mini_batch_size", "max_concurrency_per_instance", "task"];
 
     #[test]
     fn close_names_are_suggested() {
-        assert_eq!(
-            did_you_mean("mini_batch_sise", KEYS),
-            Some("mini_batch_size")
-        );
-        assert_eq!(
-            did_you_mean("minibatch_size", KEYS),
-            Some("mini_batch_size")
-        );
+        assert_eq!(did_you_mean("mini_batch_sise", KEYS), Some("mini_batch_size"));
+        assert_eq!(did_you_mean("minibatch_size", KEYS), Some("mini_batch_size"));
         assert_eq!(did_you_mean("tpye", KEYS), Some("type"));
-        assert_eq!(
-            did_you_mean("Mini_Batch_Size", KEYS),
-            Some("mini_batch_size")
-        );
-        assert_eq!(
-            did_you_mean("max_concurrency", KEYS),
-            Some("max_concurrency_per_instance")
-        );
+        assert_eq!(did_you_mean("Mini_Batch_Size", KEYS), Some("mini_batch_size"));
+        assert_eq!(did_you_mean("max_concurrency", KEYS), Some("max_concurrency_per_instance"));
     }
 
     #[test]
@@ -84,10 +63,7 @@ mod tests {
         assert_eq!(did_you_mean("environment", KEYS), None);
         assert_eq!(did_you_mean("foo", KEYS), None);
         assert_eq!(
-            did_you_mean(
-                "--model_path",
-                &["--error_threshold", "--task_overhead_timeout"]
-            ),
+            did_you_mean("--model_path", &["--error_threshold", "--task_overhead_timeout"]),
             None
         );
     }

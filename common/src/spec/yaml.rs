@@ -20,10 +20,7 @@ pub struct Pos {
 
 impl Pos {
     fn of(span: Span) -> Pos {
-        Pos {
-            line: span.start.line(),
-            column: span.start.col() + 1,
-        }
+        Pos { line: span.start.line(), column: span.start.col() + 1 }
     }
 }
 
@@ -70,10 +67,7 @@ impl Scalar {
     /// The position of the character at `offset` (in characters) of `text`, when known.
     pub fn pos_at(&self, offset: usize) -> Option<Pos> {
         let segment = self.segments.iter().rev().find(|s| s.offset <= offset)?;
-        Some(Pos {
-            line: segment.pos.line,
-            column: segment.pos.column + offset - segment.offset,
-        })
+        Some(Pos { line: segment.pos.line, column: segment.pos.column + offset - segment.offset })
     }
 }
 
@@ -112,10 +106,7 @@ pub(crate) fn parse(source: &str) -> Result<Option<Node>, YamlError> {
     let mut builder = Builder::new(source);
     for item in Parser::new_from_str(source) {
         let (event, span) = item.map_err(|e| YamlError {
-            pos: Pos {
-                line: e.marker().line(),
-                column: e.marker().col() + 1,
-            },
+            pos: Pos { line: e.marker().line(), column: e.marker().col() + 1 },
             message: format!("this is not valid YAML: {}", e.info()),
         })?;
         builder.on_event(event, span)?;
@@ -125,17 +116,8 @@ pub(crate) fn parse(source: &str) -> Result<Option<Node>, YamlError> {
 
 /// A sequence or mapping still being filled.
 enum Frame {
-    Sequence {
-        pos: Pos,
-        anchor: usize,
-        items: Vec<Node>,
-    },
-    Mapping {
-        pos: Pos,
-        anchor: usize,
-        entries: Vec<(Node, Node)>,
-        key: Option<Node>,
-    },
+    Sequence { pos: Pos, anchor: usize, items: Vec<Node> },
+    Mapping { pos: Pos, anchor: usize, entries: Vec<(Node, Node)>, key: Option<Node> },
 }
 
 struct Builder<'s> {
@@ -164,44 +146,23 @@ impl<'s> Builder<'s> {
             }),
             Event::Scalar(text, style, anchor, tag) => {
                 let scalar = self.scalar(text.into_owned(), style, tag.as_deref(), span);
-                self.add(
-                    Node {
-                        pos,
-                        value: Value::Scalar(scalar),
-                    },
-                    anchor,
-                )
+                self.add(Node { pos, value: Value::Scalar(scalar) }, anchor)
             }
             Event::SequenceStart(anchor, _) => {
-                self.stack.push(Frame::Sequence {
-                    pos,
-                    anchor,
-                    items: Vec::new(),
-                });
+                self.stack.push(Frame::Sequence { pos, anchor, items: Vec::new() });
                 Ok(())
             }
             Event::MappingStart(anchor, _) => {
-                self.stack.push(Frame::Mapping {
-                    pos,
-                    anchor,
-                    entries: Vec::new(),
-                    key: None,
-                });
+                self.stack.push(Frame::Mapping { pos, anchor, entries: Vec::new(), key: None });
                 Ok(())
             }
             Event::SequenceEnd | Event::MappingEnd => self.close(),
             Event::Alias(id) => match self.anchors.get(&id) {
                 Some(node) => {
-                    let node = Node {
-                        pos,
-                        value: node.value.clone(),
-                    };
+                    let node = Node { pos, value: node.value.clone() };
                     self.add(node, 0)
                 }
-                None => Err(YamlError {
-                    pos,
-                    message: "alias to an unknown anchor".into(),
-                }),
+                None => Err(YamlError { pos, message: "alias to an unknown anchor".into() }),
             },
             _ => Ok(()),
         }
@@ -214,19 +175,12 @@ impl<'s> Builder<'s> {
             ScalarStyle::Plain | ScalarStyle::Literal | ScalarStyle::Folded => 0,
         };
         let start = Pos::of(span);
-        let start = Pos {
-            line: start.line,
-            column: start.column + quote,
-        };
+        let start = Pos { line: start.line, column: start.column + quote };
         let segments = match tag {
             None => self.trace(&text, start).unwrap_or_default(),
             Some(_) => Vec::new(),
         };
-        Scalar {
-            text,
-            plain,
-            segments,
-        }
+        Scalar { text, plain, segments }
     }
 
     /// Follow `text` through the source from `start`: characters must match one for one, except
@@ -236,10 +190,7 @@ impl<'s> Builder<'s> {
         let line_at = |n: usize| self.lines.get(n - 1).copied().unwrap_or("");
         let mut line_no = start.line;
         let mut rest = line_at(line_no).chars().skip(start.column - 1).peekable();
-        let mut segments = vec![Segment {
-            offset: 0,
-            pos: start,
-        }];
+        let mut segments = vec![Segment { offset: 0, pos: start }];
         for (offset, c) in text.chars().enumerate() {
             if rest.peek() == Some(&c) {
                 rest.next();
@@ -248,14 +199,8 @@ impl<'s> Builder<'s> {
                 let line = line_at(line_no);
                 let indent = line.chars().take_while(|c| *c == ' ' || *c == '\t').count();
                 rest = line.chars().skip(indent).peekable();
-                let pos = Pos {
-                    line: line_no,
-                    column: indent + 1,
-                };
-                segments.push(Segment {
-                    offset: offset + 1,
-                    pos,
-                });
+                let pos = Pos { line: line_no, column: indent + 1 };
+                segments.push(Segment { offset: offset + 1, pos });
             } else {
                 return None;
             }
@@ -265,25 +210,12 @@ impl<'s> Builder<'s> {
 
     fn close(&mut self) -> Result<(), YamlError> {
         let (node, anchor) = match self.stack.pop() {
-            Some(Frame::Sequence { pos, anchor, items }) => (
-                Node {
-                    pos,
-                    value: Value::Sequence(items),
-                },
-                anchor,
-            ),
-            Some(Frame::Mapping {
-                pos,
-                anchor,
-                entries,
-                ..
-            }) => (
-                Node {
-                    pos,
-                    value: Value::Mapping(entries),
-                },
-                anchor,
-            ),
+            Some(Frame::Sequence { pos, anchor, items }) => {
+                (Node { pos, value: Value::Sequence(items) }, anchor)
+            }
+            Some(Frame::Mapping { pos, anchor, entries, .. }) => {
+                (Node { pos, value: Value::Mapping(entries) }, anchor)
+            }
             None => return Ok(()),
         };
         self.add(node, anchor)
@@ -314,9 +246,7 @@ fn check_key(entries: &[(Node, Node)], key: Node) -> Result<Node, YamlError> {
             message: "a key must be plain text, not a list or mapping".into(),
         });
     };
-    let first = entries
-        .iter()
-        .find(|(k, _)| k.as_scalar().is_some_and(|s| s.text == text));
+    let first = entries.iter().find(|(k, _)| k.as_scalar().is_some_and(|s| s.text == text));
     if let Some((first, _)) = first {
         return Err(YamlError {
             pos: key.pos,
@@ -374,9 +304,7 @@ mod tests {
 
     #[test]
     fn block_scalars_trace_back_to_their_lines() {
-        let doc = parse("a: >-\n  one\n  two\nb: |\n  x\n  y\n")
-            .unwrap()
-            .unwrap();
+        let doc = parse("a: >-\n  one\n  two\nb: |\n  x\n  y\n").unwrap().unwrap();
         let folded = mapping(&doc)[0].1.as_scalar().unwrap().clone();
         assert_eq!(folded.text, "one two");
         assert_eq!(folded.pos_at(4), Some(Pos { line: 3, column: 3 }));

@@ -96,8 +96,5 @@ impl RuntimeError {
 
 /// A missing or non-executable interpreter: the worker's setup, not a passing condition.
 fn is_setup_problem(error: &std::io::Error) -> bool {
-    matches!(
-        error.kind(),
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
-    )
+    matches!(error.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
 }

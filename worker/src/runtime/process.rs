@@ -134,8 +134,10 @@ impl RuntimeProcess {
                     tracing::warn!(response = ?other, "unexpected answer to shutdown");
                 }
                 Ok(Err(message)) => tracing::warn!(%message, "unexpected answer to shutdown"),
-                Err(_) => tracing::warn!(grace_secs = grace.as_secs(),
-                    "the entry script did not finish shutdown() in time; killing it"),
+                Err(_) => tracing::warn!(
+                    grace_secs = grace.as_secs(),
+                    "the entry script did not finish shutdown() in time; killing it"
+                ),
             }
         }
         self.stdin = None;

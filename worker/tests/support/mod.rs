@@ -1,7 +1,7 @@
 //! Shared test helpers: entry scripts on disk, interpreters, process checks.
 #![allow(dead_code)]
 
-pub mod fake_broker;
+pub mod recording;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,9 +14,12 @@ pub fn python3() -> PathBuf {
     PathBuf::from("python3")
 }
 
-/// The venv made by `infra/python-env` (it has pandas).
+/// The venv made by `infra/python-env` (it has pandas); `BATCHFLEET_TEST_PYTHON` overrides.
 pub fn pandas_python() -> PathBuf {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python");
+    let python = match std::env::var_os("BATCHFLEET_TEST_PYTHON") {
+        Some(python) => PathBuf::from(python),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python"),
+    };
     assert!(
         python.exists(),
         "{} is missing: run infra/python-env first (it creates the venv with pandas)",

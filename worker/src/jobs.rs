@@ -1,0 +1,130 @@
+//! Loading a job's resolved spec from its job root, once per job per worker.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::layout::JobLayout;
+use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::store::{self, StoreLocation};
+use batchfleet_common::Retry;
+use object_store::ObjectStoreExt;
+use tokio::sync::Mutex;
+
+use crate::infra::{retrying, InfraError};
+use crate::materialize::InputBase;
+
+/// Extra lease time on top of the job's own budget, for settling the batch.
+const LEASE_MARGIN: Duration = Duration::from_secs(30);
+
+/// A job as a worker needs it.
+pub(crate) struct LoadedJob {
+    pub job_id: String,
+    /// The job root URL as messages spell it.
+    pub job_root: String,
+    pub job: ResolvedJob,
+    pub root: StoreLocation,
+    pub layout: JobLayout,
+    pub code_dir: PathBuf,
+    pub input: InputBase,
+}
+
+impl LoadedJob {
+    /// How long one delivery may go without a heartbeat: `run()`'s timeout, the time allowed
+    /// for loading the batch, and a margin for writing its results.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs(
+            self.job.retry.timeout_secs + self.job.task.program_args.task_overhead_timeout_secs,
+        ) + LEASE_MARGIN
+    }
+
+    pub fn run_timeout(&self) -> Duration {
+        Duration::from_secs(self.job.retry.timeout_secs)
+    }
+
+    pub fn overhead_timeout(&self) -> Duration {
+        Duration::from_secs(self.job.task.program_args.task_overhead_timeout_secs)
+    }
+}
+
+/// Why a job could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JobLoadError {
+    /// The job root or its `job.json` is unusable: every delivery would fail the same way.
+    #[error("{0}")]
+    Unusable(String),
+    /// Storage failed past its retries; another try later may work.
+    #[error("reading the job failed: {0}")]
+    Infra(InfraError),
+}
+
+/// Jobs this worker has seen, by id.
+#[derive(Default)]
+pub(crate) struct JobCache {
+    jobs: Mutex<HashMap<String, Arc<LoadedJob>>>,
+}
+
+impl JobCache {
+    /// The job of `message`, loading it on first sight.
+    pub async fn get(&self, message: &MiniBatchMessage) -> Result<Arc<LoadedJob>, JobLoadError> {
+        let mut jobs = self.jobs.lock().await;
+        if let Some(job) = jobs.get(&message.job_id) {
+            if job.job_root == message.job_root {
+                return Ok(Arc::clone(job));
+            }
+        }
+        let job = Arc::new(load(message).await?);
+        tracing::info!(job_id = %job.job_id, job_root = %message.job_root,
+            entry_script = %job.job.task.entry_script, "loaded job");
+        jobs.insert(message.job_id.clone(), Arc::clone(&job));
+        Ok(job)
+    }
+}
+
+async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
+    let root_url = &message.job_root;
+    let unusable =
+        |reason: String| JobLoadError::Unusable(format!("job root `{root_url}`: {reason}"));
+    let root = store::open_str(root_url).map_err(|e| unusable(e.to_string()))?;
+    let layout = JobLayout::new(root.prefix.clone());
+    let key = layout.job_json();
+    let bytes = retrying("read job.json", || async {
+        let got = root.store.get(&key).await.map_err(|e| store::StoreError::io("get", &key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
+    })
+    .await;
+    let bytes = match bytes {
+        Ok(bytes) => bytes,
+        Err(InfraError::Store(e)) if e.is_not_found() => {
+            return Err(unusable("it has no job.json (was the job's root deleted?)".into()))
+        }
+        Err(e) if e.retry() == Retry::Permanent => return Err(unusable(e.to_string())),
+        Err(e) => return Err(JobLoadError::Infra(e)),
+    };
+    let job: ResolvedJob = serde_json::from_slice(&bytes)
+        .map_err(|e| unusable(format!("its job.json is not a valid resolved job: {e}")))?;
+    let code_dir = local_code_dir(&job.task.code).map_err(unusable)?;
+    let input = InputBase::for_input(&job.input).map_err(unusable)?;
+    Ok(LoadedJob {
+        job_id: message.job_id.clone(),
+        job_root: message.job_root.clone(),
+        job,
+        root,
+        layout,
+        code_dir,
+        input,
+    })
+}
+
+/// The job's code folder on this machine.
+fn local_code_dir(code: &str) -> Result<PathBuf, String> {
+    let url = url::Url::parse(code).map_err(|e| format!("task.code `{code}` is not a URL: {e}"))?;
+    store::local_path(&url).ok_or_else(|| {
+        format!(
+            "task.code `{code}`: this build runs entry scripts from local folders only \
+             (file://); code in object stores arrives with S3 support"
+        )
+    })
+}

@@ -1,0 +1,105 @@
+//! Everything a worker writes for a batch: its result part, its status, failure records, the
+//! batch event, and the user logs of the runtimes that served the job.
+//!
+//! Every key is the same on every attempt, so a redelivered batch overwrites what an earlier
+//! attempt left and never adds to it.
+
+use std::path::Path;
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::message::{BatchEvent, QueueNames};
+use batchfleet_common::status::{BatchStatus, FailureRecord};
+use batchfleet_common::store::StoreError;
+use bytes::Bytes;
+use object_store::path::Path as Key;
+use object_store::ObjectStoreExt;
+use serde::Serialize;
+
+use crate::infra::{retrying, InfraError};
+use crate::jobs::LoadedJob;
+
+/// Store `bytes` at `key` under the job's store.
+async fn put(job: &LoadedJob, key: &Key, bytes: Bytes) -> Result<(), InfraError> {
+    retrying("write to the job root", || async {
+        job.root
+            .store
+            .put(key, bytes.clone().into())
+            .await
+            .map(|_| ())
+            .map_err(|e| InfraError::from(StoreError::io("put", key, e)))
+    })
+    .await
+}
+
+async fn put_json(job: &LoadedJob, key: &Key, value: &impl Serialize) -> Result<(), InfraError> {
+    let json = serde_json::to_vec_pretty(value)
+        .map_err(|e| InfraError::io(format!("encoding {key}"), e.into()))?;
+    put(job, key, Bytes::from(json)).await
+}
+
+/// Upload a local file to `key`.
+async fn upload(job: &LoadedJob, local: &Path, key: &Key) -> Result<(), InfraError> {
+    let bytes = tokio::fs::read(local)
+        .await
+        .map_err(|e| InfraError::io(format!("reading {}", local.display()), e))?;
+    put(job, key, Bytes::from(bytes)).await
+}
+
+/// `results/<batch>` from the runtime's output file.
+pub(crate) async fn write_result_part(
+    job: &LoadedJob,
+    batch_id: &str,
+    local: &Path,
+) -> Result<(), InfraError> {
+    upload(job, local, &job.layout.result_part(batch_id)).await
+}
+
+/// `status/<batch>.json`.
+pub(crate) async fn write_status(job: &LoadedJob, status: &BatchStatus) -> Result<(), InfraError> {
+    put_json(job, &job.layout.status(&status.batch_id), status).await
+}
+
+/// `failures/<batch>/<attempt>.json`.
+pub(crate) async fn write_failure(
+    job: &LoadedJob,
+    batch_id: &str,
+    record: &FailureRecord,
+) -> Result<(), InfraError> {
+    put_json(job, &job.layout.failure(batch_id, record.attempt), record).await
+}
+
+/// Tell the job's producer about a finished batch.
+pub(crate) async fn publish_event(
+    broker: &dyn Broker,
+    job: &LoadedJob,
+    status: &BatchStatus,
+) -> Result<(), InfraError> {
+    let event = BatchEvent { job_id: job.job_id.clone(), status: status.clone() };
+    let payload = serde_json::to_vec(&event)
+        .map_err(|e| InfraError::io("encoding the batch event", e.into()))?;
+    let queue = QueueNames::events(&job.job_id);
+    let payload = Bytes::from(payload);
+    retrying("publish the batch event", || async {
+        broker.publish(&queue, vec![payload.clone()]).await.map_err(InfraError::from)
+    })
+    .await
+}
+
+/// Copy a runtime's user log to `logs/user/<worker>/<file>` and remove the local copy.
+/// Best effort: a lost log must not fail a batch.
+pub(crate) async fn upload_user_log(job: &LoadedJob, worker_id: &str, local: &Path, file: &str) {
+    if !local.exists() {
+        return;
+    }
+    let key = job.layout.user_log(worker_id, file);
+    match upload(job, local, &key).await {
+        Ok(()) => {
+            tracing::debug!(job_id = %job.job_id, key = %key, "user log uploaded");
+            if let Err(error) = tokio::fs::remove_file(local).await {
+                tracing::debug!(%error, path = %local.display(), "removing the local user log");
+            }
+        }
+        Err(error) => tracing::warn!(job_id = %job.job_id, key = %key, %error,
+            local = %local.display(), "uploading the user log failed; the local copy stays"),
+    }
+}

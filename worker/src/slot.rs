@@ -1,0 +1,554 @@
+//! One concurrency slot: receive a mini-batch, run it in the slot's runtime, settle it.
+//!
+//! A slot owns at most one runtime process at a time, for one job. The order of settling is
+//! what makes output exactly-once: result part, status and event are written *before* the ack,
+//! under keys that are the same on every attempt.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use batchfleet_common::broker::{BrokerError, Delivery, DeliveryHandle};
+use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
+use batchfleet_common::ErrorKind;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::heartbeat::Heartbeat;
+use crate::infra::{retrying, InfraError};
+use crate::jobs::{JobLoadError, LoadedJob};
+use crate::materialize::materialize;
+use crate::output;
+use crate::runtime::{
+    MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
+    RuntimeProcess, UserFailure,
+};
+use crate::worker::Shared;
+use crate::{WorkerError, WorkerSummary};
+
+/// Lease taken when a message is received, before its job (and so its budget) is known; the
+/// heartbeat switches to the job's lease as soon as the job is loaded.
+const RECEIVE_LEASE: Duration = Duration::from_secs(60);
+/// How long a receive waits for a message, so that a shutdown is noticed quickly.
+const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// Time a runtime gets to finish `shutdown()` before it is killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Longest pause between receives while the broker is failing.
+const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
+/// Tries at starting a runtime for one delivery (the first included).
+const START_TRIES: usize = 3;
+
+/// The slot's runtime and the job it serves.
+struct ActiveRuntime {
+    process: RuntimeProcess,
+    job: Arc<LoadedJob>,
+    log_path: PathBuf,
+    log_name: String,
+}
+
+/// Why an attempt at a batch failed; becomes its `FailureRecord`.
+#[derive(Debug)]
+struct AttemptFailure {
+    kind: FailureKind,
+    message: String,
+    detail: Option<String>,
+}
+
+impl AttemptFailure {
+    fn infra(what: &str, error: impl std::fmt::Display) -> Self {
+        AttemptFailure {
+            kind: FailureKind::Infra,
+            message: format!("{what}: {error}"),
+            detail: None,
+        }
+    }
+
+    fn user(failure: UserFailure) -> Self {
+        AttemptFailure {
+            kind: FailureKind::UserError,
+            message: format!("run() failed: {failure}"),
+            detail: failure.traceback,
+        }
+    }
+
+    /// A runtime that could not be started, or died under a batch.
+    fn runtime(error: RuntimeError, during: &str, limit_name: &str) -> Self {
+        match error {
+            RuntimeError::InitFailed(failure) => AttemptFailure {
+                kind: FailureKind::UserError,
+                message: format!("init() failed: {failure}"),
+                detail: failure.traceback,
+            },
+            RuntimeError::Timeout { secs } => AttemptFailure {
+                kind: FailureKind::Timeout,
+                message: format!(
+                    "{during} did not return within {limit_name} ({secs} s); its process was killed"
+                ),
+                detail: None,
+            },
+            RuntimeError::Crashed { status, stderr_tail } => AttemptFailure {
+                kind: FailureKind::RuntimeCrash,
+                message: format!("the entry-script process died during {during} ({status})"),
+                detail: Some(stderr_tail),
+            },
+            other => AttemptFailure::infra("entry-script runtime", other),
+        }
+    }
+}
+
+pub(crate) struct Slot {
+    index: usize,
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    runtime: Option<ActiveRuntime>,
+    /// Runtimes started by this slot, for unique log names.
+    seq: u64,
+    summary: WorkerSummary,
+    /// Set when this worker cannot run any batch (e.g. no Python interpreter): the slot gives
+    /// its message back without burning a delivery on it and the worker stops.
+    fatal: Option<WorkerError>,
+}
+
+/// How a slot ended.
+pub(crate) struct SlotEnd {
+    pub summary: WorkerSummary,
+    pub fatal: Option<WorkerError>,
+}
+
+impl Slot {
+    pub(crate) fn new(index: usize, shared: Arc<Shared>, dir: PathBuf) -> Self {
+        Slot {
+            index,
+            shared,
+            dir,
+            runtime: None,
+            seq: 0,
+            summary: WorkerSummary::default(),
+            fatal: None,
+        }
+    }
+
+    /// Serve until `stop` is cancelled (a batch in progress is finished first).
+    pub(crate) async fn serve(mut self, stop: CancellationToken) -> SlotEnd {
+        tracing::debug!(dir = %self.dir.display(), "slot started");
+        let mut receive_failures = 0u32;
+        while !stop.is_cancelled() {
+            match self.receive().await {
+                Ok(Some(delivery)) => {
+                    receive_failures = 0;
+                    self.shared.activity.begin();
+                    self.handle(delivery).await;
+                    self.shared.activity.end();
+                    if let Some(error) = &self.fatal {
+                        tracing::error!(%error, "this worker cannot run batches; stopping it");
+                        stop.cancel();
+                    }
+                }
+                Ok(None) => {
+                    receive_failures = 0;
+                    self.stop_when_idle(&stop);
+                }
+                Err(error) => {
+                    receive_failures += 1;
+                    let pause = Duration::from_millis(500 * u64::from(receive_failures))
+                        .min(MAX_RECEIVE_PAUSE);
+                    tracing::warn!(%error, pause_ms = pause.as_millis() as u64,
+                        "receiving from the work queue failed");
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        self.stop_runtime().await;
+        tracing::debug!("slot stopped");
+        SlotEnd { summary: self.summary, fatal: self.fatal }
+    }
+
+    fn stop_when_idle(&self, stop: &CancellationToken) {
+        let Some(limit) = self.shared.config.idle_exit else {
+            return;
+        };
+        if self.shared.activity.idle_for() >= limit {
+            if !stop.is_cancelled() {
+                tracing::info!(idle_secs = limit.as_secs(), "no work for a while; stopping");
+            }
+            stop.cancel();
+        }
+    }
+
+    async fn receive(&self) -> Result<Option<Delivery>, BrokerError> {
+        let queue = &self.shared.config.queues.work;
+        let mut got = self.shared.broker.receive(queue, 1, RECEIVE_LEASE, RECEIVE_WAIT).await?;
+        Ok(got.pop())
+    }
+
+    async fn handle(&mut self, delivery: Delivery) {
+        let message = match serde_json::from_slice::<MiniBatchMessage>(&delivery.payload) {
+            Ok(message) => message,
+            Err(error) => {
+                let reason = format!("invalid message: {error}");
+                tracing::error!(%reason, attempt = delivery.delivery_count, "dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+        };
+        let span = tracing::info_span!("batch", job_id = %message.job_id,
+            batch_id = %message.batch_id, attempt = delivery.delivery_count);
+        self.handle_batch(delivery, message).instrument(span).await;
+    }
+
+    async fn handle_batch(&mut self, delivery: Delivery, message: MiniBatchMessage) {
+        let job = match self.shared.jobs.get(&message).await {
+            Ok(job) => job,
+            Err(JobLoadError::Unusable(reason)) => {
+                tracing::error!(%reason, "cannot process this message; dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+            Err(error @ JobLoadError::Infra(_)) => {
+                tracing::warn!(%error, "could not load the job; giving the message back");
+                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                return;
+            }
+        };
+        let heartbeat =
+            Heartbeat::start(Arc::clone(&self.shared.broker), delivery.handle.clone(), job.lease());
+        let started_ms = now_ms();
+        let started = Instant::now();
+        let result = self.attempt(&job, &message, delivery.delivery_count, started_ms).await;
+        let lease_lost = heartbeat.stop().await;
+        match result {
+            Ok(status) => {
+                self.ack(&delivery.handle, lease_lost).await;
+                self.summary.batches_succeeded += 1;
+                tracing::info!(
+                    items_in = status.items_in,
+                    items_out = status.items_out,
+                    rows = status.rows,
+                    duration_ms = elapsed_ms(started),
+                    "batch succeeded"
+                );
+            }
+            Err(failure) if self.fatal.is_some() => {
+                tracing::warn!(message = %failure.message, "giving the batch back to other workers");
+                self.nack(&delivery.handle, Duration::ZERO).await;
+            }
+            Err(failure) => {
+                self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+            }
+        }
+    }
+
+    /// One attempt: load the items, run them, write result part, status and event.
+    async fn attempt(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        message: &MiniBatchMessage,
+        attempt: u32,
+        started_ms: u64,
+    ) -> Result<BatchStatus, AttemptFailure> {
+        let inputs = tokio::time::timeout(
+            job.overhead_timeout(),
+            materialize(&job.input, &message.items, &self.dir.join("inputs")),
+        )
+        .await
+        .map_err(|_| AttemptFailure {
+            kind: FailureKind::Timeout,
+            message: format!(
+                "loading the mini-batch took longer than task_overhead_timeout ({} s)",
+                job.overhead_timeout().as_secs()
+            ),
+            detail: None,
+        })?
+        .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
+        self.ensure_runtime(job).await?;
+        let out_dir = self.dir.join("out");
+        tokio::fs::create_dir_all(&out_dir)
+            .await
+            .map_err(|e| AttemptFailure::infra("creating the output folder", e))?;
+        let output = out_dir.join(format!("{}.txt", message.batch_id));
+        let request = RunRequest {
+            batch_id: message.batch_id.clone(),
+            items: inputs.paths.clone(),
+            context: MiniBatchContext::for_files(&message.batch_id),
+            output: output.clone(),
+        };
+        let result = match self.run(request, job.run_timeout()).await {
+            Ok(success) => {
+                let status = succeeded_status(message, &success, attempt, &self.shared, started_ms);
+                self.write_success(job, message, &output, &status).await.map(|()| status)
+            }
+            Err(failure) => Err(failure),
+        };
+        drop(inputs);
+        if let Err(error) = tokio::fs::remove_file(&output).await {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::debug!(%error, "removing the local output file");
+            }
+        }
+        result
+    }
+
+    async fn run(
+        &mut self,
+        request: RunRequest,
+        timeout: Duration,
+    ) -> Result<RunSuccess, AttemptFailure> {
+        let Some(active) = self.runtime.as_mut() else {
+            return Err(AttemptFailure::infra("entry-script runtime", "no runtime is running"));
+        };
+        match active.process.run(request, timeout).await {
+            Ok(RunOutcome::Succeeded(success)) => Ok(success),
+            Ok(RunOutcome::Failed(failure)) => Err(AttemptFailure::user(failure)),
+            Err(error) => {
+                tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");
+                self.stop_runtime().await;
+                Err(AttemptFailure::runtime(error, "run()", "retry_settings.timeout"))
+            }
+        }
+    }
+
+    async fn write_success(
+        &self,
+        job: &LoadedJob,
+        message: &MiniBatchMessage,
+        output: &std::path::Path,
+        status: &BatchStatus,
+    ) -> Result<(), AttemptFailure> {
+        let written = async {
+            output::write_result_part(job, &message.batch_id, output).await?;
+            output::write_status(job, status).await?;
+            output::publish_event(self.shared.broker.as_ref(), job, status).await
+        };
+        written
+            .await
+            .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
+    }
+
+    /// Make sure the slot's runtime serves `job`, starting one (with retries) when needed.
+    async fn ensure_runtime(&mut self, job: &Arc<LoadedJob>) -> Result<(), AttemptFailure> {
+        if let Some(active) = &self.runtime {
+            if active.job.job_id == job.job_id && active.process.is_alive() {
+                return Ok(());
+            }
+        }
+        self.stop_runtime().await;
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(Duration::from_secs(10))
+            .with_max_times(START_TRIES - 1)
+            .with_jitter()
+            .build();
+        loop {
+            let error = match self.start_runtime(job).await {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            };
+            self.summary.runtime_start_failures += 1;
+            if error.kind() == ErrorKind::Config {
+                self.fatal = Some(WorkerError::Config(error.to_string()));
+                return Err(AttemptFailure::runtime(
+                    error,
+                    "init()",
+                    "first_task_creation_timeout",
+                ));
+            }
+            let Some(delay) = delays.next() else {
+                tracing::error!(%error, "could not start the entry script; giving up on this attempt");
+                return Err(AttemptFailure::runtime(
+                    error,
+                    "init()",
+                    "first_task_creation_timeout",
+                ));
+            };
+            tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64,
+                "starting the entry script failed; retrying");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn start_runtime(&mut self, job: &Arc<LoadedJob>) -> Result<(), RuntimeError> {
+        self.seq += 1;
+        let log_name = format!("slot-{}-{}.txt", self.index, self.seq);
+        let log_path = self.dir.join("logs").join(&log_name);
+        let config = RuntimeConfig {
+            python: self.shared.config.python.clone(),
+            driver: self.shared.driver.clone(),
+            code_dir: job.code_dir.clone(),
+            entry_script: job.job.task.entry_script.clone(),
+            script_args: job.job.task.script_args.clone(),
+            env: job.job.environment_variables.clone(),
+            work_dir: self.dir.join("work"),
+            log_path: log_path.clone(),
+            init_timeout: Duration::from_secs(
+                job.job.task.program_args.first_task_creation_timeout_secs,
+            ),
+        };
+        let started = Instant::now();
+        match RuntimeProcess::start(&config).await {
+            Ok(process) => {
+                tracing::info!(pid = process.pid(), init_ms = elapsed_ms(started),
+                    log = %log_name, "entry script initialised");
+                self.summary.runtimes_started += 1;
+                self.runtime =
+                    Some(ActiveRuntime { process, job: Arc::clone(job), log_path, log_name });
+                Ok(())
+            }
+            Err(error) => {
+                let worker_id = &self.shared.config.worker_id;
+                output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Shut the runtime down (its `shutdown()` runs) and upload its user log.
+    async fn stop_runtime(&mut self) {
+        let Some(active) = self.runtime.take() else {
+            return;
+        };
+        if let Err(error) = active.process.shutdown(SHUTDOWN_GRACE).await {
+            tracing::warn!(job_id = %active.job.job_id, %error, "stopping the runtime");
+        }
+        let worker_id = &self.shared.config.worker_id;
+        output::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name).await;
+    }
+
+    /// Record a failed attempt, then give the message back or, on its last delivery,
+    /// dead-letter it with a one-line reason.
+    async fn fail(
+        &mut self,
+        job: &LoadedJob,
+        delivery: &Delivery,
+        message: &MiniBatchMessage,
+        failure: AttemptFailure,
+        duration_ms: u64,
+    ) {
+        let attempt = delivery.delivery_count;
+        let record = FailureRecord {
+            kind: failure.kind,
+            message: failure.message,
+            detail: failure.detail,
+            attempt,
+            worker: self.shared.config.worker_id.clone(),
+            duration_ms,
+        };
+        if let Err(error) = output::write_failure(job, &message.batch_id, &record).await {
+            tracing::warn!(%error, "writing the failure record failed");
+        }
+        self.summary.batches_failed_attempts += 1;
+        let max = job.job.retry.max_deliveries();
+        let kind = record.kind.as_str();
+        if attempt >= max {
+            let reason =
+                one_line(&format!("{kind} on attempt {attempt} of {max}: {}", record.message));
+            tracing::error!(kind, message = %record.message, "batch failed on its last attempt");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.batches_dead_lettered += 1;
+        } else {
+            let delay = nack_delay(attempt);
+            tracing::warn!(kind, message = %record.message, max_attempts = max,
+                retry_in_ms = delay.as_millis() as u64, "batch attempt failed");
+            self.nack(&delivery.handle, delay).await;
+        }
+    }
+
+    async fn ack(&self, handle: &DeliveryHandle, lease_lost: bool) {
+        let broker = self.shared.broker.as_ref();
+        let acked =
+            retrying("ack", || async { broker.ack(handle).await.map_err(InfraError::from) }).await;
+        if let Err(error) = acked {
+            // Results are in place under stable keys: a redelivery overwrites, never duplicates.
+            tracing::warn!(%error, lease_lost, "ack failed; the batch may run again");
+        }
+    }
+
+    async fn nack(&self, handle: &DeliveryHandle, delay: Duration) {
+        let broker = self.shared.broker.as_ref();
+        let nacked = retrying("nack", || async {
+            broker.nack(handle, delay).await.map_err(InfraError::from)
+        })
+        .await;
+        if let Err(error) = nacked {
+            tracing::warn!(%error, "nack failed; the message returns when its lease runs out");
+        }
+    }
+
+    async fn dead_letter(&self, handle: &DeliveryHandle, reason: &str) {
+        let broker = self.shared.broker.as_ref();
+        let moved = retrying("dead-letter", || async {
+            broker.dead_letter(handle, reason).await.map_err(InfraError::from)
+        })
+        .await;
+        if let Err(error) = moved {
+            tracing::warn!(%error, "dead-lettering failed; the message returns when its lease runs out");
+        }
+    }
+}
+
+fn succeeded_status(
+    message: &MiniBatchMessage,
+    success: &RunSuccess,
+    attempt: u32,
+    shared: &Shared,
+    started_ms: u64,
+) -> BatchStatus {
+    let items_in = message.items.len() as u64;
+    BatchStatus {
+        batch_id: message.batch_id.clone(),
+        index: message.index,
+        state: BatchState::Succeeded,
+        items_in,
+        items_out: success.items_out.min(items_in),
+        rows: success.rows,
+        header: success.header.clone(),
+        attempt,
+        worker: shared.config.worker_id.clone(),
+        started_at_ms: started_ms,
+        ended_at_ms: now_ms(),
+        error: None,
+    }
+}
+
+/// Backoff before a failed batch is delivered again: 1 s per attempt so far, at most 10 s.
+fn nack_delay(attempt: u32) -> Duration {
+    Duration::from_secs(u64::from(attempt.max(1)).min(10))
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Collapse a message to one line of bounded length (dead-letter reasons travel in headers).
+fn one_line(text: &str) -> String {
+    const MAX: usize = 500;
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &flat[..cut]),
+        None => flat,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nack_delays_grow_and_are_capped() {
+        assert_eq!(nack_delay(1), Duration::from_secs(1));
+        assert_eq!(nack_delay(3), Duration::from_secs(3));
+        assert_eq!(nack_delay(40), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn reasons_are_one_bounded_line() {
+        assert_eq!(one_line("a\n  b\tc"), "a b c");
+        assert_eq!(one_line(&"x".repeat(600)).chars().count(), 501);
+    }
+}

@@ -1,0 +1,241 @@
+//! The worker: `concurrency` slots sharing one broker, one job cache and one scratch folder.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::message::QueueNames;
+use batchfleet_common::{ErrorKind, Retry};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::jobs::JobCache;
+use crate::runtime::install_driver;
+use crate::slot::Slot;
+
+/// How a worker runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Names this worker in statuses, failure records and user-log folders.
+    pub worker_id: String,
+    /// Mini-batches processed at once, each in its own runtime process.
+    pub concurrency: usize,
+    pub queues: QueueNames,
+    /// The Python interpreter entry scripts run with.
+    pub python: PathBuf,
+    /// Local folder for the driver, runtime working folders, downloads and logs; the worker
+    /// uses `<scratch_dir>/<worker_id>/`.
+    pub scratch_dir: PathBuf,
+    /// Stop after this long without any message received while no slot is busy.
+    pub idle_exit: Option<Duration>,
+}
+
+/// What a worker did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub batches_succeeded: u64,
+    /// Attempts that failed (each one has a failure record).
+    pub batches_failed_attempts: u64,
+    /// Batches this worker dead-lettered after their last attempt failed.
+    pub batches_dead_lettered: u64,
+    /// Messages dead-lettered because they could not be processed at all.
+    pub invalid_messages: u64,
+    pub runtimes_started: u64,
+    pub runtime_start_failures: u64,
+}
+
+impl WorkerSummary {
+    fn add(&mut self, other: &WorkerSummary) {
+        self.batches_succeeded += other.batches_succeeded;
+        self.batches_failed_attempts += other.batches_failed_attempts;
+        self.batches_dead_lettered += other.batches_dead_lettered;
+        self.invalid_messages += other.invalid_messages;
+        self.runtimes_started += other.runtimes_started;
+        self.runtime_start_failures += other.runtime_start_failures;
+    }
+}
+
+/// Why a worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
+    #[error("preparing the scratch folder `{}` failed: {source}", path.display())]
+    Scratch {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("slot {slot} stopped unexpectedly: {message}")]
+    SlotFailed { slot: usize, message: String },
+}
+
+impl WorkerError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            WorkerError::Config(_) => ErrorKind::Config,
+            WorkerError::Scratch { .. } | WorkerError::SlotFailed { .. } => ErrorKind::Infra,
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            WorkerError::Config(_) => Retry::Permanent,
+            WorkerError::Scratch { .. } | WorkerError::SlotFailed { .. } => Retry::Transient,
+        }
+    }
+}
+
+/// Whether any slot is busy, and since when nothing happened (for `idle_exit`).
+pub(crate) struct Activity {
+    busy: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity { busy: AtomicUsize::new(0), last: Mutex::new(Instant::now()) }
+    }
+
+    fn touch(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Instant::now();
+        }
+    }
+
+    pub(crate) fn begin(&self) {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+    }
+
+    pub(crate) fn end(&self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        self.touch();
+    }
+
+    /// Zero while a slot is busy; otherwise the time since the last batch began or ended.
+    pub(crate) fn idle_for(&self) -> Duration {
+        if self.busy.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.last.lock().map(|last| last.elapsed()).unwrap_or(Duration::ZERO)
+    }
+}
+
+/// What every slot of a worker shares.
+pub(crate) struct Shared {
+    pub broker: Arc<dyn Broker>,
+    pub config: WorkerConfig,
+    pub driver: PathBuf,
+    pub jobs: JobCache,
+    pub activity: Activity,
+}
+
+/// A worker: consumes the pool's work queue with `concurrency` slots.
+pub struct Worker {
+    broker: Arc<dyn Broker>,
+    config: WorkerConfig,
+}
+
+impl Worker {
+    pub fn new(broker: Arc<dyn Broker>, config: WorkerConfig) -> Worker {
+        Worker { broker, config }
+    }
+
+    /// Serve until `shutdown` is cancelled (then finish in-flight batches, call `shutdown()` on
+    /// every runtime, return) or until idle for `idle_exit`.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerSummary, WorkerError> {
+        if self.config.concurrency == 0 {
+            return Err(WorkerError::Config("concurrency must be at least 1".into()));
+        }
+        let dir = self.config.scratch_dir.join(path_safe(&self.config.worker_id));
+        let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
+        let driver = install_driver(&dir).map_err(scratch_error)?;
+        tracing::info!(worker_id = %self.config.worker_id, concurrency = self.config.concurrency,
+            queue = %self.config.queues.work, scratch = %dir.display(), "worker started");
+        let shared = Arc::new(Shared {
+            broker: self.broker,
+            config: self.config,
+            driver,
+            jobs: JobCache::default(),
+            activity: Activity::new(),
+        });
+        // Idle exit stops the slots without cancelling the caller's token.
+        let stop = shutdown.child_token();
+        let mut slots = JoinSet::new();
+        let mut slot_of = std::collections::HashMap::new();
+        for index in 0..shared.config.concurrency {
+            let slot_dir = dir.join(format!("slot-{index}"));
+            clear_leftovers(&slot_dir);
+            let slot = Slot::new(index, Arc::clone(&shared), slot_dir);
+            let span =
+                tracing::info_span!("slot", worker_id = %shared.config.worker_id, slot = index);
+            let handle = slots.spawn(slot.serve(stop.clone()).instrument(span));
+            slot_of.insert(handle.id(), index);
+        }
+        let mut summary = WorkerSummary::default();
+        let mut failure = None;
+        while let Some(joined) = slots.join_next_with_id().await {
+            match joined {
+                Ok((_, end)) => {
+                    summary.add(&end.summary);
+                    if let Some(fatal) = end.fatal {
+                        failure.get_or_insert(fatal);
+                    }
+                }
+                Err(error) => {
+                    // One broken slot stops the worker: its peers finish their batches first.
+                    tracing::error!(%error, "a slot stopped unexpectedly; stopping the worker");
+                    stop.cancel();
+                    failure.get_or_insert(WorkerError::SlotFailed {
+                        slot: slot_of.get(&error.id()).copied().unwrap_or(usize::MAX),
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+        tracing::info!(?summary, "worker stopped");
+        failure.map_or(Ok(summary), Err)
+    }
+}
+
+/// Remove what a previous worker with the same id left in a slot folder.
+fn clear_leftovers(slot_dir: &std::path::Path) {
+    match std::fs::remove_dir_all(slot_dir) {
+        Ok(()) => {
+            tracing::debug!(dir = %slot_dir.display(), "removed a previous run's slot folder")
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(%error, dir = %slot_dir.display(), "could not clear slot folder")
+        }
+    }
+}
+
+/// A worker id as a single folder name.
+fn path_safe(id: &str) -> String {
+    let safe: String = id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+        .collect();
+    if safe.is_empty() || safe.chars().all(|c| c == '.') {
+        "worker".into()
+    } else {
+        safe
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_ids_become_single_folder_names() {
+        assert_eq!(path_safe("host-1/pid 42"), "host-1_pid_42");
+        assert_eq!(path_safe(".."), "worker");
+        assert_eq!(path_safe(""), "worker");
+    }
+}

@@ -1,0 +1,133 @@
+//! The embedded broker with a record of what the worker did to it, and a probe run at each ack
+//! (to check what was in the store at that moment).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use batchfleet_common::broker::embedded::EmbeddedBroker;
+use batchfleet_common::broker::{
+    Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec,
+};
+use bytes::Bytes;
+
+type AckProbe = Box<dyn Fn(&[u8]) -> String + Send + Sync>;
+
+/// A broker operation the worker performed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Receive(String),
+    Extend(String),
+    Ack(String),
+    Nack(String, Duration),
+    DeadLetter(String, String),
+    Publish(String),
+}
+
+#[derive(Default)]
+pub struct RecordingBroker {
+    pub inner: EmbeddedBroker,
+    ops: Mutex<Vec<Op>>,
+    payloads: Mutex<HashMap<String, Bytes>>,
+    ack_probe: Mutex<Option<AckProbe>>,
+    probes: Mutex<Vec<String>>,
+}
+
+impl RecordingBroker {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Run `probe` on the payload of every message at the moment it is acked.
+    pub fn set_ack_probe(&self, probe: impl Fn(&[u8]) -> String + Send + Sync + 'static) {
+        *self.ack_probe.lock().unwrap() = Some(Box::new(probe));
+    }
+
+    pub fn probes(&self) -> Vec<String> {
+        self.probes.lock().unwrap().clone()
+    }
+
+    pub fn ops(&self) -> Vec<Op> {
+        self.ops.lock().unwrap().clone()
+    }
+
+    fn record(&self, op: Op) {
+        self.ops.lock().unwrap().push(op);
+    }
+}
+
+#[async_trait]
+impl Broker for RecordingBroker {
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
+        self.inner.declare_queue(spec).await
+    }
+
+    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
+        self.inner.delete_queue(queue).await
+    }
+
+    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        self.inner.publish(queue, payloads).await?;
+        self.record(Op::Publish(queue.to_string()));
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let got = self.inner.receive(queue, max, lease, wait).await?;
+        for delivery in &got {
+            self.payloads
+                .lock()
+                .unwrap()
+                .insert(delivery.handle.0.clone(), delivery.payload.clone());
+            self.record(Op::Receive(delivery.handle.0.clone()));
+        }
+        Ok(got)
+    }
+
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
+        let payload = self.payloads.lock().unwrap().get(&delivery.0).cloned();
+        if let (Some(payload), Some(probe)) = (payload, self.ack_probe.lock().unwrap().as_ref()) {
+            self.probes.lock().unwrap().push(probe(&payload));
+        }
+        self.inner.ack(delivery).await?;
+        self.record(Op::Ack(delivery.0.clone()));
+        Ok(())
+    }
+
+    async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
+        self.inner.nack(delivery, delay).await?;
+        self.record(Op::Nack(delivery.0.clone(), delay));
+        Ok(())
+    }
+
+    async fn extend_lease(
+        &self,
+        delivery: &DeliveryHandle,
+        lease: Duration,
+    ) -> Result<(), BrokerError> {
+        self.inner.extend_lease(delivery, lease).await?;
+        self.record(Op::Extend(delivery.0.clone()));
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &DeliveryHandle,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        self.inner.dead_letter(delivery, reason).await?;
+        self.record(Op::DeadLetter(delivery.0.clone(), reason.to_string()));
+        Ok(())
+    }
+
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
+        self.inner.depth(queue).await
+    }
+}

@@ -1,0 +1,524 @@
+//! The consume loop against the embedded broker, a job root in a temp folder and real Python.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use batchfleet_common::broker::{Broker, QueueSpec};
+use batchfleet_common::job::{
+    InputKind, InputMode, InputSpec, LoggingLevel, MiniBatchSize, ProgramArgs, ResolvedJob,
+    RetrySettings, TaskSpec,
+};
+use batchfleet_common::message::{batch_id, BatchEvent, MiniBatchMessage, QueueNames};
+use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
+use batchfleet_worker::{Worker, WorkerConfig, WorkerSummary};
+use bytes::Bytes;
+use support::recording::{Op, RecordingBroker};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+
+const WAIT_LIMIT: Duration = Duration::from_secs(90);
+
+/// A job root, input folder, code folder and queues in one temp folder.
+struct Fleet {
+    dir: tempfile::TempDir,
+    broker: Arc<RecordingBroker>,
+    queues: QueueNames,
+    job_id: String,
+    max_retries: u32,
+    timeout_secs: u64,
+}
+
+impl Fleet {
+    async fn new(script: &str, max_retries: u32, timeout_secs: u64) -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fleet = Fleet {
+            dir,
+            broker: Arc::new(RecordingBroker::new()),
+            queues: QueueNames::for_pool("test"),
+            job_id: "job-1".into(),
+            max_retries,
+            timeout_secs,
+        };
+        for folder in ["code", "input", "root", "markers"] {
+            std::fs::create_dir_all(fleet.path(folder)).unwrap();
+        }
+        std::fs::write(fleet.path("code/score.py"), script).unwrap();
+        fleet.write_job_json();
+        let dlq = QueueSpec::plain(fleet.queues.dead_letter.clone());
+        fleet.broker.declare_queue(&dlq).await.unwrap();
+        let work = QueueSpec {
+            name: fleet.queues.work.clone(),
+            max_deliveries: None,
+            dead_letter_queue: Some(fleet.queues.dead_letter.clone()),
+        };
+        fleet.broker.declare_queue(&work).await.unwrap();
+        let events = QueueSpec::plain(QueueNames::events(&fleet.job_id));
+        fleet.broker.declare_queue(&events).await.unwrap();
+        fleet
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn url(&self, rel: &str) -> String {
+        Url::from_directory_path(self.path(rel)).unwrap().to_string()
+    }
+
+    fn job(&self) -> ResolvedJob {
+        ResolvedJob {
+            name: "test-job".into(),
+            display_name: None,
+            description: None,
+            experiment_name: None,
+            tags: BTreeMap::new(),
+            spec_file: "job.yaml".into(),
+            input: InputSpec {
+                name: "data".into(),
+                kind: InputKind::UriFolder,
+                url: self.url("input"),
+                mode: InputMode::RoMount,
+            },
+            inputs: BTreeMap::new(),
+            mini_batch_size: MiniBatchSize::Count(2),
+            partition_keys: Vec::new(),
+            instance_count: 1,
+            max_concurrency_per_instance: 2,
+            mini_batch_error_threshold: -1,
+            logging_level: LoggingLevel::Info,
+            retry: RetrySettings { max_retries: self.max_retries, timeout_secs: self.timeout_secs },
+            task: TaskSpec {
+                code: self.url("code"),
+                entry_script: "score.py".into(),
+                program_args: ProgramArgs::default(),
+                script_args: Vec::new(),
+                append_row_to: None,
+                environment: None,
+            },
+            outputs: BTreeMap::new(),
+            environment_variables: BTreeMap::from([(
+                "MARKER_DIR".to_string(),
+                self.path("markers").display().to_string(),
+            )]),
+            compute: None,
+        }
+    }
+
+    fn write_job_json(&self) {
+        let json = serde_json::to_vec_pretty(&self.job()).unwrap();
+        std::fs::write(self.path("root/job.json"), json).unwrap();
+    }
+
+    fn input(&self, name: &str, contents: &str) {
+        std::fs::write(self.path("input").join(name), contents).unwrap();
+    }
+
+    fn message(&self, index: u64, items: &[&str]) -> MiniBatchMessage {
+        MiniBatchMessage {
+            job_id: self.job_id.clone(),
+            job_root: self.url("root"),
+            batch_id: batch_id(index),
+            index,
+            items: items.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    async fn publish(&self, messages: &[MiniBatchMessage]) {
+        let payloads =
+            messages.iter().map(|m| Bytes::from(serde_json::to_vec(m).unwrap())).collect();
+        self.broker.publish(&self.queues.work, payloads).await.unwrap();
+    }
+
+    fn config(&self, concurrency: usize, python: PathBuf) -> WorkerConfig {
+        WorkerConfig {
+            worker_id: "w1".into(),
+            concurrency,
+            queues: self.queues.clone(),
+            python,
+            scratch_dir: self.path("scratch"),
+            idle_exit: None,
+        }
+    }
+
+    /// Start a worker; returns its shutdown token and join handle.
+    fn start(
+        &self,
+        config: WorkerConfig,
+    ) -> (CancellationToken, tokio::task::JoinHandle<WorkerSummary>) {
+        let token = CancellationToken::new();
+        let worker = Worker::new(self.broker.clone(), config);
+        let run = worker.run(token.clone());
+        let handle = tokio::spawn(async move { run.await.expect("worker run") });
+        (token, handle)
+    }
+
+    fn read(&self, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.path("root").join(rel)).ok()
+    }
+
+    fn status(&self, batch: &str) -> Option<BatchStatus> {
+        self.read(&format!("status/{batch}.json")).map(|s| serde_json::from_str(&s).unwrap())
+    }
+
+    fn failure(&self, batch: &str, attempt: u32) -> Option<FailureRecord> {
+        self.read(&format!("failures/{batch}/{attempt}.json"))
+            .map(|s| serde_json::from_str(&s).unwrap())
+    }
+
+    fn count_files(&self, rel: &str) -> usize {
+        std::fs::read_dir(self.path(rel)).map(|d| d.count()).unwrap_or(0)
+    }
+
+    async fn dead_letter_count(&self) -> u64 {
+        self.broker.depth(&self.queues.dead_letter).await.unwrap().total()
+    }
+
+    async fn events(&self) -> Vec<BatchEvent> {
+        let queue = QueueNames::events(&self.job_id);
+        let got = self
+            .broker
+            .receive(&queue, 100, Duration::from_secs(60), Duration::from_millis(10))
+            .await
+            .unwrap();
+        got.iter().map(|d| serde_json::from_slice(&d.payload).unwrap()).collect()
+    }
+}
+
+/// Poll `done` every 100 ms until it holds, failing the test after `WAIT_LIMIT`.
+async fn wait_until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+    while !done().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn files_with_prefix(dir: &Path, prefix: &str) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+const SCORING_SCRIPT: &str = r#"
+import os
+MARKERS = os.environ["MARKER_DIR"]
+def init():
+    open(os.path.join(MARKERS, "init-%d" % os.getpid()), "w").close()
+    print("init in", os.getcwd())
+def run(mini_batch):
+    print("running", len(mini_batch))
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+def shutdown():
+    open(os.path.join(MARKERS, "shutdown-%d" % os.getpid()), "w").close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_run_and_their_results_written_before_the_ack() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 2, 60).await;
+    for (name, body) in
+        [("a.txt", "1"), ("b.txt", "2"), ("c.txt", "3"), ("d.txt", "4"), ("e.txt", "5")]
+    {
+        fleet.input(name, body);
+    }
+    let root = fleet.path("root");
+    fleet.broker.set_ack_probe(move |payload| {
+        let message: MiniBatchMessage = serde_json::from_slice(payload).unwrap();
+        let status = root.join(format!("status/{}.json", message.batch_id));
+        let result = root.join(format!("results/{}", message.batch_id));
+        format!("{} status={} result={}", message.batch_id, status.exists(), result.exists())
+    });
+    fleet
+        .publish(&[
+            fleet.message(0, &["a.txt", "b.txt"]),
+            fleet.message(1, &["c.txt", "d.txt"]),
+            fleet.message(2, &["e.txt"]),
+        ])
+        .await;
+    let (token, handle) = fleet.start(fleet.config(2, support::python3()));
+    wait_until("three statuses", || async { fleet.count_files("root/status") == 3 }).await;
+    wait_until("the queue to drain", || async {
+        fleet.broker.depth(&fleet.queues.work).await.unwrap().total() == 0
+    })
+    .await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    assert_eq!(summary.batches_succeeded, 3);
+    assert_eq!(summary.batches_failed_attempts, 0);
+    assert_eq!(fleet.read("results/00000000").unwrap(), "a.txt 1\nb.txt 2\n");
+    assert_eq!(fleet.read("results/00000001").unwrap(), "c.txt 3\nd.txt 4\n");
+    assert_eq!(fleet.read("results/00000002").unwrap(), "e.txt 5\n");
+    let status = fleet.status("00000001").unwrap();
+    assert_eq!(status.state, BatchState::Succeeded);
+    assert_eq!((status.index, status.items_in, status.items_out, status.rows), (1, 2, 2, 2));
+    assert_eq!((status.attempt, status.worker.as_str(), status.header.as_deref()), (1, "w1", None));
+    assert!(status.started_at_ms <= status.ended_at_ms);
+
+    let mut probes = fleet.broker.probes();
+    probes.sort();
+    assert_eq!(
+        probes,
+        [
+            "00000000 status=true result=true",
+            "00000001 status=true result=true",
+            "00000002 status=true result=true"
+        ]
+    );
+    let mut events = fleet.events().await;
+    events.sort_by_key(|e| e.status.index);
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[1].status, status);
+    assert_eq!(events[1].job_id, "job-1");
+
+    // Each ack came after the batch's lease was extended, and after its event was published.
+    let ops = fleet.broker.ops();
+    for (at, op) in ops.iter().enumerate() {
+        if let Op::Ack(handle) = op {
+            assert!(ops[..at].contains(&Op::Extend(handle.clone())), "no heartbeat before {op:?}");
+        }
+    }
+    let first_ack = ops.iter().position(|op| matches!(op, Op::Ack(_))).unwrap();
+    assert!(ops[..first_ack]
+        .iter()
+        .any(|op| matches!(op, Op::Publish(q) if q.starts_with("batchfleet.events"))));
+
+    // init() ran once per runtime (at most one per slot), and every runtime was shut down.
+    let markers = fleet.path("markers");
+    let inits = files_with_prefix(&markers, "init-");
+    assert!((1..=2).contains(&inits), "{inits} init() calls for 2 slots");
+    assert_eq!(files_with_prefix(&markers, "shutdown-"), inits);
+    assert_eq!(summary.runtimes_started, inits as u64);
+    // The user logs were copied to the job root.
+    let logs = fleet.path("root/logs/user/w1");
+    let mut log_text = String::new();
+    for entry in std::fs::read_dir(&logs).expect("user logs").filter_map(Result::ok) {
+        assert!(entry.file_name().to_string_lossy().starts_with("slot-"));
+        log_text.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+    }
+    assert!(log_text.contains("init in") && log_text.contains("running 2"), "{log_text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_is_dead_lettered_after_max_retries_plus_one_attempts() {
+    let script = r#"
+def init(): pass
+def run(mini_batch):
+    if any(p.endswith("bad.txt") for p in mini_batch):
+        raise ValueError("cannot score bad.txt")
+    return mini_batch
+"#;
+    let fleet = Fleet::new(script, 2, 60).await;
+    fleet.input("good.txt", "ok");
+    fleet.input("bad.txt", "broken");
+    fleet.publish(&[fleet.message(0, &["good.txt"]), fleet.message(1, &["bad.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the dead letter", || async { fleet.dead_letter_count().await == 1 }).await;
+    wait_until("the good batch", || async { fleet.status("00000000").is_some() }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    assert_eq!(summary.batches_succeeded, 1);
+    assert_eq!(summary.batches_failed_attempts, 3);
+    assert_eq!(summary.batches_dead_lettered, 1);
+    for attempt in 1..=3 {
+        let record = fleet.failure("00000001", attempt).expect("failure record");
+        assert_eq!(record.kind, FailureKind::UserError);
+        assert_eq!(record.attempt, attempt);
+        assert_eq!(record.worker, "w1");
+        assert!(record.message.contains("ValueError: cannot score bad.txt"), "{}", record.message);
+        assert!(record.detail.as_deref().unwrap_or("").contains("Traceback"), "{record:?}");
+    }
+    assert!(fleet.failure("00000001", 4).is_none(), "a 4th attempt ran");
+    assert!(fleet.status("00000001").is_none(), "a failed batch got a success status");
+    assert!(fleet.read("results/00000001").is_none());
+
+    let dead = fleet
+        .broker
+        .receive(&fleet.queues.dead_letter, 10, Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let message: MiniBatchMessage = serde_json::from_slice(&dead[0].payload).unwrap();
+    assert_eq!(message.batch_id, "00000001");
+    let reason = dead[0].dead_letter_reason.clone().unwrap();
+    assert!(reason.starts_with("user_error on attempt 3 of 3"), "{reason}");
+    assert!(!reason.contains('\n'));
+    let nacks: Vec<Duration> = fleet
+        .broker
+        .ops()
+        .into_iter()
+        .filter_map(|op| if let Op::Nack(_, delay) = op { Some(delay) } else { None })
+        .collect();
+    assert_eq!(nacks, [Duration::from_secs(1), Duration::from_secs(2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_messages_and_unknown_jobs_are_dead_lettered_and_the_worker_goes_on() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.broker.publish(&fleet.queues.work, vec![Bytes::from_static(b"{not json")]).await.unwrap();
+    let mut orphan = fleet.message(5, &["a.txt"]);
+    orphan.job_id = "job-gone".into();
+    orphan.job_root = fleet.url("no-such-root");
+    fleet.publish(&[orphan, fleet.message(0, &["a.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the good batch", || async { fleet.status("00000000").is_some() }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    assert_eq!(summary.invalid_messages, 2);
+    assert_eq!(summary.batches_succeeded, 1);
+    let reasons: Vec<String> = fleet
+        .broker
+        .ops()
+        .into_iter()
+        .filter_map(|op| if let Op::DeadLetter(_, reason) = op { Some(reason) } else { None })
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[0].starts_with("invalid message:"), "{}", reasons[0]);
+    assert!(
+        reasons[1].contains("no-such-root") && reasons[1].contains("job.json"),
+        "{}",
+        reasons[1]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_or_timeout_fails_the_attempt_and_the_retry_gets_a_fresh_runtime() {
+    // The first delivery of batch 0 crashes the process, the first of batch 1 hangs.
+    let script = r#"
+import os, time
+MARKERS = os.environ["MARKER_DIR"]
+def init():
+    open(os.path.join(MARKERS, "init-%d" % os.getpid()), "w").close()
+def run(mini_batch):
+    name = os.path.basename(mini_batch[0])
+    seen = os.path.join(MARKERS, "seen-" + name)
+    if not os.path.exists(seen):
+        open(seen, "w").close()
+        print("first try at", name)
+        if name == "crash.txt":
+            os._exit(3)
+        time.sleep(60)
+    return mini_batch
+"#;
+    let fleet = Fleet::new(script, 1, 2).await;
+    fleet.input("crash.txt", "");
+    fleet.input("hang.txt", "");
+    fleet.publish(&[fleet.message(0, &["crash.txt"]), fleet.message(1, &["hang.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("both batches", || async { fleet.count_files("root/status") == 2 }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    let crash = fleet.failure("00000000", 1).expect("crash record");
+    assert_eq!(crash.kind, FailureKind::RuntimeCrash);
+    assert!(crash.message.contains("exit status: 3"), "{}", crash.message);
+    assert!(crash.detail.as_deref().unwrap_or("").contains("first try at crash.txt"), "{crash:?}");
+    let hang = fleet.failure("00000001", 1).expect("timeout record");
+    assert_eq!(hang.kind, FailureKind::Timeout);
+    assert!(hang.message.contains("2 s"), "{}", hang.message);
+    assert_eq!(fleet.status("00000000").unwrap().attempt, 2);
+    assert_eq!(fleet.status("00000001").unwrap().attempt, 2);
+    assert_eq!(summary.batches_succeeded, 2);
+    assert_eq!(summary.batches_failed_attempts, 2);
+    // Each lost runtime was replaced, with init() run again.
+    let inits = files_with_prefix(&fleet.path("markers"), "init-");
+    assert_eq!(summary.runtimes_started, inits as u64);
+    assert!(inits >= 3, "{inits} runtimes for a crash and a timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_init_fails_the_attempt_with_its_traceback() {
+    let script = r#"
+def init():
+    raise RuntimeError("no model here")
+def run(mini_batch): return mini_batch
+"#;
+    let fleet = Fleet::new(script, 0, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the dead letter", || async { fleet.dead_letter_count().await == 1 }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    let record = fleet.failure("00000000", 1).expect("failure record");
+    assert_eq!(record.kind, FailureKind::UserError);
+    assert!(
+        record.message.starts_with("init() failed: RuntimeError: no model here"),
+        "{}",
+        record.message
+    );
+    assert!(record.detail.unwrap_or_default().contains("in init"));
+    // Starting was retried with backoff before the attempt gave up.
+    assert_eq!(summary.runtime_start_failures, 3);
+    assert_eq!(summary.batches_dead_lettered, 1);
+    // Every failed start left its log in the job root.
+    assert_eq!(fleet.count_files("root/logs/user/w1"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dataframe_results_report_their_header() {
+    let script = r#"
+import os
+import pandas as pd
+def init(): pass
+def run(mini_batch):
+    return pd.DataFrame({"file": [os.path.basename(p) for p in mini_batch], "n": range(len(mini_batch))})
+"#;
+    let fleet = Fleet::new(script, 0, 60).await;
+    fleet.input("a.txt", "");
+    fleet.input("b.txt", "");
+    fleet.publish(&[fleet.message(0, &["a.txt", "b.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::pandas_python()));
+    wait_until("the batch", || async { fleet.status("00000000").is_some() }).await;
+    token.cancel();
+    handle.await.unwrap();
+    let status = fleet.status("00000000").unwrap();
+    assert_eq!(status.header.as_deref(), Some("file n"));
+    assert_eq!(status.rows, 2);
+    assert_eq!(fleet.read("results/00000000").unwrap(), "a.txt 0\nb.txt 1\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_stops_by_itself() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    let mut config = fleet.config(2, support::python3());
+    config.idle_exit = Some(Duration::from_secs(1));
+    let started = std::time::Instant::now();
+    let summary = Worker::new(fleet.broker.clone(), config)
+        .run(CancellationToken::new())
+        .await
+        .expect("worker");
+    assert_eq!(summary, WorkerSummary::default());
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_without_its_interpreter_stops_and_gives_the_batch_back() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 2, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let config = fleet.config(2, PathBuf::from("/nonexistent/bin/python3"));
+    let error = Worker::new(fleet.broker.clone(), config)
+        .run(CancellationToken::new())
+        .await
+        .expect_err("the worker must stop");
+    assert_eq!(error.kind(), batchfleet_common::ErrorKind::Config);
+    assert!(error.to_string().contains("/nonexistent/bin/python3"), "{error}");
+    // The batch is back in the queue for a healthy worker, with no failure charged to it.
+    assert_eq!(fleet.broker.depth(&fleet.queues.work).await.unwrap().total(), 1);
+    assert_eq!(fleet.dead_letter_count().await, 0);
+    assert!(!fleet.path("root/failures").exists());
+}

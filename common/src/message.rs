@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::status::BatchStatus;
+use crate::status::{BatchStatus, FailureRecord};
 
 /// One mini-batch of work, as published to the pool's work queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,18 +22,41 @@ pub struct MiniBatchMessage {
     pub items: Vec<String>,
 }
 
-/// What a worker (or the dead-letter router) tells the producer about a batch.
+/// What workers and the dead-letter router tell a job's producer, on the job's events queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BatchEvent {
-    pub job_id: String,
-    pub status: BatchStatus,
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
+pub enum JobEvent {
+    /// A batch reached a final state (its status is already in the store).
+    BatchEnded { job_id: String, status: BatchStatus },
+    /// An entry-script runtime of this job finished `init()`: the job can make progress.
+    RuntimeReady { job_id: String, worker: String },
+    /// Starting an entry-script runtime of this job failed; the worker keeps trying while it
+    /// holds the batch, and the producer fails the job once `first_task_creation_timeout`
+    /// passes with no runtime ready.
+    InitFailed { job_id: String, worker: String, error: FailureRecord },
+}
+
+impl JobEvent {
+    pub fn job_id(&self) -> &str {
+        match self {
+            JobEvent::BatchEnded { job_id, .. }
+            | JobEvent::RuntimeReady { job_id, .. }
+            | JobEvent::InitFailed { job_id, .. } => job_id,
+        }
+    }
 }
 
 /// The stable id of the batch at `index`: zero-padded so that key order is batch order.
 pub fn batch_id(index: u64) -> String {
     format!("{index:08}")
 }
+
+/// Deliveries a pool's work queue allows before the broker itself dead-letters a message.
+///
+/// Jobs with different `max_retries` share a pool's queue, so the queue's limit cannot be any
+/// one job's: workers enforce each job's own limit from the delivery count, and this backstop
+/// only catches messages whose workers keep dying before they can settle them.
+pub const POOL_MAX_DELIVERIES: u32 = 20;
 
 /// Queue names of a worker pool and of a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +86,14 @@ impl QueueNames {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_are_tagged_json() {
+        let event = JobEvent::RuntimeReady { job_id: "j".into(), worker: "w".into() };
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(json, r#"{"event":"runtime_ready","job_id":"j","worker":"w"}"#);
+        assert_eq!(serde_json::from_str::<JobEvent>(&json).unwrap(), event);
+    }
 
     #[test]
     fn batch_ids_sort_in_batch_order() {

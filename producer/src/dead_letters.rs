@@ -12,7 +12,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use batchfleet_common::broker::{Broker, Delivery};
 use batchfleet_common::layout::JobLayout;
-use batchfleet_common::message::{BatchEvent, MiniBatchMessage, QueueNames};
+use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
@@ -48,7 +48,7 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         .put(&key, PutPayload::from_bytes(Bytes::from(json)))
         .await
         .map_err(|e| StoreError::io("put", &key, e))?;
-    let event = BatchEvent { job_id: message.job_id.clone(), status };
+    let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
     broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await?;
     broker.ack(&delivery.handle).await?;

@@ -6,7 +6,8 @@ use bytes::Bytes;
 
 use batchfleet_common::broker::{Broker, Delivery};
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::message::{batch_id, BatchEvent, QueueNames};
+use batchfleet_common::message::{batch_id, JobEvent, QueueNames};
+use batchfleet_common::status::FailureRecord;
 
 use crate::dead_letters;
 use crate::error::ProducerError;
@@ -34,12 +35,25 @@ pub enum FollowEnd {
     ThresholdExceeded(String),
     /// No batch ended for longer than `--progress_update_timeout`.
     NoProgress(String),
+    /// No entry-script runtime finished `init()` within `--first_task_creation_timeout`.
+    InitTimeout(String),
 }
 
 impl FollowEnd {
     /// Whether the job stopped before all its batches ended.
     pub fn stopped_early(&self) -> bool {
-        !matches!(self, FollowEnd::Complete)
+        self.failure().is_some()
+    }
+
+    /// Why the job stopped early, said for the job result.
+    pub fn failure(&self) -> Option<&str> {
+        match self {
+            FollowEnd::Complete => None,
+            FollowEnd::FleetGone(reason)
+            | FollowEnd::ThresholdExceeded(reason)
+            | FollowEnd::NoProgress(reason)
+            | FollowEnd::InitTimeout(reason) => Some(reason),
+        }
     }
 }
 
@@ -63,6 +77,7 @@ impl Follow<'_> {
         let events_queue = QueueNames::events(&self.root.job_id);
         let mut last_overview = Instant::now();
         let mut watchdog = Watchdog::new(self.job);
+        let mut startup = Startup::new(self.job);
         while !tracker.is_complete() {
             if let Some(reason) = fleet_gone() {
                 return Ok(FollowEnd::FleetGone(reason));
@@ -71,7 +86,7 @@ impl Follow<'_> {
             let events =
                 self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await?;
             for delivery in &events {
-                if self.take_event(tracker, delivery).await? {
+                if self.take_event(tracker, &mut startup, delivery).await? {
                     watchdog.progressed();
                 }
             }
@@ -79,6 +94,10 @@ impl Follow<'_> {
             if let Some(reason) = threshold_exceeded(self.job, &tracker.counts()) {
                 self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::ThresholdExceeded(reason));
+            }
+            if let Some(reason) = startup.timed_out() {
+                self.write_overview(tracker, progress).await;
+                return Ok(FollowEnd::InitTimeout(reason));
             }
             if let Some(silence) = watchdog.tripped() {
                 self.write_overview(tracker, progress).await;
@@ -112,20 +131,27 @@ impl Follow<'_> {
     async fn take_event(
         &self,
         tracker: &mut Tracker,
+        startup: &mut Startup,
         delivery: &Delivery,
     ) -> Result<bool, ProducerError> {
         let mut ended_a_batch = false;
-        match serde_json::from_slice::<BatchEvent>(&delivery.payload) {
-            Ok(event) if event.job_id == self.root.job_id => {
-                ended_a_batch = tracker.record(&event.status);
+        match serde_json::from_slice::<JobEvent>(&delivery.payload) {
+            Ok(event) if event.job_id() != self.root.job_id => {
+                tracing::error!(job_id = %event.job_id(), "event for another job on this job's queue ignored")
             }
-            Ok(event) => {
-                tracing::error!(job_id = %event.job_id, "event for another job on this job's queue ignored")
+            Ok(JobEvent::BatchEnded { status, .. }) => {
+                ended_a_batch = tracker.record(&status);
+                startup.ready();
+            }
+            Ok(JobEvent::RuntimeReady { .. }) => startup.ready(),
+            Ok(JobEvent::InitFailed { worker, error, .. }) => {
+                tracing::warn!(%worker, message = %error.message, "an entry-script runtime failed to start");
+                startup.failed(error);
             }
             Err(error) => tracing::error!(
                 %error,
                 payload = %String::from_utf8_lossy(&delivery.payload[..delivery.payload.len().min(512)]),
-                "unreadable batch event ignored"
+                "unreadable job event ignored"
             ),
         }
         self.broker.ack(&delivery.handle).await?;
@@ -197,5 +223,49 @@ impl Watchdog {
             if self.any_progress { self.limit } else { self.limit + self.first_allowance };
         let silence = self.last_progress.elapsed();
         (silence > allowed).then_some(silence)
+    }
+}
+
+/// Fails a job whose entry script never initialises, with init's own error.
+struct Startup {
+    started: Instant,
+    limit: Duration,
+    ready: bool,
+    last_failure: Option<FailureRecord>,
+}
+
+impl Startup {
+    fn new(job: &ResolvedJob) -> Self {
+        Startup {
+            started: Instant::now(),
+            limit: Duration::from_secs(job.task.program_args.first_task_creation_timeout_secs),
+            ready: false,
+            last_failure: None,
+        }
+    }
+
+    fn ready(&mut self) {
+        self.ready = true;
+    }
+
+    fn failed(&mut self, error: FailureRecord) {
+        self.last_failure = Some(error);
+    }
+
+    /// The reason to fail the job, once no runtime became ready in time.
+    fn timed_out(&self) -> Option<String> {
+        if self.ready || self.started.elapsed() <= self.limit {
+            return None;
+        }
+        let cause = match &self.last_failure {
+            Some(error) => {
+                format!("{} (worker {})", error.message.lines().next().unwrap_or(""), error.worker)
+            }
+            None => "no worker reported an init() error; are workers running?".into(),
+        };
+        Some(format!(
+            "no entry-script runtime initialised within first_task_creation_timeout ({} s): {cause}",
+            self.limit.as_secs()
+        ))
     }
 }

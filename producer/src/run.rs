@@ -14,7 +14,7 @@ use url::Url;
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::{Broker, QueueSpec};
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::message::QueueNames;
+use batchfleet_common::message::{QueueNames, POOL_MAX_DELIVERIES};
 use batchfleet_common::spec;
 use batchfleet_common::store::resolve_location;
 use batchfleet_worker::{Worker, WorkerConfig};
@@ -126,7 +126,7 @@ async fn declare_queues(
     broker
         .declare_queue(&QueueSpec {
             name: queues.work.clone(),
-            max_deliveries: Some(job.retry.max_deliveries()),
+            max_deliveries: Some(POOL_MAX_DELIVERIES),
             dead_letter_queue: Some(queues.dead_letter.clone()),
         })
         .await?;
@@ -222,12 +222,7 @@ async fn stop_the_rest(
     tracker: &mut Tracker,
     end: &FollowEnd,
 ) -> Result<(), ProducerError> {
-    let reason = match end {
-        FollowEnd::Complete => "complete".to_string(),
-        FollowEnd::FleetGone(reason)
-        | FollowEnd::ThresholdExceeded(reason)
-        | FollowEnd::NoProgress(reason) => reason.clone(),
-    };
+    let reason = end.failure().unwrap_or("stopped").to_string();
     root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
     tracker.cancel_unfinished();
     Ok(())
@@ -243,11 +238,9 @@ async fn finish(
     let header =
         if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
     let output = aggregate(root, tracker, header, &output_at).await?;
-    let verdict = match end {
-        FollowEnd::Complete => verdict(job, &tracker.counts(), output.rows),
-        FollowEnd::FleetGone(reason)
-        | FollowEnd::ThresholdExceeded(reason)
-        | FollowEnd::NoProgress(reason) => Verdict::Failed(reason),
+    let verdict = match end.failure() {
+        None => verdict(job, &tracker.counts(), output.rows),
+        Some(reason) => Verdict::Failed(reason.to_string()),
     };
     let text = job_result_text(&verdict, root, tracker, Some(&output));
     root.put(&root.layout.job_result(), Bytes::from(text)).await?;

@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use batchfleet_common::broker::Broker;
-use batchfleet_common::message::{BatchEvent, QueueNames};
+use batchfleet_common::message::{JobEvent, QueueNames};
 use batchfleet_common::status::{BatchStatus, FailureRecord};
 use batchfleet_common::store::StoreError;
 use bytes::Bytes;
@@ -74,12 +74,21 @@ pub(crate) async fn publish_event(
     job: &LoadedJob,
     status: &BatchStatus,
 ) -> Result<(), InfraError> {
-    let event = BatchEvent { job_id: job.job_id.clone(), status: status.clone() };
-    let payload = serde_json::to_vec(&event)
-        .map_err(|e| InfraError::io("encoding the batch event", e.into()))?;
+    let event = JobEvent::BatchEnded { job_id: job.job_id.clone(), status: status.clone() };
+    publish(broker, job, &event).await
+}
+
+/// Put an event on the job's events queue (retried: the producer waits for it).
+pub(crate) async fn publish(
+    broker: &dyn Broker,
+    job: &LoadedJob,
+    event: &JobEvent,
+) -> Result<(), InfraError> {
+    let payload = serde_json::to_vec(event)
+        .map_err(|e| InfraError::io("encoding the job event", e.into()))?;
     let queue = QueueNames::events(&job.job_id);
     let payload = Bytes::from(payload);
-    retrying("publish the batch event", || async {
+    retrying("publish the job event", || async {
         broker.publish(&queue, vec![payload.clone()]).await.map_err(InfraError::from)
     })
     .await

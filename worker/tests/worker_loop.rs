@@ -12,7 +12,7 @@ use batchfleet_common::job::{
     InputKind, InputMode, InputSpec, LoggingLevel, MiniBatchSize, ProgramArgs, ResolvedJob,
     RetrySettings, TaskSpec,
 };
-use batchfleet_common::message::{batch_id, BatchEvent, MiniBatchMessage, QueueNames};
+use batchfleet_common::message::{batch_id, JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_worker::{Worker, WorkerConfig, WorkerSummary};
 use bytes::Bytes;
@@ -177,7 +177,19 @@ impl Fleet {
         self.broker.depth(&self.queues.dead_letter).await.unwrap().total()
     }
 
-    async fn events(&self) -> Vec<BatchEvent> {
+    /// The batch events on the job's queue (runtime events left out), as (job id, status).
+    async fn batch_events(&self) -> Vec<(String, BatchStatus)> {
+        self.events()
+            .await
+            .into_iter()
+            .filter_map(|event| match event {
+                JobEvent::BatchEnded { job_id, status } => Some((job_id, status)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn events(&self) -> Vec<JobEvent> {
         let queue = QueueNames::events(&self.job_id);
         let got = self
             .broker
@@ -276,11 +288,11 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
             "00000002 status=true result=true"
         ]
     );
-    let mut events = fleet.events().await;
-    events.sort_by_key(|e| e.status.index);
+    let mut events = fleet.batch_events().await;
+    events.sort_by_key(|(_, status)| status.index);
     assert_eq!(events.len(), 3);
-    assert_eq!(events[1].status, status);
-    assert_eq!(events[1].job_id, "job-1");
+    assert_eq!(events[1].1, status);
+    assert_eq!(events[1].0, "job-1");
 
     // Each ack came after the batch's lease was extended, and after its event was published.
     let ops = fleet.broker.ops();

@@ -12,6 +12,7 @@ pub mod listing;
 pub mod outcome;
 pub mod plan;
 pub mod progress;
+pub mod queues;
 pub mod run;
 pub mod settings;
 pub mod tracker;

@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
-use batchfleet_common::broker::{Broker, QueueSpec};
+use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::message::{QueueNames, POOL_MAX_DELIVERIES};
+use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec;
 use batchfleet_common::store::resolve_location;
 use batchfleet_worker::{Worker, WorkerConfig};
@@ -26,6 +26,7 @@ use crate::job_root::{new_job_id, JobRoot};
 use crate::outcome::{job_result_text, verdict, Verdict};
 use crate::plan::{plan_and_publish, PlanTarget};
 use crate::progress::Progress;
+use crate::queues::{declare_job_queue, declare_pool_queues};
 use crate::settings::effective_settings;
 use crate::tracker::Tracker;
 
@@ -72,7 +73,8 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
 
     let broker: Arc<dyn Broker> = Arc::new(EmbeddedBroker::new());
     let queues = QueueNames::for_pool("local");
-    declare_queues(broker.as_ref(), &queues, &job, &root.job_id).await?;
+    declare_pool_queues(broker.as_ref(), &queues).await?;
+    declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
     let mut fleet = start_workers(&broker, &queues, &job, options, &stop);
 
@@ -114,24 +116,6 @@ fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
     let raw = store.unwrap_or(DEFAULT_STORE);
     let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
     Ok(resolve_location(raw, &cwd)?)
-}
-
-async fn declare_queues(
-    broker: &dyn Broker,
-    queues: &QueueNames,
-    job: &ResolvedJob,
-    job_id: &str,
-) -> Result<(), ProducerError> {
-    broker.declare_queue(&QueueSpec::plain(&queues.dead_letter)).await?;
-    broker
-        .declare_queue(&QueueSpec {
-            name: queues.work.clone(),
-            max_deliveries: Some(POOL_MAX_DELIVERIES),
-            dead_letter_queue: Some(queues.dead_letter.clone()),
-        })
-        .await?;
-    broker.declare_queue(&QueueSpec::plain(QueueNames::events(job_id))).await?;
-    Ok(())
 }
 
 fn start_workers(

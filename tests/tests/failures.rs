@@ -361,3 +361,31 @@ fn returning_none_fails_the_attempt_with_the_expected_types() {
         "{record}"
     );
 }
+
+#[test]
+fn an_init_that_never_succeeds_fails_the_job_with_its_error() {
+    let body = r#"
+def init():
+    mark("init")
+    raise RuntimeError("model file missing")
+
+def run(mini_batch):
+    return mini_batch
+"#;
+    let settings = "mini_batch_size: 1\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 2, timeout: 30}";
+    let fixture =
+        JobFixture::new(&file_names(2), &script(body), settings, "--first_task_creation_timeout 3");
+    let output = fixture.run();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let result = fixture.job_result();
+    let first = result.lines().next().unwrap();
+    assert!(
+        first.starts_with(
+            "failed: no entry-script runtime initialised within first_task_creation_timeout (3 s)"
+        ) && first.contains("RuntimeError: model file missing"),
+        "{result}"
+    );
+    assert!(fixture.marks().len() >= 2, "init() is retried: {:?}", fixture.marks());
+    assert!(!fixture.job_root().join("failures").exists(), "init failures burn no batch attempt");
+    assert!(result.contains("2 cancelled"), "{result}");
+}

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::layout::JobLayout;
@@ -18,6 +19,9 @@ use crate::materialize::InputBase;
 
 /// Extra lease time on top of the job's own budget, for settling the batch.
 const LEASE_MARGIN: Duration = Duration::from_secs(30);
+/// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
+/// job per interval, however many batches run.
+const CANCEL_RECHECK: Duration = Duration::from_secs(2);
 
 /// A job as a worker needs it.
 pub(crate) struct LoadedJob {
@@ -29,6 +33,10 @@ pub(crate) struct LoadedJob {
     pub layout: JobLayout,
     pub code_dir: PathBuf,
     pub input: InputBase,
+    /// Seen the cancel marker (final once true).
+    cancelled: AtomicBool,
+    /// When the cancel marker was last looked for.
+    cancel_checked: std::sync::Mutex<Option<Instant>>,
 }
 
 impl LoadedJob {
@@ -46,6 +54,34 @@ impl LoadedJob {
 
     pub fn overhead_timeout(&self) -> Duration {
         Duration::from_secs(self.job.task.program_args.task_overhead_timeout_secs)
+    }
+
+    /// Whether the producer stopped the job early (`control/cancelled` exists): its remaining
+    /// batches are settled without running. Looked up at most every `CANCEL_RECHECK`.
+    pub async fn is_cancelled(&self) -> bool {
+        if self.cancelled.load(Ordering::Relaxed) {
+            return true;
+        }
+        {
+            let mut checked = self.cancel_checked.lock().unwrap_or_else(|e| e.into_inner());
+            if checked.is_some_and(|at| at.elapsed() < CANCEL_RECHECK) {
+                return false;
+            }
+            *checked = Some(Instant::now());
+        }
+        let marker = self.layout.cancel_marker();
+        match self.root.store.head(&marker).await {
+            Ok(_) => {
+                self.cancelled.store(true, Ordering::Relaxed);
+                tracing::info!(job_id = %self.job_id, "job cancelled by its producer");
+                true
+            }
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(error) => {
+                tracing::debug!(job_id = %self.job_id, %error, "looking for the cancel marker failed");
+                false
+            }
+        }
     }
 }
 
@@ -115,6 +151,8 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         layout,
         code_dir,
         input,
+        cancelled: AtomicBool::new(false),
+        cancel_checked: std::sync::Mutex::new(None),
     })
 }
 

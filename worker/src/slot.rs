@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use batchfleet_common::broker::{BrokerError, Delivery, DeliveryHandle};
-use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::message::{JobEvent, MiniBatchMessage};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_common::ErrorKind;
 use tokio_util::sync::CancellationToken;
@@ -37,8 +37,8 @@ const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Longest pause between receives while the broker is failing.
 const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
-/// Tries at starting a runtime for one delivery (the first included).
-const START_TRIES: usize = 3;
+/// Longest pause between tries at starting a runtime whose init() keeps failing.
+const MAX_INIT_RETRY_DELAY: Duration = Duration::from_secs(30);
 
 /// The slot's runtime and the job it serves.
 struct ActiveRuntime {
@@ -98,6 +98,23 @@ impl AttemptFailure {
     }
 }
 
+/// How an attempt ended without a result.
+#[derive(Debug)]
+enum AttemptEnd {
+    /// The attempt failed: it is recorded and counts against the job's retries.
+    Failed(AttemptFailure),
+    /// Not the batch's fault and not a try at it (the worker is stopping): give it back now.
+    GiveBack(String),
+    /// The job was stopped by its producer: settle the message without running it.
+    Cancelled,
+}
+
+impl From<AttemptFailure> for AttemptEnd {
+    fn from(failure: AttemptFailure) -> Self {
+        AttemptEnd::Failed(failure)
+    }
+}
+
 pub(crate) struct Slot {
     index: usize,
     shared: Arc<Shared>,
@@ -139,7 +156,7 @@ impl Slot {
                 Ok(Some(delivery)) => {
                     receive_failures = 0;
                     self.shared.activity.begin();
-                    self.handle(delivery).await;
+                    self.handle(delivery, &stop).await;
                     self.shared.activity.end();
                     if let Some(error) = &self.fatal {
                         tracing::error!(%error, "this worker cannot run batches; stopping it");
@@ -186,7 +203,7 @@ impl Slot {
         Ok(got.pop())
     }
 
-    async fn handle(&mut self, delivery: Delivery) {
+    async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
         let message = match serde_json::from_slice::<MiniBatchMessage>(&delivery.payload) {
             Ok(message) => message,
             Err(error) => {
@@ -199,10 +216,15 @@ impl Slot {
         };
         let span = tracing::info_span!("batch", job_id = %message.job_id,
             batch_id = %message.batch_id, attempt = delivery.delivery_count);
-        self.handle_batch(delivery, message).instrument(span).await;
+        self.handle_batch(delivery, message, stop).instrument(span).await;
     }
 
-    async fn handle_batch(&mut self, delivery: Delivery, message: MiniBatchMessage) {
+    async fn handle_batch(
+        &mut self,
+        delivery: Delivery,
+        message: MiniBatchMessage,
+        stop: &CancellationToken,
+    ) {
         let job = match self.shared.jobs.get(&message).await {
             Ok(job) => job,
             Err(JobLoadError::Unusable(reason)) => {
@@ -217,11 +239,29 @@ impl Slot {
                 return;
             }
         };
+        if job.is_cancelled().await {
+            tracing::info!("the job was stopped by its producer; batch settled without running");
+            self.ack(&delivery.handle, false).await;
+            return;
+        }
+        let max = job.job.retry.max_deliveries();
+        if delivery.delivery_count > max {
+            // The earlier deliveries were attempts whose worker stopped or died before settling.
+            let reason = format!(
+                "deliveries_exhausted: delivered {} times, the job allows {max} attempts; the \
+                 earlier attempts ended without a result (their worker stopped or died)",
+                delivery.delivery_count
+            );
+            tracing::error!(%reason, "dead-lettering");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.batches_dead_lettered += 1;
+            return;
+        }
         let heartbeat =
             Heartbeat::start(Arc::clone(&self.shared.broker), delivery.handle.clone(), job.lease());
         let started_ms = now_ms();
         let started = Instant::now();
-        let result = self.attempt(&job, &message, delivery.delivery_count, started_ms).await;
+        let result = self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
         let lease_lost = heartbeat.stop().await;
         match result {
             Ok(status) => {
@@ -235,12 +275,22 @@ impl Slot {
                     "batch succeeded"
                 );
             }
-            Err(failure) if self.fatal.is_some() => {
+            Err(AttemptEnd::Failed(failure)) if self.fatal.is_some() => {
                 tracing::warn!(message = %failure.message, "giving the batch back to other workers");
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
-            Err(failure) => {
+            Err(AttemptEnd::Failed(failure)) => {
                 self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+            }
+            Err(AttemptEnd::GiveBack(why)) => {
+                tracing::info!(%why, "giving the batch back without counting an attempt");
+                self.nack(&delivery.handle, Duration::ZERO).await;
+            }
+            Err(AttemptEnd::Cancelled) => {
+                tracing::info!(
+                    "the job was stopped by its producer; batch settled without running"
+                );
+                self.ack(&delivery.handle, lease_lost).await;
             }
         }
     }
@@ -252,7 +302,11 @@ impl Slot {
         message: &MiniBatchMessage,
         attempt: u32,
         started_ms: u64,
-    ) -> Result<BatchStatus, AttemptFailure> {
+        stop: &CancellationToken,
+    ) -> Result<BatchStatus, AttemptEnd> {
+        // The runtime first: init() has its own budget (first_task_creation_timeout) and must
+        // not eat into the time allowed for loading the batch.
+        self.ensure_runtime(job, attempt, stop).await?;
         let inputs = tokio::time::timeout(
             job.overhead_timeout(),
             materialize(&job.input, &message.items, &self.dir.join("inputs")),
@@ -267,11 +321,10 @@ impl Slot {
             detail: None,
         })?
         .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
-        self.ensure_runtime(job).await?;
         let out_dir = self.dir.join("out");
-        tokio::fs::create_dir_all(&out_dir)
-            .await
-            .map_err(|e| AttemptFailure::infra("creating the output folder", e))?;
+        tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
+            AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
+        })?;
         let output = out_dir.join(format!("{}.txt", message.batch_id));
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
@@ -282,9 +335,12 @@ impl Slot {
         let result = match self.run(request, job.run_timeout()).await {
             Ok(success) => {
                 let status = succeeded_status(message, &success, attempt, &self.shared, started_ms);
-                self.write_success(job, message, &output, &status).await.map(|()| status)
+                self.write_success(job, message, &output, &status)
+                    .await
+                    .map(|()| status)
+                    .map_err(AttemptEnd::from)
             }
-            Err(failure) => Err(failure),
+            Err(failure) => Err(AttemptEnd::Failed(failure)),
         };
         drop(inputs);
         if let Err(error) = tokio::fs::remove_file(&output).await {
@@ -331,8 +387,18 @@ impl Slot {
             .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
     }
 
-    /// Make sure the slot's runtime serves `job`, starting one (with retries) when needed.
-    async fn ensure_runtime(&mut self, job: &Arc<LoadedJob>) -> Result<(), AttemptFailure> {
+    /// Make sure the slot's runtime serves `job`, starting one when needed.
+    ///
+    /// A runtime that fails to start (init() raised, hung or crashed) is not the batch's
+    /// fault: the slot keeps the batch leased and tries again with backoff, telling the
+    /// producer each time (`InitFailed`), until a runtime is ready, the producer stops the job
+    /// (its `first_task_creation_timeout` ran out), or this worker is stopping.
+    async fn ensure_runtime(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        attempt: u32,
+        stop: &CancellationToken,
+    ) -> Result<(), AttemptEnd> {
         if let Some(active) = &self.runtime {
             if active.job.job_id == job.job_id && active.process.is_alive() {
                 return Ok(());
@@ -341,35 +407,61 @@ impl Slot {
         self.stop_runtime().await;
         let mut delays = ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(10))
-            .with_max_times(START_TRIES - 1)
+            .with_max_delay(MAX_INIT_RETRY_DELAY)
+            .without_max_times()
             .with_jitter()
             .build();
         loop {
+            let started = Instant::now();
             let error = match self.start_runtime(job).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    let ready = JobEvent::RuntimeReady {
+                        job_id: job.job_id.clone(),
+                        worker: self.shared.config.worker_id.clone(),
+                    };
+                    self.publish_best_effort(job, &ready).await;
+                    return Ok(());
+                }
                 Err(error) => error,
             };
             self.summary.runtime_start_failures += 1;
-            if error.kind() == ErrorKind::Config {
-                self.fatal = Some(WorkerError::Config(error.to_string()));
-                return Err(AttemptFailure::runtime(
-                    error,
-                    "init()",
-                    "first_task_creation_timeout",
-                ));
+            let fatal = error.kind() == ErrorKind::Config;
+            let failure = AttemptFailure::runtime(error, "init()", "first_task_creation_timeout");
+            if fatal {
+                self.fatal = Some(WorkerError::Config(failure.message.clone()));
+                return Err(failure.into());
             }
-            let Some(delay) = delays.next() else {
-                tracing::error!(%error, "could not start the entry script; giving up on this attempt");
-                return Err(AttemptFailure::runtime(
-                    error,
-                    "init()",
-                    "first_task_creation_timeout",
-                ));
+            let record = FailureRecord {
+                kind: failure.kind,
+                message: failure.message.clone(),
+                detail: failure.detail.clone(),
+                attempt,
+                worker: self.shared.config.worker_id.clone(),
+                duration_ms: elapsed_ms(started),
             };
-            tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64,
+            let event = JobEvent::InitFailed {
+                job_id: job.job_id.clone(),
+                worker: self.shared.config.worker_id.clone(),
+                error: record,
+            };
+            self.publish_best_effort(job, &event).await;
+            let delay = delays.next().unwrap_or(MAX_INIT_RETRY_DELAY);
+            tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
                 "starting the entry script failed; retrying");
-            tokio::time::sleep(delay).await;
+            tokio::select! {
+                _ = stop.cancelled() => return Err(AttemptEnd::GiveBack("the worker is stopping".into())),
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if job.is_cancelled().await {
+                return Err(AttemptEnd::Cancelled);
+            }
+        }
+    }
+
+    /// Events about runtimes help the producer but must not fail a batch.
+    async fn publish_best_effort(&self, job: &LoadedJob, event: &JobEvent) {
+        if let Err(error) = output::publish(self.shared.broker.as_ref(), job, event).await {
+            tracing::warn!(%error, "could not tell the producer about the runtime");
         }
     }
 

@@ -60,6 +60,23 @@ fn the_example_scores_every_file_exactly_once() {
     assert!(result.contains("items: 237 total, 237 succeeded, 0 failed"), "{result}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("scores.txt (237 rows)"), "{stdout}");
+
+    // Every effective timeout and threshold is echoed once at the start.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for setting in [
+        "max_retries 2 (3 attempts)",
+        "timeout 60 s",
+        "task_overhead_timeout 30 s",
+        "progress_update_timeout 360 s (derived)",
+        "mini_batch_error_threshold 5",
+        "error_threshold 10",
+        "allowed_failed_percent 100",
+    ] {
+        assert_eq!(stderr.matches(setting).count(), 1, "`{setting}` once in:\n{stderr}");
+    }
+    let job_root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
+    let overview = std::fs::read_to_string(job_root.join("logs/job_progress_overview.txt")).unwrap();
+    assert!(overview.contains("scheduled: 24\nsucceeded: 24\nfailed: 0"), "{overview}");
 }
 
 #[test]

@@ -48,12 +48,14 @@ impl InfraError {
     }
 }
 
-/// The backoff for infrastructure operations: a few quick tries, about 3 s in all.
+/// The backoff for infrastructure operations: quick at first, then patient enough (about a
+/// minute in all) to ride out a store or broker restart while the batch's lease is held by
+/// its heartbeat, so that an outage rarely costs the user one of their `max_retries`.
 fn backoff() -> ExponentialBuilder {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(2))
-        .with_max_times(3)
+        .with_max_delay(Duration::from_secs(10))
+        .with_max_times(9)
         .with_jitter()
 }
 

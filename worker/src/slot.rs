@@ -329,7 +329,7 @@ impl Slot {
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
             items: inputs.paths.clone(),
-            context: MiniBatchContext::for_files(&message.batch_id),
+            context: MiniBatchContext::for_files(message.index),
             output: output.clone(),
         };
         let result = match self.run(request, job.run_timeout()).await {

@@ -15,7 +15,7 @@ const GRACE: Duration = Duration::from_secs(10);
 fn request(scratch: &Scratch, index: u64, items: &[&str]) -> RunRequest {
     let batch_id = format!("{index:08}");
     RunRequest {
-        context: MiniBatchContext::for_files(&batch_id),
+        context: MiniBatchContext::for_files(index),
         batch_id,
         items: items.iter().map(|s| s.to_string()).collect(),
         output: scratch.path().join(format!("out-{index}.txt")),
@@ -209,7 +209,7 @@ def run(mini_batch, mini_batch_context):
     let mut process = RuntimeProcess::start(&config).await.expect("start");
     assert!(process.passes_context());
     let (_, _, _, text) = run_ok(&mut process, request(&scratch, 7, &["/a"])).await;
-    assert_eq!(text, "00000007\n{}\n0\n");
+    assert_eq!(text, "7\n{}\n0\n");
     process.shutdown(GRACE).await.expect("shutdown");
 }
 

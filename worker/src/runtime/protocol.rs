@@ -15,8 +15,8 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// What Azure passes as `run()`'s second argument, when `run` takes one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MiniBatchContext {
-    /// The mini-batch's id (its zero-padded index, e.g. `"00000003"`).
-    pub minibatch_index: String,
+    /// The mini-batch's index (an integer, as Azure passes it; its id is the zero-padded form).
+    pub minibatch_index: u64,
     /// The partition's key values; empty for file lists.
     pub partition_key_value: BTreeMap<String, serde_json::Value>,
     /// Index of the mini-batch's first row in the input (0 for file lists).
@@ -25,9 +25,9 @@ pub struct MiniBatchContext {
 
 impl MiniBatchContext {
     /// The context of a file-list mini-batch.
-    pub fn for_files(batch_id: &str) -> Self {
+    pub fn for_files(index: u64) -> Self {
         MiniBatchContext {
-            minibatch_index: batch_id.to_string(),
+            minibatch_index: index,
             partition_key_value: BTreeMap::new(),
             global_row_index_lower_bound: 0,
         }
@@ -153,14 +153,14 @@ mod tests {
         let line = encode(&Request::Run {
             batch_id: "00000002".into(),
             items: vec!["/data/a.txt".into()],
-            context: MiniBatchContext::for_files("00000002"),
+            context: MiniBatchContext::for_files(2),
             output: PathBuf::from("/tmp/out"),
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["v"], 1);
         assert_eq!(value["type"], "run");
-        assert_eq!(value["context"]["minibatch_index"], "00000002");
+        assert_eq!(value["context"]["minibatch_index"], 2);
         assert!(line.ends_with('\n'));
         assert_eq!(encode(&Request::Shutdown).unwrap(), "{\"v\":1,\"type\":\"shutdown\"}\n");
     }

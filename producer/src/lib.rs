@@ -8,7 +8,6 @@ pub mod dead_letters;
 pub mod error;
 pub mod follow;
 pub mod job_root;
-pub mod listing;
 pub mod outcome;
 pub mod plan;
 pub mod progress;

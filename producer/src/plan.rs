@@ -15,7 +15,7 @@ use batchfleet_common::store::{self, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job_root::JobRoot;
-use crate::listing::list_in_key_order;
+use batchfleet_common::store::listing::list_in_key_order;
 
 /// Batches per plan chunk (one `plan/batches-*.jsonl` object).
 const BATCHES_PER_CHUNK: usize = 1000;

@@ -4,6 +4,9 @@
 //! paths are made absolute against a base folder (the YAML file's folder, or the current one)
 //! and become `file://` URLs, so a job root written on a laptop is still meaningful to a worker.
 
+pub mod conformance;
+pub mod listing;
+
 use std::sync::Arc;
 
 use object_store::path::Path;
@@ -104,8 +107,7 @@ pub fn resolve_location(raw: &str, base_dir: &std::path::Path) -> Result<Url, St
         }
         let url = Url::parse(raw).map_err(|e| invalid(e.to_string()))?;
         return match url.scheme() {
-            "file" | "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "adl" | "azure" | "http"
-            | "https" | "memory" => Ok(url),
+            "file" | "s3" | "s3a" | "gs" | "az" | "abfs" | "abfss" | "adl" | "azure" => Ok(url),
             other => Err(invalid(format!(
                 "unknown scheme `{other}`; use file://, s3://, gs://, az:// or a plain path"
             ))),
@@ -135,18 +137,48 @@ fn normalize(path: &std::path::Path) -> std::path::PathBuf {
 }
 
 /// Open the store behind an absolute URL.
+///
+/// Cloud stores take their configuration from the environment, by each cloud's conventions:
+/// S3 (and S3-compatible servers) from `AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP`,
+/// `AWS_VIRTUAL_HOSTED_STYLE_REQUEST` (path-style by default, what self-hosted servers want);
+/// GCS from `GOOGLE_SERVICE_ACCOUNT` / `GOOGLE_APPLICATION_CREDENTIALS`; Azure Blob from
+/// `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY` and friends. Credentials are
+/// never part of a URL, a log line or a job file.
 pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
-    if url.scheme() == "file" {
-        let (store, prefix) = object_store::parse_url(url)
-            .map_err(|e| StoreError::Unsupported { url: url.to_string(), reason: e.to_string() })?;
-        return Ok(StoreLocation { store: Arc::from(store), prefix, url: url.clone() });
-    }
-    Err(StoreError::Unsupported {
-        url: url.to_string(),
-        reason: "this build of batchfleet reads and writes local folders only (file:// or a \
-                 plain path); object-store URLs arrive with S3 support"
-            .into(),
-    })
+    let unsupported = |reason: String| StoreError::Unsupported { url: url.to_string(), reason };
+    let store: Arc<dyn ObjectStore> = match url.scheme() {
+        "file" => {
+            let (store, prefix) =
+                object_store::parse_url(url).map_err(|e| unsupported(e.to_string()))?;
+            return Ok(StoreLocation { store: Arc::from(store), prefix, url: url.clone() });
+        }
+        "s3" | "s3a" => Arc::new(
+            object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(|e| unsupported(e.to_string()))?,
+        ),
+        "gs" => Arc::new(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(|e| unsupported(e.to_string()))?,
+        ),
+        "az" | "abfs" | "abfss" | "adl" | "azure" => Arc::new(
+            object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(|e| unsupported(e.to_string()))?,
+        ),
+        other => {
+            return Err(unsupported(format!(
+                "`{other}://` is not a store batchfleet opens; use file://, s3://, gs:// or az://"
+            )))
+        }
+    };
+    let prefix = Path::from_url_path(url.path()).map_err(|e| unsupported(e.to_string()))?;
+    Ok(StoreLocation { store, prefix, url: url.clone() })
 }
 
 /// Open a location given as a URL string (as stored in job files and messages).
@@ -189,6 +221,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("az://"), "{err}");
+    }
+
+    #[test]
+    fn s3_urls_open_with_the_key_prefix() {
+        let url = Url::parse("s3://bucket/jobs/j1/").unwrap();
+        let location = open(&url).unwrap();
+        assert_eq!(location.prefix.as_ref(), "jobs/j1");
+    }
+
+    #[test]
+    fn unknown_schemes_are_refused_by_name() {
+        let err = resolve_location("ftp://host/x", std::path::Path::new("/")).unwrap_err();
+        assert!(err.to_string().contains("ftp"), "{err}");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
 
-use batchfleet_common::store::{StoreError, StoreLocation};
+use super::{StoreError, StoreLocation};
 
 /// Objects under `location`, in key order.
 pub fn list_in_key_order(
@@ -77,7 +77,7 @@ fn walk_sorted(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use batchfleet_common::store::{open, resolve_location};
+    use crate::store::{open, resolve_location};
 
     #[tokio::test]
     async fn local_folders_list_in_flat_key_order() {

@@ -11,7 +11,8 @@ use batchfleet_common::layout::JobLayout;
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::store::{self, StoreLocation};
 use batchfleet_common::Retry;
-use object_store::ObjectStoreExt;
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::sync::Mutex;
 
 use crate::infra::{retrying, InfraError};
@@ -32,6 +33,8 @@ pub(crate) struct LoadedJob {
     pub root: StoreLocation,
     pub layout: JobLayout,
     pub code_dir: PathBuf,
+    /// The downloaded copy of code kept in an object store; removed with the job.
+    _code_download: Option<tempfile::TempDir>,
     pub input: InputBase,
     /// Seen the cancel marker (final once true).
     cancelled: AtomicBool,
@@ -141,7 +144,7 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
     };
     let job: ResolvedJob = serde_json::from_slice(&bytes)
         .map_err(|e| unusable(format!("its job.json is not a valid resolved job: {e}")))?;
-    let code_dir = local_code_dir(&job.task.code).map_err(unusable)?;
+    let (code_dir, code_download) = code_dir(&job.task.code).await?;
     let input = InputBase::for_input(&job.input).map_err(unusable)?;
     Ok(LoadedJob {
         job_id: message.job_id.clone(),
@@ -150,19 +153,53 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         root,
         layout,
         code_dir,
+        _code_download: code_download,
         input,
         cancelled: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
     })
 }
 
-/// The job's code folder on this machine.
-fn local_code_dir(code: &str) -> Result<PathBuf, String> {
-    let url = url::Url::parse(code).map_err(|e| format!("task.code `{code}` is not a URL: {e}"))?;
-    store::local_path(&url).ok_or_else(|| {
-        format!(
-            "task.code `{code}`: this build runs entry scripts from local folders only \
-             (file://); code in object stores arrives with S3 support"
-        )
+/// The job's code folder on this machine: a local folder as it is, code in an object store
+/// (`submit` uploads it under the job root) downloaded once per job into a temporary folder.
+async fn code_dir(code: &str) -> Result<(PathBuf, Option<tempfile::TempDir>), JobLoadError> {
+    let unusable = |reason: String| JobLoadError::Unusable(format!("task.code `{code}`: {reason}"));
+    let url = url::Url::parse(code).map_err(|e| unusable(format!("not a URL: {e}")))?;
+    if let Some(path) = store::local_path(&url) {
+        return Ok((path, None));
+    }
+    let location = store::open(&url).map_err(|e| unusable(e.to_string()))?;
+    let folder = tempfile::Builder::new()
+        .prefix("batchfleet-code-")
+        .tempdir()
+        .map_err(|e| JobLoadError::Infra(InfraError::io("creating the code folder", e)))?;
+    let objects: Vec<object_store::ObjectMeta> = retrying("list task.code", || async {
+        location
+            .store
+            .list(Some(&location.prefix))
+            .try_collect()
+            .await
+            .map_err(|e| InfraError::from(store::StoreError::io("list", &location.prefix, e)))
     })
+    .await
+    .map_err(JobLoadError::Infra)?;
+    if objects.is_empty() {
+        return Err(unusable("no files there".into()));
+    }
+    let prefix = format!("{}/", location.prefix);
+    let items: Vec<String> = objects
+        .iter()
+        .map(|meta| {
+            meta.location
+                .as_ref()
+                .strip_prefix(&prefix)
+                .unwrap_or(meta.location.as_ref())
+                .to_string()
+        })
+        .collect();
+    crate::materialize::download_into(&location, &items, folder.path())
+        .await
+        .map_err(JobLoadError::Infra)?;
+    let code_dir = folder.path().to_path_buf();
+    Ok((code_dir, Some(folder)))
 }

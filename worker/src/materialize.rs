@@ -1,12 +1,17 @@
 //! Turning a mini-batch's items into local file paths for `run()`.
 //!
-//! Local inputs (`file://`) are passed where they are; inputs in an object store are downloaded
-//! into a per-batch temporary folder that is removed when the batch is done.
+//! Local inputs (`file://`) are passed where they are. Inputs in an object store are downloaded
+//! (in parallel, a bounded number at a time) into a per-batch temporary folder that is removed
+//! when the batch is done — for `mode: download` and `ro_mount` alike, since a worker mounts
+//! nothing; with `mode: direct` the script gets the objects' URLs instead, as Azure does.
+//! An object key that would land outside the download folder (`..`, an absolute path) is
+//! refused by name.
 
 use std::path::{Path, PathBuf};
 
-use batchfleet_common::job::{InputKind, InputSpec};
+use batchfleet_common::job::{InputKind, InputMode, InputSpec};
 use batchfleet_common::store::{self, StoreLocation};
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use url::Url;
 
@@ -19,7 +24,12 @@ pub(crate) enum InputBase {
     Local(PathBuf),
     /// A prefix in an object store: items are downloaded.
     Remote(StoreLocation),
+    /// `mode: direct` on an object store: items are passed as URLs.
+    Direct(Url),
 }
+
+/// Downloads in flight at once for one batch.
+const PARALLEL_DOWNLOADS: usize = 8;
 
 impl InputBase {
     /// The folder the items of `input` are relative to (the file's folder for `uri_file`).
@@ -35,6 +45,9 @@ impl InputBase {
         };
         if let Some(path) = store::local_path(&base) {
             return Ok(InputBase::Local(path));
+        }
+        if input.mode == InputMode::Direct {
+            return Ok(InputBase::Direct(base));
         }
         let location = store::open(&base).map_err(|e| format!("input `{}`: {e}", input.name))?;
         Ok(InputBase::Remote(location))
@@ -54,10 +67,28 @@ pub(crate) async fn materialize(
     scratch: &Path,
 ) -> Result<Materialized, InfraError> {
     match base {
-        InputBase::Local(folder) => Ok(Materialized {
-            paths: items.iter().map(|item| path_string(&join_item(folder, item))).collect(),
-            _downloads: None,
-        }),
+        InputBase::Local(folder) => {
+            let paths = items
+                .iter()
+                .map(|item| join_item(folder, item).map(|p| path_string(&p)))
+                .collect::<Result<_, _>>()?;
+            Ok(Materialized { paths, _downloads: None })
+        }
+        InputBase::Direct(url) => {
+            let paths = items
+                .iter()
+                .map(|item| {
+                    safe_parts(item)?;
+                    url.join(item).map(|u| u.to_string()).map_err(|e| {
+                        InfraError::io(
+                            format!("input key `{item}`"),
+                            std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Materialized { paths, _downloads: None })
+        }
         InputBase::Remote(location) => download(location, items, scratch).await,
     }
 }
@@ -72,37 +103,70 @@ async fn download(
         .prefix("inputs-")
         .tempdir_in(scratch)
         .map_err(|e| InfraError::io("creating the input folder", e))?;
-    let mut paths = Vec::with_capacity(items.len());
-    for item in items {
-        let key = location.child_key(item);
-        let bytes = retrying("download input", || async {
-            let got = location
-                .store
-                .get(&key)
-                .await
-                .map_err(|e| store::StoreError::io("get", &key, e))?;
-            got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
-        })
-        .await?;
-        let local = join_item(folder.path(), item);
-        if let Some(parent) = local.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
-        }
-        tokio::fs::write(&local, &bytes)
-            .await
-            .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))?;
-        paths.push(path_string(&local));
-    }
+    let locals = download_into(location, items, folder.path()).await?;
+    let paths = locals.iter().map(|p| path_string(p)).collect();
     Ok(Materialized { paths, _downloads: Some(folder) })
 }
 
-/// `folder` joined with a `/`-separated item path.
-fn join_item(folder: &Path, item: &str) -> PathBuf {
-    item.split('/')
-        .filter(|part| !part.is_empty())
-        .fold(folder.to_path_buf(), |p, part| p.join(part))
+/// Download `items` (keys relative to `location`) into `folder`, keeping their relative paths;
+/// returns the local paths in the order of `items`.
+pub(crate) async fn download_into(
+    location: &StoreLocation,
+    items: &[String],
+    folder: &Path,
+) -> Result<Vec<PathBuf>, InfraError> {
+    let locals = items.iter().map(|item| join_item(folder, item)).collect::<Result<Vec<_>, _>>()?;
+    let jobs: Vec<(String, PathBuf)> = items.iter().cloned().zip(locals.iter().cloned()).collect();
+    futures::stream::iter(jobs)
+        .map(|(item, local)| download_one(location.clone(), item, local))
+        .buffer_unordered(PARALLEL_DOWNLOADS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(locals)
+}
+
+async fn download_one(
+    location: StoreLocation,
+    item: String,
+    local: PathBuf,
+) -> Result<(), InfraError> {
+    let key = location.child_key(&item);
+    let bytes = retrying("download input", || async {
+        let got =
+            location.store.get(&key).await.map_err(|e| store::StoreError::io("get", &key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
+    })
+    .await?;
+    if let Some(parent) = local.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+    }
+    tokio::fs::write(&local, &bytes)
+        .await
+        .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))
+}
+
+/// `folder` joined with a `/`-separated item path that must stay inside it.
+pub(crate) fn join_item(folder: &Path, item: &str) -> Result<PathBuf, InfraError> {
+    Ok(safe_parts(item)?.into_iter().fold(folder.to_path_buf(), |p, part| p.join(part)))
+}
+
+/// The parts of an object key, refusing one that would escape the folder it is placed in.
+fn safe_parts(item: &str) -> Result<Vec<&str>, InfraError> {
+    let escapes = item.starts_with('/')
+        || item.contains('\\')
+        || item.split('/').any(|part| part == ".." || part == ".");
+    if escapes {
+        return Err(InfraError::io(
+            format!("input key `{item}`"),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it would land outside the batch's folder (absolute, `.` or `..` parts); refused",
+            ),
+        ));
+    }
+    Ok(item.split('/').filter(|part| !part.is_empty()).collect())
 }
 
 fn path_string(path: &Path) -> String {
@@ -154,8 +218,33 @@ mod tests {
     }
 
     #[test]
-    fn object_store_inputs_say_this_build_is_local_only() {
-        let err = InputBase::for_input(&input(InputKind::UriFolder, "s3://bucket/in")).unwrap_err();
-        assert!(err.contains("local folders only"), "{err}");
+    fn object_store_inputs_are_downloaded_unless_direct() {
+        let remote = InputBase::for_input(&input(InputKind::UriFolder, "s3://bucket/in/")).unwrap();
+        assert!(matches!(remote, InputBase::Remote(_)));
+        let mut direct = input(InputKind::UriFolder, "s3://bucket/in/");
+        direct.mode = InputMode::Direct;
+        assert!(matches!(InputBase::for_input(&direct).unwrap(), InputBase::Direct(_)));
+    }
+
+    #[tokio::test]
+    async fn direct_mode_passes_urls() {
+        let mut spec = input(InputKind::UriFolder, "s3://bucket/in/");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
+        let got = materialize(&base, &["sub/a.txt".into()], Path::new("/unused")).await.unwrap();
+        assert_eq!(got.paths, vec!["s3://bucket/in/sub/a.txt"]);
+    }
+
+    #[tokio::test]
+    async fn keys_that_would_escape_the_folder_are_refused_by_name() {
+        let base = InputBase::for_input(&input(InputKind::UriFolder, "file:///data/in")).unwrap();
+        for bad in ["../etc/passwd", "a/../../b", "/etc/passwd", "./x"] {
+            let err = materialize(&base, &[bad.to_string()], Path::new("/unused"))
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("`{bad}` must be refused"))
+                .to_string();
+            assert!(err.contains(bad) && err.contains("outside"), "{err}");
+        }
     }
 }

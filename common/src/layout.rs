@@ -48,8 +48,11 @@ impl JobLayout {
         self.key("plan/summary.json")
     }
 
-    pub fn result_part(&self, batch_id: &str) -> Path {
-        self.key(&format!("results/{batch_id}"))
+    /// One attempt's output rows: `results/<batch id>/<part>`. Every attempt writes its own
+    /// part; the batch's status (written create-only, so the first successful attempt wins)
+    /// names the one that counts, and the others are deleted.
+    pub fn result_part(&self, batch_id: &str, part: &str) -> Path {
+        self.key(&format!("results/{batch_id}/{part}"))
     }
 
     pub fn status(&self, batch_id: &str) -> Path {

@@ -75,8 +75,11 @@ pub struct BatchStatus {
     pub items_in: u64,
     /// Items `run()` reported as succeeded (its return value's length, capped at `items_in`).
     pub items_out: u64,
-    /// Rows written to `results/<batch id>`.
+    /// Rows written to the result part.
     pub rows: u64,
+    /// The winning attempt's result part: its name under `results/<batch id>/`.
+    #[serde(default)]
+    pub result_part: Option<String>,
     /// The DataFrame header line, when `run()` returned a DataFrame.
     pub header: Option<String>,
     pub attempt: u32,

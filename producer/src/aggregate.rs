@@ -73,8 +73,9 @@ pub async fn aggregate(
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
-    for index in tracker.succeeded() {
-        if let Err(error) = copy_part(root, &batch_id(index), &mut writer, &mut totals).await {
+    for (index, part) in tracker.succeeded() {
+        let key = root.layout.result_part(&batch_id(index), part);
+        if let Err(error) = copy_part(root, &key, &mut writer, &mut totals).await {
             let _ = writer.abort().await;
             return Err(failed(error.to_string()));
         }
@@ -88,23 +89,22 @@ pub async fn aggregate(
 
 async fn copy_part(
     root: &JobRoot,
-    batch_id: &str,
+    key: &object_store::path::Path,
     writer: &mut WriteMultipart,
     totals: &mut Aggregated,
 ) -> Result<(), StoreError> {
-    let key = root.layout.result_part(batch_id);
-    let result = root.location.store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
+    let result = root.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
     let mut stream = result.into_stream();
     let mut last_byte = b'\n';
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| StoreError::io("get", &key, e))?;
+        let chunk = chunk.map_err(|e| StoreError::io("get", key, e))?;
         if let Some(last) = chunk.last() {
             last_byte = *last;
         }
         writer
             .wait_for_capacity(UPLOAD_CONCURRENCY)
             .await
-            .map_err(|e| StoreError::io("upload", &key, e))?;
+            .map_err(|e| StoreError::io("upload", key, e))?;
         write_chunk(writer, totals, &chunk);
     }
     if last_byte != b'\n' {

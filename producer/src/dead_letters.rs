@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use batchfleet_common::broker::{Broker, Delivery};
 use batchfleet_common::layout::JobLayout;
@@ -37,23 +37,41 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
     };
     let root = store::open_str(&message.job_root)?;
     let layout = JobLayout::new(root.prefix.clone());
+    // Statuses are final once written (create-only): a batch that already has one — a success
+    // whose worker died before acking, or a failure routed before — keeps it.
     let status = match read_status(&root, &layout, &message.batch_id).await? {
-        // A success already recorded (a worker wrote it and died before acking) stands.
-        Some(existing) if existing.state == BatchState::Succeeded => existing,
-        _ => failed_status(&root, &layout, &message, delivery).await?,
+        Some(existing) => existing,
+        None => {
+            let failed = failed_status(&root, &layout, &message, delivery).await?;
+            create_status(&root, &layout, failed).await?
+        }
     };
-    let json = serde_json::to_vec_pretty(&status).map_err(ProducerError::internal)?;
-    let key = layout.status(&message.batch_id);
-    root.store
-        .put(&key, PutPayload::from_bytes(Bytes::from(json)))
-        .await
-        .map_err(|e| StoreError::io("put", &key, e))?;
     let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
     broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await?;
     broker.ack(&delivery.handle).await?;
     tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())
+}
+
+/// Write `status` unless the batch already has one; returns the status that stands.
+async fn create_status(
+    root: &StoreLocation,
+    layout: &JobLayout,
+    status: BatchStatus,
+) -> Result<BatchStatus, ProducerError> {
+    let json = serde_json::to_vec_pretty(&status).map_err(ProducerError::internal)?;
+    let key = layout.status(&status.batch_id);
+    let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+    match root.store.put_opts(&key, PutPayload::from_bytes(Bytes::from(json)), options).await {
+        Ok(_) => Ok(status),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            read_status(root, layout, &status.batch_id).await?.ok_or_else(|| {
+                ProducerError::internal(format!("{key} exists but cannot be read back"))
+            })
+        }
+        Err(e) => Err(StoreError::io("put", &key, e).into()),
+    }
 }
 
 async fn read_status(
@@ -101,6 +119,7 @@ async fn failed_status(
         items_in: message.items.len() as u64,
         items_out: 0,
         rows: 0,
+        result_part: None,
         header: None,
         attempt: error.attempt,
         worker: error.worker.clone(),

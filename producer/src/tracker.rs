@@ -8,11 +8,13 @@ use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
 use crate::plan::PlanSummary;
 
 /// The final state of one batch, as far as counting needs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Ended {
     state: BatchState,
     items_in: u64,
     items_out: u64,
+    /// The winning result part of a succeeded batch (its name under `results/<batch>/`).
+    part: Option<Box<str>>,
 }
 
 /// Totals of a job so far.
@@ -66,28 +68,24 @@ impl Tracker {
         }
     }
 
-    /// Record a batch's status. Returns false for a duplicate or an index outside the plan
-    /// (a redelivered batch reports twice; the first final state counts, except that a later
-    /// success replaces a failure, because a success is what the store keeps).
+    /// Record a batch's status. Returns false for a duplicate or an index outside the plan.
+    /// The first final state counts, as in the store, where statuses are written create-only.
     pub fn record(&mut self, status: &BatchStatus) -> bool {
         let Some(slot) = self.ended.get_mut(status.index as usize) else {
             tracing::warn!(batch_id = %status.batch_id, index = status.index, "status for a batch outside the plan ignored");
             return false;
         };
+        if slot.is_some() {
+            return false;
+        }
         let new = Ended {
             state: status.state,
             items_in: status.items_in,
             items_out: status.items_out.min(status.items_in),
+            part: status.result_part.as_deref().map(Box::from),
         };
-        match *slot {
-            None => {}
-            Some(old) if old.state == BatchState::Failed && new.state == BatchState::Succeeded => {
-                Self::uncount(&mut self.counts, old);
-            }
-            Some(_) => return false,
-        }
+        Self::count(&mut self.counts, &new);
         *slot = Some(new);
-        Self::count(&mut self.counts, new);
         if status.header.is_some() && self.header.is_none() {
             self.header = status.header.clone();
         }
@@ -100,7 +98,7 @@ impl Tracker {
         true
     }
 
-    fn count(counts: &mut Counts, ended: Ended) {
+    fn count(counts: &mut Counts, ended: &Ended) {
         match ended.state {
             BatchState::Succeeded => {
                 counts.batches_succeeded += 1;
@@ -112,21 +110,6 @@ impl Tracker {
                 counts.items_failed += ended.items_in;
             }
             BatchState::Cancelled => counts.batches_cancelled += 1,
-        }
-    }
-
-    fn uncount(counts: &mut Counts, ended: Ended) {
-        match ended.state {
-            BatchState::Succeeded => {
-                counts.batches_succeeded -= 1;
-                counts.items_succeeded -= ended.items_out;
-                counts.items_failed -= ended.items_in - ended.items_out;
-            }
-            BatchState::Failed => {
-                counts.batches_failed -= 1;
-                counts.items_failed -= ended.items_in;
-            }
-            BatchState::Cancelled => counts.batches_cancelled -= 1,
         }
     }
 
@@ -147,13 +130,14 @@ impl Tracker {
         self.first_error.as_ref()
     }
 
-    /// Indices of succeeded batches, in batch order (the aggregation order).
-    pub fn succeeded(&self) -> impl Iterator<Item = u64> + '_ {
-        self.ended
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| matches!(e, Some(Ended { state: BatchState::Succeeded, .. })))
-            .map(|(i, _)| i as u64)
+    /// Succeeded batches in batch order (the aggregation order): index and result part.
+    pub fn succeeded(&self) -> impl Iterator<Item = (u64, &str)> + '_ {
+        self.ended.iter().enumerate().filter_map(|(i, e)| match e {
+            Some(Ended { state: BatchState::Succeeded, part, .. }) => {
+                Some((i as u64, part.as_deref().unwrap_or_default()))
+            }
+            _ => None,
+        })
     }
 
     /// Indices of batches that have not ended, in batch order.
@@ -164,7 +148,8 @@ impl Tracker {
     /// Count every batch that has not ended as cancelled (the job stopped early).
     pub fn cancel_unfinished(&mut self) {
         for slot in self.ended.iter_mut().filter(|e| e.is_none()) {
-            *slot = Some(Ended { state: BatchState::Cancelled, items_in: 0, items_out: 0 });
+            *slot =
+                Some(Ended { state: BatchState::Cancelled, items_in: 0, items_out: 0, part: None });
             self.counts.batches_cancelled += 1;
         }
     }
@@ -193,6 +178,7 @@ mod tests {
             items_in,
             items_out,
             rows: items_out,
+            result_part: None,
             header: None,
             attempt: 1,
             worker: "w".into(),
@@ -224,20 +210,31 @@ mod tests {
         let counts = tracker.counts();
         assert_eq!((counts.batches_succeeded, counts.batches_failed), (2, 1));
         assert_eq!((counts.items_succeeded, counts.items_failed), (5, 2));
-        assert_eq!(tracker.succeeded().collect::<Vec<_>>(), [0, 1]);
+        let succeeded: Vec<u64> = tracker.succeeded().map(|(index, _)| index).collect();
+        assert_eq!(succeeded, [0, 1]);
         assert_eq!(tracker.first_error().unwrap().batch_id, batch_id(2));
     }
 
     #[test]
-    fn a_late_success_replaces_a_failure() {
+    fn the_first_final_state_stands() {
         let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
         tracker.record(&status(0, BatchState::Failed, 2, 0));
-        assert!(tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
+        assert!(!tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
         assert_eq!(
             (counts.batches_succeeded, counts.batches_failed, counts.items_failed),
-            (1, 0, 0)
+            (0, 1, 2)
         );
+    }
+
+    #[test]
+    fn succeeded_batches_carry_their_winning_part() {
+        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2 });
+        let mut ok = status(1, BatchState::Succeeded, 1, 1);
+        ok.result_part = Some("2-w1-s0".into());
+        tracker.record(&ok);
+        tracker.record(&status(0, BatchState::Failed, 1, 0));
+        assert_eq!(tracker.succeeded().collect::<Vec<_>>(), [(1, "2-w1-s0")]);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Everything a worker writes for a batch: its result part, its status, failure records, the
 //! batch event, and the user logs of the runtimes that served the job.
 //!
-//! Every key is the same on every attempt, so a redelivered batch overwrites what an earlier
-//! attempt left and never adds to it.
+//! Exactly-once output: every attempt uploads its rows to its own part
+//! (`results/<batch>/<part>`), then writes the batch's status *create-only*. The first
+//! successful attempt to create the status wins and its part is the batch's output; a later
+//! attempt finds the status there, deletes its own part and settles the message. A crash
+//! between the two writes leaves only an unreferenced part, never a duplicated row.
 
 use std::path::Path;
 
@@ -12,7 +15,7 @@ use batchfleet_common::status::{BatchStatus, FailureRecord};
 use batchfleet_common::store::StoreError;
 use bytes::Bytes;
 use object_store::path::Path as Key;
-use object_store::ObjectStoreExt;
+use object_store::{ObjectStoreExt, PutMode, PutOptions};
 use serde::Serialize;
 
 use crate::infra::{retrying, InfraError};
@@ -45,18 +48,74 @@ async fn upload(job: &LoadedJob, local: &Path, key: &Key) -> Result<(), InfraErr
     put(job, key, Bytes::from(bytes)).await
 }
 
-/// `results/<batch>` from the runtime's output file.
+/// `results/<batch>/<part>` from the runtime's output file.
 pub(crate) async fn write_result_part(
     job: &LoadedJob,
     batch_id: &str,
+    part: &str,
     local: &Path,
 ) -> Result<(), InfraError> {
-    upload(job, local, &job.layout.result_part(batch_id)).await
+    upload(job, local, &job.layout.result_part(batch_id, part)).await
 }
 
-/// `status/<batch>.json`.
-pub(crate) async fn write_status(job: &LoadedJob, status: &BatchStatus) -> Result<(), InfraError> {
-    put_json(job, &job.layout.status(&status.batch_id), status).await
+/// Remove a part that lost the race (best effort: an orphan part is never aggregated).
+pub(crate) async fn delete_result_part(job: &LoadedJob, batch_id: &str, part: &str) {
+    let key = job.layout.result_part(batch_id, part);
+    if let Err(error) = job.root.store.delete(&key).await {
+        tracing::warn!(%key, %error, "could not delete a discarded result part");
+    }
+}
+
+/// How writing a batch's status went.
+#[derive(Debug)]
+pub(crate) enum StatusWrite {
+    /// This attempt's status is the batch's final status.
+    Won,
+    /// The batch was already final (another attempt won, or it was dead-lettered).
+    AlreadyFinal(BatchStatus),
+}
+
+/// `status/<batch>.json`, create-only: the first final status stands.
+pub(crate) async fn write_status(
+    job: &LoadedJob,
+    status: &BatchStatus,
+) -> Result<StatusWrite, InfraError> {
+    let key = job.layout.status(&status.batch_id);
+    let json = serde_json::to_vec_pretty(status)
+        .map_err(|e| InfraError::io(format!("encoding {key}"), e.into()))?;
+    let bytes = Bytes::from(json);
+    let created = retrying("write the batch status", || async {
+        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        match job.root.store.put_opts(&key, bytes.clone().into(), options).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(InfraError::from(StoreError::io("put", &key, e))),
+        }
+    })
+    .await?;
+    if created {
+        return Ok(StatusWrite::Won);
+    }
+    let existing = read_status(job, &key).await?;
+    // A retried create whose first try did succeed finds its own status: still a win.
+    if existing.result_part == status.result_part && existing.state == status.state {
+        return Ok(StatusWrite::Won);
+    }
+    Ok(StatusWrite::AlreadyFinal(existing))
+}
+
+async fn read_status(job: &LoadedJob, key: &Key) -> Result<BatchStatus, InfraError> {
+    let bytes = retrying("read the batch status", || async {
+        let got = job.root.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(StoreError::io("read", key, e)))
+    })
+    .await?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        InfraError::io(
+            format!("reading {key}"),
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })
 }
 
 /// `failures/<batch>/<attempt>.json`.

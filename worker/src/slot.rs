@@ -20,7 +20,7 @@ use crate::heartbeat::Heartbeat;
 use crate::infra::{retrying, InfraError};
 use crate::jobs::{JobLoadError, LoadedJob};
 use crate::materialize::materialize;
-use crate::output;
+use crate::output::{self, StatusWrite};
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
     RuntimeProcess, UserFailure,
@@ -334,7 +334,9 @@ impl Slot {
         };
         let result = match self.run(request, job.run_timeout()).await {
             Ok(success) => {
-                let status = succeeded_status(message, &success, attempt, &self.shared, started_ms);
+                let part = format!("{attempt}-{}-s{}", self.shared.config.worker_id, self.index);
+                let status =
+                    succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
                 self.write_success(job, message, &output, &status)
                     .await
                     .map(|()| status)
@@ -377,10 +379,21 @@ impl Slot {
         output: &std::path::Path,
         status: &BatchStatus,
     ) -> Result<(), AttemptFailure> {
+        let part = status.result_part.as_deref().unwrap_or_default();
         let written = async {
-            output::write_result_part(job, &message.batch_id, output).await?;
-            output::write_status(job, status).await?;
-            output::publish_event(self.shared.broker.as_ref(), job, status).await
+            output::write_result_part(job, &message.batch_id, part, output).await?;
+            match output::write_status(job, status).await? {
+                StatusWrite::Won => {
+                    output::publish_event(self.shared.broker.as_ref(), job, status).await
+                }
+                StatusWrite::AlreadyFinal(existing) => {
+                    // Another attempt finished this batch first: its part counts, ours goes.
+                    tracing::info!(winner_attempt = existing.attempt, winner = %existing.worker,
+                        state = ?existing.state, "batch already final; this attempt's output discarded");
+                    output::delete_result_part(job, &message.batch_id, part).await;
+                    Ok(())
+                }
+            }
         };
         written
             .await
@@ -588,6 +601,7 @@ fn succeeded_status(
     message: &MiniBatchMessage,
     success: &RunSuccess,
     attempt: u32,
+    part: String,
     shared: &Shared,
     started_ms: u64,
 ) -> BatchStatus {
@@ -599,6 +613,7 @@ fn succeeded_status(
         items_in,
         items_out: success.items_out.min(items_in),
         rows: success.rows,
+        result_part: Some(part),
         header: success.header.clone(),
         attempt,
         worker: shared.config.worker_id.clone(),

@@ -160,6 +160,12 @@ impl Fleet {
         std::fs::read_to_string(self.path("root").join(rel)).ok()
     }
 
+    /// The rows of a batch's winning result part (the one its status names).
+    fn result(&self, batch: &str) -> Option<String> {
+        let part = self.status(batch)?.result_part?;
+        self.read(&format!("results/{batch}/{part}"))
+    }
+
     fn status(&self, batch: &str) -> Option<BatchStatus> {
         self.read(&format!("status/{batch}.json")).map(|s| serde_json::from_str(&s).unwrap())
     }
@@ -248,8 +254,10 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
     fleet.broker.set_ack_probe(move |payload| {
         let message: MiniBatchMessage = serde_json::from_slice(payload).unwrap();
         let status = root.join(format!("status/{}.json", message.batch_id));
-        let result = root.join(format!("results/{}", message.batch_id));
-        format!("{} status={} result={}", message.batch_id, status.exists(), result.exists())
+        let parts = std::fs::read_dir(root.join(format!("results/{}", message.batch_id)))
+            .map(|dir| dir.count())
+            .unwrap_or(0);
+        format!("{} status={} result={}", message.batch_id, status.exists(), parts == 1)
     });
     fleet
         .publish(&[
@@ -269,9 +277,9 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
 
     assert_eq!(summary.batches_succeeded, 3);
     assert_eq!(summary.batches_failed_attempts, 0);
-    assert_eq!(fleet.read("results/00000000").unwrap(), "a.txt 1\nb.txt 2\n");
-    assert_eq!(fleet.read("results/00000001").unwrap(), "c.txt 3\nd.txt 4\n");
-    assert_eq!(fleet.read("results/00000002").unwrap(), "e.txt 5\n");
+    assert_eq!(fleet.result("00000000").unwrap(), "a.txt 1\nb.txt 2\n");
+    assert_eq!(fleet.result("00000001").unwrap(), "c.txt 3\nd.txt 4\n");
+    assert_eq!(fleet.result("00000002").unwrap(), "e.txt 5\n");
     let status = fleet.status("00000001").unwrap();
     assert_eq!(status.state, BatchState::Succeeded);
     assert_eq!((status.index, status.items_in, status.items_out, status.rows), (1, 2, 2, 2));
@@ -354,7 +362,7 @@ def run(mini_batch):
     }
     assert!(fleet.failure("00000001", 4).is_none(), "a 4th attempt ran");
     assert!(fleet.status("00000001").is_none(), "a failed batch got a success status");
-    assert!(fleet.read("results/00000001").is_none());
+    assert!(fleet.result("00000001").is_none());
 
     let dead = fleet
         .broker
@@ -527,7 +535,7 @@ def run(mini_batch):
     let status = fleet.status("00000000").unwrap();
     assert_eq!(status.header.as_deref(), Some("file n"));
     assert_eq!(status.rows, 2);
-    assert_eq!(fleet.read("results/00000000").unwrap(), "a.txt 0\nb.txt 1\n");
+    assert_eq!(fleet.result("00000000").unwrap(), "a.txt 0\nb.txt 1\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -560,4 +568,46 @@ async fn a_worker_without_its_interpreter_stops_and_gives_the_batch_back() {
     assert_eq!(fleet.broker.depth(&fleet.queues.work).await.unwrap().total(), 1);
     assert_eq!(fleet.dead_letter_count().await, 0);
     assert!(!fleet.path("root/failures").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_attempts_racing_on_one_batch_leave_exactly_one_output() {
+    // Both slots get a copy of the same mini-batch (as when a lease runs out while the first
+    // attempt still runs); each run waits until the other has started, so they truly overlap.
+    let script = r#"
+import os, time
+MARKERS = os.environ["MARKER_DIR"]
+def init(): pass
+def run(mini_batch):
+    open(os.path.join(MARKERS, "run-%d" % os.getpid()), "w").close()
+    deadline = time.time() + 30
+    while len([n for n in os.listdir(MARKERS) if n.startswith("run-")]) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+    let fleet = Fleet::new(script, 2, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.input("b.txt", "2");
+    let message = fleet.message(0, &["a.txt", "b.txt"]);
+    fleet.publish(&[message.clone(), message]).await;
+    let (token, handle) = fleet.start(fleet.config(2, support::python3()));
+    let work = fleet.queues.work.clone();
+    wait_until("both copies settled", || async {
+        fleet.broker.depth(&work).await.unwrap().total() == 0
+    })
+    .await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    assert_eq!(summary.batches_succeeded, 2, "both attempts ran to the end");
+
+    let status = fleet.status("00000000").expect("one status");
+    let parts: Vec<String> = std::fs::read_dir(fleet.path("root/results/00000000"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(parts, [status.result_part.clone().unwrap()], "only the winner's part remains");
+    assert_eq!(fleet.result("00000000").unwrap(), "a.txt\nb.txt\n");
+    let events = fleet.batch_events().await;
+    assert_eq!(events.len(), 1, "only the winner tells the producer: {events:?}");
+    assert_eq!(events[0].1, status);
 }

@@ -43,6 +43,16 @@ impl JobLayout {
         self.key(&format!("plan/batches-{chunk:06}.jsonl"))
     }
 
+    /// The item list of a claim-checked batch, relative to the root (as `ItemsRef::key`).
+    pub fn plan_items_rel(batch_id: &str) -> String {
+        format!("plan/items/{batch_id}.json")
+    }
+
+    /// A key relative to the root (e.g. an `ItemsRef::key`) as a full key.
+    pub fn relative(&self, rel: &str) -> Path {
+        self.key(rel)
+    }
+
     /// Written last: the plan is complete (totals).
     pub fn plan_summary(&self) -> Path {
         self.key("plan/summary.json")

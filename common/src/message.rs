@@ -18,9 +18,36 @@ pub struct MiniBatchMessage {
     pub batch_id: String,
     pub index: u64,
     /// The items of the batch: object paths relative to the input's URL
-    /// (for a `uri_file` input, relative to the file's folder).
+    /// (for a `uri_file` input, relative to the file's folder). Empty when `items_ref` is set.
     pub items: Vec<String>,
+    /// Claim check: a batch whose item list would make the message larger than
+    /// [`CLAIM_CHECK_BYTES`] carries its items in the job root instead (every broker has a
+    /// message size limit; SQS's is 256 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items_ref: Option<ItemsRef>,
 }
+
+impl MiniBatchMessage {
+    /// How many items the batch holds, wherever they are.
+    pub fn item_count(&self) -> u64 {
+        match &self.items_ref {
+            Some(items_ref) => items_ref.count,
+            None => self.items.len() as u64,
+        }
+    }
+}
+
+/// Where a claim-checked batch's items are: a JSON array of strings under the job root.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ItemsRef {
+    /// The key relative to the job root (`plan/items/<batch id>.json`).
+    pub key: String,
+    pub count: u64,
+}
+
+/// Largest message published with its items inline.
+pub const CLAIM_CHECK_BYTES: usize = 64 * 1024;
 
 /// What workers and the dead-letter router tell a job's producer, on the job's events queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

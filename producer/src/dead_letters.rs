@@ -116,7 +116,7 @@ async fn failed_status(
         batch_id: message.batch_id.clone(),
         index: message.index,
         state: BatchState::Failed,
-        items_in: message.items.len() as u64,
+        items_in: message.item_count(),
         items_out: 0,
         rows: 0,
         result_part: None,

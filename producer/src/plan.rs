@@ -10,7 +10,8 @@ use object_store::{ObjectMeta, ObjectStoreExt};
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
-use batchfleet_common::message::{batch_id, MiniBatchMessage};
+use batchfleet_common::layout::JobLayout;
+use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::store::{self, StoreLocation};
 
 use crate::error::ProducerError;
@@ -145,7 +146,26 @@ fn message(target: &PlanTarget<'_>, index: u64, items: Vec<String>) -> MiniBatch
         batch_id: batch_id(index),
         index,
         items,
+        items_ref: None,
     }
+}
+
+/// The message as published: with its items inline, or claim-checked when they would make it
+/// larger than `CLAIM_CHECK_BYTES` (the items go to `plan/items/<batch id>.json` first).
+async fn encode(
+    target: &PlanTarget<'_>,
+    msg: &mut MiniBatchMessage,
+) -> Result<Vec<u8>, ProducerError> {
+    let json = serde_json::to_vec(msg).map_err(ProducerError::internal)?;
+    if json.len() <= CLAIM_CHECK_BYTES {
+        return Ok(json);
+    }
+    let rel = JobLayout::plan_items_rel(&msg.batch_id);
+    let items = serde_json::to_vec(&msg.items).map_err(ProducerError::internal)?;
+    target.root.put(&target.root.layout.relative(&rel), Bytes::from(items)).await?;
+    msg.items_ref = Some(ItemsRef { key: rel, count: msg.items.len() as u64 });
+    msg.items = Vec::new();
+    serde_json::to_vec(msg).map_err(ProducerError::internal)
 }
 
 async fn flush_chunk(
@@ -158,8 +178,8 @@ async fn flush_chunk(
     }
     let mut lines = Vec::new();
     let mut payloads = Vec::with_capacity(chunk.len());
-    for msg in chunk.iter() {
-        let json = serde_json::to_vec(msg).map_err(ProducerError::internal)?;
+    for msg in chunk.iter_mut() {
+        let json = encode(target, msg).await?;
         lines.extend_from_slice(&json);
         lines.push(b'\n');
         payloads.push(Bytes::from(json));

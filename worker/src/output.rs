@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use batchfleet_common::broker::Broker;
-use batchfleet_common::message::{JobEvent, QueueNames};
+use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{BatchStatus, FailureRecord};
 use batchfleet_common::store::StoreError;
 use bytes::Bytes;
@@ -56,6 +56,29 @@ pub(crate) async fn write_result_part(
     local: &Path,
 ) -> Result<(), InfraError> {
     upload(job, local, &job.layout.result_part(batch_id, part)).await
+}
+
+/// A claim-checked message with its items read back from the job root (others as they are).
+pub(crate) async fn claim_items(
+    job: &LoadedJob,
+    mut message: MiniBatchMessage,
+) -> Result<MiniBatchMessage, InfraError> {
+    let Some(items_ref) = message.items_ref.take() else {
+        return Ok(message);
+    };
+    let key = job.layout.relative(&items_ref.key);
+    let bytes = retrying("read the batch's items", || async {
+        let got = job.root.store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(StoreError::io("read", &key, e)))
+    })
+    .await?;
+    message.items = serde_json::from_slice(&bytes).map_err(|e| {
+        InfraError::io(
+            format!("the item list at {key}"),
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    Ok(message)
 }
 
 /// Remove a part that lost the race (best effort: an orphan part is never aggregated).

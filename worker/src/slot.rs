@@ -12,7 +12,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use batchfleet_common::broker::{BrokerError, Delivery, DeliveryHandle};
 use batchfleet_common::message::{JobEvent, MiniBatchMessage};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
-use batchfleet_common::ErrorKind;
+use batchfleet_common::{ErrorKind, Retry};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -257,6 +257,21 @@ impl Slot {
             self.summary.batches_dead_lettered += 1;
             return;
         }
+        let message = match output::claim_items(&job, message).await {
+            Ok(message) => message,
+            Err(error) if error.retry() == Retry::Permanent => {
+                let reason = format!("invalid message: {error}");
+                tracing::error!(%reason, "dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not read the batch's items; giving the message back");
+                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                return;
+            }
+        };
         let heartbeat =
             Heartbeat::start(Arc::clone(&self.shared.broker), delivery.handle.clone(), job.lease());
         let started_ms = now_ms();

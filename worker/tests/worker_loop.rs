@@ -124,6 +124,7 @@ impl Fleet {
             batch_id: batch_id(index),
             index,
             items: items.iter().map(|s| s.to_string()).collect(),
+            items_ref: None,
         }
     }
 

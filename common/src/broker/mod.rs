@@ -15,9 +15,12 @@
 //! - **Depth** is ready + in flight (leased), the autoscaling signal that never kills busy workers.
 
 pub mod conformance;
+pub mod connect;
 pub mod embedded;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 use std::time::Duration;
 

@@ -1,0 +1,140 @@
+//! A broker from a URL: what `--broker` / `BATCHFLEET_BROKER` name.
+//!
+//! - `amqp://user:password@host:5672/vhost` and `amqps://…` → RabbitMQ
+//!   ([`RabbitMqBroker`](super::rabbitmq::RabbitMqBroker)).
+//! - `sqs://…` → SQS ([`SqsBroker`](super::sqs::SqsBroker)): region, endpoint and credentials
+//!   from the AWS environment (`AWS_REGION`, `AWS_ENDPOINT_URL[_SQS]`, the default credential
+//!   chain); the rest of the URL is not read.
+//! - Anything else is refused naming only the scheme: a broker URL carries a password, and
+//!   errors end up in logs.
+
+use std::sync::Arc;
+
+use super::{Broker, BrokerError};
+
+/// How to connect, beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectOptions {
+    /// The name the connection shows in the broker's own tools (RabbitMQ's connection list),
+    /// so that an operator can tell a producer from a worker. `None`: the backend's default.
+    pub connection_name: Option<String>,
+}
+
+/// The broker families a URL can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    RabbitMq,
+    Sqs,
+}
+
+/// Which broker `url` names, without connecting; errors never quote the URL.
+pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(BrokerError::Refused(
+            "the broker URL has no scheme: use amqp://user:password@host:5672/vhost (RabbitMQ)"
+                .into(),
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "amqp" | "amqps" => Ok(BrokerKind::RabbitMq),
+        "sqs" => Ok(BrokerKind::Sqs),
+        _ => Err(BrokerError::Refused(format!(
+            "unknown broker URL scheme `{}`: use amqp:// or amqps:// (RabbitMQ)",
+            printable(scheme)
+        ))),
+    }
+}
+
+/// Connect to the broker `url` names.
+pub async fn connect(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+    match kind_of(url)? {
+        BrokerKind::RabbitMq => rabbitmq(url, options).await,
+        BrokerKind::Sqs => sqs().await,
+    }
+}
+
+#[cfg(feature = "rabbitmq")]
+async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+    use super::rabbitmq::{RabbitMqBroker, RabbitMqOptions};
+    let options =
+        RabbitMqOptions { connection_name: options.connection_name, ..RabbitMqOptions::default() };
+    Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))
+}
+
+#[cfg(not(feature = "rabbitmq"))]
+async fn rabbitmq(_url: &str, _options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+    Err(BrokerError::Refused(
+        "this build of batchfleet has no RabbitMQ support (the `rabbitmq` feature is off)".into(),
+    ))
+}
+
+#[cfg(feature = "sqs")]
+async fn sqs() -> Result<Arc<dyn Broker>, BrokerError> {
+    use super::sqs::{SqsBroker, SqsOptions};
+    Ok(Arc::new(SqsBroker::from_env(SqsOptions::default()).await?))
+}
+
+#[cfg(not(feature = "sqs"))]
+async fn sqs() -> Result<Arc<dyn Broker>, BrokerError> {
+    Err(BrokerError::Refused(
+        "this build of batchfleet has no SQS support (the `sqs` feature is off)".into(),
+    ))
+}
+
+/// A user-typed scheme, bounded and without control characters, for an error message.
+fn printable(scheme: &str) -> String {
+    scheme.chars().filter(|c| !c.is_control()).take(32).collect()
+}
+
+/// A broker URL safe to print: scheme, user, host, port and path, never the password.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("***"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => match url.split_once("://") {
+            Some((scheme, _)) => format!("{}://…", printable(scheme)),
+            None => "(not a URL)".into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_the_backend() {
+        assert_eq!(kind_of("amqp://guest:guest@127.0.0.1:5672/%2f").unwrap(), BrokerKind::RabbitMq);
+        assert_eq!(kind_of("AMQPS://rabbit").unwrap(), BrokerKind::RabbitMq);
+        assert_eq!(kind_of("sqs://eu-west-1/queue").unwrap(), BrokerKind::Sqs);
+    }
+
+    #[test]
+    fn unknown_schemes_are_named_without_the_password() {
+        let err = kind_of("redis://bob:s3cret@host:6379").unwrap_err().to_string();
+        assert!(err.contains("`redis`"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+        let err = kind_of("bob:s3cret@host").unwrap_err().to_string();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[cfg(feature = "sqs")]
+    #[tokio::test]
+    async fn sqs_urls_reach_the_sqs_backend() {
+        // Without a region in the environment the backend itself refuses; either way it is reached.
+        if let Err(err) = connect("sqs://", ConnectOptions::default()).await {
+            assert!(err.to_string().contains("AWS region"), "{err}");
+        }
+    }
+
+    #[test]
+    fn redacted_urls_keep_everything_but_the_password() {
+        let shown = redact("amqp://bob:s3cret@rabbit:5672/%2f");
+        assert_eq!(shown, "amqp://bob:***@rabbit:5672/%2f");
+        assert_eq!(redact("amqp://bob:s3cret@host:notaport/"), "amqp://…");
+    }
+}

@@ -1,0 +1,720 @@
+//! The SQS backend of [`Broker`] (aws-sdk-sqs), for Amazon SQS and servers that speak its JSON
+//! protocol (moto, LocalStack).
+//!
+//! SQS's own retry machinery does the work: a lease is the visibility timeout, the delivery
+//! count is `ApproximateReceiveCount`, the delivery limit is a redrive policy. How the trait's
+//! semantics are kept, and what differs from [`EmbeddedBroker`](super::embedded::EmbeddedBroker)
+//! where the trait leaves room:
+//!
+//! - **Where.** [`SqsBroker::from_env`] takes region, endpoint and credentials from the usual
+//!   AWS environment: `AWS_REGION` (or a profile's region), `AWS_ENDPOINT_URL` /
+//!   `AWS_ENDPOINT_URL_SQS` for a non-AWS server, the default credential chain. The SDK retries
+//!   throttling and transient failures with exponential backoff ([`SqsOptions::max_attempts`]);
+//!   what still fails is `Connection` (retry: transient).
+//! - **Queues** are standard queues, named by mapping `.` to `_` (module `names`:
+//!   `batchfleet.work.default` is `batchfleet_work_default`). Delivery limits are redrive
+//!   policies, created and verified as module `topology` says; declaring requires the
+//!   dead-letter queue to exist (`QueueNotFound`), declaring again with another limit or
+//!   dead-letter queue is `QueueMismatch`. URLs are looked up once (`GetQueueUrl`) and cached.
+//!   SQS refuses to re-create a queue within 60 s of deleting it (AWS; moto does not).
+//! - **Receive** is `ReceiveMessage` with long polling: `WaitTimeSeconds` is the wait rounded
+//!   *up* to whole seconds (at most 20; a longer wait polls again), so a wait of 0.5 s waits up
+//!   to 1 s. Once something arrived it asks again without waiting until `max` (10 per call)
+//!   came or a call returns nothing. `VisibilityTimeout` is the lease rounded up to whole seconds
+//!   plus [`LEASE_MARGIN`]. A message whose body cannot be decoded is logged and left invisible:
+//!   its receive count goes up and the redrive policy takes it to the dead-letter queue.
+//! - **Leases** are also tracked in this process (module `lease`), because SQS cannot tell a
+//!   stale receipt handle: the handle of a delivery that was settled, or whose lease ran out by
+//!   this process's clock, is `StaleDelivery` without asking SQS. This process's clock ends a
+//!   lease before SQS's does, so a handle it calls held is never one another receiver got.
+//!   Across processes nothing can tell: a receipt handle copied to another process would still
+//!   delete the message there, so handles are valid only in the broker that received them
+//!   (`Refused` elsewhere).
+//! - **Delivery count** is `ApproximateReceiveCount`: lease expiry, nack and a crashed receiver
+//!   all count, as every receive does. SQS keeps counting in the dead-letter queue (a message
+//!   moved after 3 receives is delivered from there with count 4), where the embedded and
+//!   RabbitMQ backends start afresh.
+//! - **Order.** Standard queues are *approximately* FIFO: on AWS, messages can come out of
+//!   publish order, and — rarely — twice (at-least-once). moto keeps publish order, but its
+//!   threaded server races concurrent receives and can deliver twice too. A second delivery of a message this process still holds is
+//!   folded into the held lease (module `lease`); across processes both receivers get it.
+//!   batchfleet's exactly-once output relies on neither order nor uniqueness.
+//! - **Nack** is `ChangeMessageVisibility` to the delay (rounded up to whole seconds; 0 = ready
+//!   now). A nacked message waiting out its delay is *in flight* in `depth`, as on RabbitMQ.
+//!   The last allowed delivery is not moved at once: SQS's redrive moves it on the next receive
+//!   that would have delivered it again (the trait allows the lazy move).
+//! - **extend_lease** is `ChangeMessageVisibility` to the lease (+ margin), from now. SQS caps a
+//!   message's total invisibility at 12 hours from its receive; beyond that it is `Refused`.
+//! - **Dead-letter reasons.** An explicit [`Broker::dead_letter`] sends a copy of the message to
+//!   the queue's dead-letter queue (from its redrive policy) with the reason and the source queue
+//!   as message attributes, then deletes the original. If the delete fails after the copy was
+//!   sent, the original is delivered again and may be dead-lettered twice: the dead-letter
+//!   queue's consumer must tolerate duplicates (batchfleet's batch-status writes are
+//!   idempotent). A queue without a dead-letter queue drops the message with a warning. A
+//!   message SQS moved by itself carries no reason: one read from a queue that is some queue's
+//!   dead-letter queue (module `queues`) without a reason attribute has reason `delivery_limit`.
+//! - **Publish** is `SendMessageBatch`, 10 messages (and at most 256 KiB) per call. Entries SQS
+//!   failed on its side are sent again with backoff ([`SqsOptions::publish_attempts`]); an
+//!   entry it refused (sender fault) fails the call with SQS's code. Payloads are bodies as
+//!   they are when SQS can hold them as text, base64 otherwise (module `body`).
+//! - **Ack** is `DeleteMessage`, one per call: the trait settles one delivery per call, and a
+//!   worker's acks are seconds apart, so batching them would only delay each. A failed call
+//!   that may succeed if tried again (`Connection`) keeps the lease; any other outcome ends it.
+//! - **Depth** is `ApproximateNumberOfMessages` + `…Delayed` (ready) and
+//!   `…NotVisible` (in flight): approximate on AWS (eventually consistent, about a minute),
+//!   exact on moto.
+//! - `delete_queue` is `DeleteQueue`; a missing queue is fine. A receiver long-polling a queue
+//!   that is deleted gets `QueueNotFound` at its next call, not at once.
+
+mod body;
+mod error;
+mod lease;
+mod names;
+mod queues;
+mod topology;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::BehaviorVersion;
+use aws_sdk_sqs::types::{
+    Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
+};
+use aws_sdk_sqs::Client;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use self::body::Body;
+use self::lease::{after, Lease, Leases};
+use self::names::sqs_name;
+use self::queues::Queues;
+use self::topology::Redrive;
+use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
+use crate::broker::embedded::DELIVERY_LIMIT;
+
+/// Added to every visibility timeout asked of SQS, so that this process's view of a lease
+/// (counted from when the call returned) ends before SQS's (counted from when it served it).
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+/// Messages per `ReceiveMessage` / `SendMessageBatch` call: SQS's limit.
+const MAX_BATCH: usize = 10;
+/// Bytes per `SendMessageBatch` call (all bodies and attributes): SQS's limit.
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+/// The longest long poll SQS allows.
+const MAX_WAIT_SECS: u64 = 20;
+/// The longest visibility timeout SQS allows (12 hours).
+const MAX_VISIBILITY_SECS: u64 = 12 * 3600;
+
+/// How to talk to SQS.
+#[derive(Debug, Clone)]
+pub struct SqsOptions {
+    /// Attempts of one SQS call, with the SDK's exponential backoff between them, for
+    /// throttling and transient failures ([`SqsBroker::from_env`] only: a client passed to
+    /// [`SqsBroker::new`] keeps its own retry configuration).
+    pub max_attempts: u32,
+    /// Limit on opening a connection ([`SqsBroker::from_env`] only).
+    pub connect_timeout: Duration,
+    /// Limit on one attempt of a call, beyond the longest long poll (20 s)
+    /// ([`SqsBroker::from_env`] only).
+    pub attempt_timeout: Duration,
+    /// Times the entries of a publish that SQS failed on its side are sent, in all.
+    pub publish_attempts: usize,
+}
+
+impl Default for SqsOptions {
+    fn default() -> Self {
+        SqsOptions {
+            max_attempts: 5,
+            connect_timeout: Duration::from_secs(5),
+            attempt_timeout: Duration::from_secs(15),
+            publish_attempts: 4,
+        }
+    }
+}
+
+/// A [`Broker`] on SQS. Clones share one client, one queue cache and one lease table.
+#[derive(Clone)]
+pub struct SqsBroker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    queues: Queues,
+    leases: Leases,
+    options: SqsOptions,
+}
+
+impl std::fmt::Debug for SqsBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqsBroker")
+            .field("region", &self.inner.client.config().region())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqsBroker {
+    /// A broker on the SQS the AWS environment names (region, endpoint, credentials). Nothing
+    /// is sent until the first call; fails only when no region is configured.
+    pub async fn from_env(options: SqsOptions) -> Result<Self, BrokerError> {
+        let timeouts = TimeoutConfig::builder()
+            .connect_timeout(options.connect_timeout)
+            .operation_attempt_timeout(Duration::from_secs(MAX_WAIT_SECS) + options.attempt_timeout)
+            .build();
+        let config = aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::standard().with_max_attempts(options.max_attempts.max(1)))
+            .timeout_config(timeouts)
+            .load()
+            .await;
+        if config.region().is_none() {
+            return Err(BrokerError::Refused(
+                "no AWS region for SQS: set AWS_REGION (or a region in the AWS profile)".into(),
+            ));
+        }
+        Ok(Self::new(Client::new(&config), options))
+    }
+
+    /// A broker on the SQS `client` talks to.
+    pub fn new(client: Client, options: SqsOptions) -> Self {
+        SqsBroker {
+            inner: Arc::new(Inner {
+                queues: Queues::new(client.clone()),
+                leases: Leases::new(instance_id()),
+                client,
+                options,
+            }),
+        }
+    }
+
+    fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    fn queues(&self) -> &Queues {
+        &self.inner.queues
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.inner.leases
+    }
+
+    /// `error`, forgetting what is cached about `queue` when it says the queue is gone.
+    fn lost(&self, queue: &str, error: BrokerError) -> BrokerError {
+        if matches!(error, BrokerError::QueueNotFound(_)) {
+            self.queues().forget(queue);
+        }
+        error
+    }
+
+    /// The URL of `queue` if it exists.
+    async fn existing_url(&self, queue: &str) -> Result<Option<String>, BrokerError> {
+        match self.queues().url(queue).await {
+            Ok(url) => Ok(Some(url)),
+            Err(BrokerError::QueueNotFound(_)) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// `QueueMismatch` unless the queue at `url` has the redrive `spec` asks for.
+    async fn verify(
+        &self,
+        spec: &QueueSpec,
+        url: &str,
+        wanted: Option<&Redrive>,
+    ) -> Result<(), BrokerError> {
+        let existing = self.queues().fetch_redrive(url, &spec.name).await?;
+        match topology::difference(existing.as_ref(), wanted) {
+            None => Ok(()),
+            Some(detail) => Err(BrokerError::QueueMismatch { queue: spec.name.clone(), detail }),
+        }
+    }
+
+    async fn create(
+        &self,
+        spec: &QueueSpec,
+        redrive: Option<(&Redrive, &str)>,
+    ) -> Result<(), BrokerError> {
+        let name = sqs_name(&spec.name)?;
+        let output = self
+            .client()
+            .create_queue()
+            .queue_name(&name)
+            .set_attributes(Some(topology::attributes(redrive)))
+            .send()
+            .await
+            .map_err(|e| error::on_create(&e, &spec.name))?;
+        if let Some(url) = output.queue_url() {
+            self.queues().remember_url(&name, url);
+        }
+        Ok(())
+    }
+
+    /// Send `bodies` (at most [`MAX_BATCH`]) in one `SendMessageBatch`, sending again what SQS
+    /// failed on its side.
+    async fn send_batch(
+        &self,
+        url: &str,
+        queue: &str,
+        bodies: Vec<Body>,
+    ) -> Result<(), BrokerError> {
+        let count = bodies.len();
+        let mut entries = bodies
+            .into_iter()
+            .enumerate()
+            .map(|(i, body)| {
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(body.text)
+                    .set_message_attributes(Some(body.attributes).filter(|a| !a.is_empty()))
+                    .build()
+                    .map_err(|e| BrokerError::Refused(format!("SQS batch entry: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(self.inner.options.publish_attempts.saturating_sub(1))
+            .with_jitter()
+            .build();
+        loop {
+            let output = self
+                .client()
+                .send_message_batch()
+                .queue_url(url)
+                .set_entries(Some(entries.clone()))
+                .send()
+                .await
+                .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
+            let failed = output.failed();
+            let Some(first) = failed.first() else {
+                return Ok(());
+            };
+            let what = format!(
+                "{} of {count} messages published to `{queue}`: {}{}",
+                failed.len(),
+                first.code(),
+                first.message().map(|m| format!(": {m}")).unwrap_or_default()
+            );
+            if failed.iter().any(|f| !error::entry_is_transient(f.code(), f.sender_fault())) {
+                return Err(BrokerError::Refused(format!("SQS refused {what}")));
+            }
+            let Some(delay) = delays.next() else {
+                return Err(BrokerError::Connection(format!(
+                    "SQS kept failing {what} ({} attempts)",
+                    self.inner.options.publish_attempts
+                )));
+            };
+            tracing::warn!(
+                queue,
+                failed = failed.len(),
+                code = first.code(),
+                retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "SQS failed part of a batch; sending that part again"
+            );
+            entries.retain(|entry| failed.iter().any(|f| f.id() == entry.id()));
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One `ReceiveMessage` call; its messages leased from `arrived` on.
+    async fn receive_batch(
+        &self,
+        queue: &str,
+        url: &str,
+        want: usize,
+        lease: Duration,
+        wait_secs: u64,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let output = self
+            .client()
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(clamp_i32(want as u64))
+            .visibility_timeout(visibility_secs(lease + LEASE_MARGIN))
+            .wait_time_seconds(clamp_i32(wait_secs))
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_attribute_names(body::ENCODING)
+            .message_attribute_names(body::DEAD_LETTER_REASON)
+            .send()
+            .await
+            .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
+        let arrived = Instant::now();
+        let messages = output.messages();
+        let unexplained = messages
+            .iter()
+            .any(|m| body::attribute(m.message_attributes(), body::DEAD_LETTER_REASON).is_none());
+        // Asked only when a message might have been moved by SQS itself. A failed lookup must
+        // not lose the messages just leased: they go out without a reason instead.
+        let from_dead_letter_queue = if unexplained {
+            self.queues().is_dead_letter_queue(url, queue).await.unwrap_or_else(|error| {
+                tracing::warn!(queue, %error,
+                    "could not tell whether the queue is a dead-letter queue; no reason given");
+                false
+            })
+        } else {
+            false
+        };
+        Ok(messages
+            .iter()
+            .filter_map(|m| {
+                self.lease(queue, url, m, after(arrived, lease), from_dead_letter_queue)
+            })
+            .collect())
+    }
+
+    /// A received message as a leased delivery; `None` (logged) when it cannot be one.
+    fn lease(
+        &self,
+        queue: &str,
+        url: &str,
+        message: &Message,
+        expires: Instant,
+        from_dead_letter_queue: bool,
+    ) -> Option<Delivery> {
+        let id = message.message_id().unwrap_or("?");
+        let Some(receipt) = message.receipt_handle() else {
+            tracing::error!(
+                queue,
+                message_id = id,
+                "SQS returned a message without a receipt handle"
+            );
+            return None;
+        };
+        let attributes = message.message_attributes();
+        let payload = match body::decode(message.body().unwrap_or(""), attributes) {
+            Ok(payload) => payload,
+            Err(error) => {
+                tracing::error!(queue, message_id = id, %error,
+                    "undecodable message left to SQS's redrive policy");
+                return None;
+            }
+        };
+        let delivery_count = receive_count(message);
+        let dead_letter_reason = match body::attribute(attributes, body::DEAD_LETTER_REASON) {
+            Some(reason) => Some(reason.to_owned()),
+            None if from_dead_letter_queue => Some(DELIVERY_LIMIT.to_owned()),
+            None => None,
+        };
+        // Without a message id (never seen), the delivery is its own identity: no dedup.
+        let identity = message.message_id().unwrap_or(receipt);
+        let Some(handle) =
+            self.leases().grant(queue, url, identity, receipt.to_owned(), payload.clone(), expires)
+        else {
+            tracing::debug!(
+                queue,
+                message_id = id,
+                "SQS delivered a message this process holds already; kept the held lease"
+            );
+            return None;
+        };
+        tracing::trace!(queue, handle = %handle.0, message_id = id, delivery_count, "leased");
+        Some(Delivery { handle, payload, delivery_count, dead_letter_reason })
+    }
+
+    /// `ChangeMessageVisibility` of a held delivery.
+    async fn set_visibility(
+        &self,
+        held: &Lease,
+        handle: &DeliveryHandle,
+        secs: i32,
+    ) -> Result<(), BrokerError> {
+        self.client()
+            .change_message_visibility()
+            .queue_url(&held.queue_url)
+            .receipt_handle(&held.receipt)
+            .visibility_timeout(secs)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| self.lost(&held.queue, error::on_receipt(&e, &held.queue, &handle.0)))
+    }
+
+    /// `DeleteMessage` of a held delivery.
+    async fn delete(&self, held: &Lease, handle: &DeliveryHandle) -> Result<(), BrokerError> {
+        self.client()
+            .delete_message()
+            .queue_url(&held.queue_url)
+            .receipt_handle(&held.receipt)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| self.lost(&held.queue, error::on_receipt(&e, &held.queue, &handle.0)))
+    }
+
+    /// End the lease unless `outcome` is an error worth retrying with the same handle.
+    fn settle(
+        &self,
+        handle: &DeliveryHandle,
+        outcome: Result<(), BrokerError>,
+    ) -> Result<(), BrokerError> {
+        if !matches!(outcome, Err(BrokerError::Connection(_))) {
+            self.leases().release(handle);
+        }
+        outcome
+    }
+
+    /// Send the dead-letter copy of `held` to its queue's dead-letter queue; `false` when the
+    /// queue has none (the message is to be dropped).
+    async fn send_dead_letter_copy(&self, held: &Lease, reason: &str) -> Result<bool, BrokerError> {
+        let redrive = self
+            .queues()
+            .redrive(&held.queue_url, &held.queue)
+            .await
+            .map_err(|e| self.lost(&held.queue, e))?;
+        let Some(redrive) = redrive else {
+            return Ok(false);
+        };
+        let dlq = &redrive.dead_letter_queue;
+        let dlq_url = match self.queues().url_by_sqs_name(dlq, dlq).await {
+            Ok(url) => url,
+            Err(BrokerError::QueueNotFound(_)) => return Ok(false),
+            Err(other) => return Err(other),
+        };
+        // SQS refuses empty attribute values.
+        let reason = if reason.is_empty() { "dead_lettered" } else { reason };
+        let copy = Body::encode(&held.payload)?
+            .with(body::DEAD_LETTER_REASON, reason)?
+            .with(body::DEAD_LETTER_SOURCE, &held.queue)?;
+        self.client()
+            .send_message()
+            .queue_url(&dlq_url)
+            .message_body(copy.text)
+            .set_message_attributes(Some(copy.attributes))
+            .send()
+            .await
+            .map_err(|e| error::on_queue(&e, dlq))?;
+        self.queues().mark_dead_letter_queue(dlq);
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl Broker for SqsBroker {
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
+        let redrive = topology::validate(spec)?;
+        let dlq_arn = match (&redrive, &spec.dead_letter_queue) {
+            (Some(redrive), Some(dlq)) => {
+                let url = self.queues().url(dlq).await.map_err(|e| self.lost(dlq, e))?;
+                let arn = self.queues().arn(&url, dlq).await.map_err(|e| self.lost(dlq, e))?;
+                self.queues().mark_dead_letter_queue(&redrive.dead_letter_queue);
+                Some(arn)
+            }
+            _ => None,
+        };
+        // CreateQueue on an existing queue compares only the attributes it is given (and some
+        // servers not even those): look first, compare what the spec says.
+        if let Some(url) = self.existing_url(&spec.name).await? {
+            match self.verify(spec, &url, redrive.as_ref()).await {
+                Err(BrokerError::QueueNotFound(_)) => self.queues().forget(&spec.name),
+                verified => return verified,
+            }
+        }
+        let redrive_with_arn = redrive.as_ref().zip(dlq_arn.as_deref());
+        self.create(spec, redrive_with_arn).await?;
+        tracing::debug!(queue = %spec.name, max_deliveries = ?spec.max_deliveries,
+            dead_letter_queue = ?spec.dead_letter_queue, "queue declared");
+        Ok(())
+    }
+
+    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
+        let Some(url) = self.existing_url(queue).await? else {
+            return Ok(());
+        };
+        self.queues().forget(queue);
+        match self.client().delete_queue().queue_url(&url).send().await {
+            Ok(_) => {
+                tracing::debug!(queue, "queue deleted");
+                Ok(())
+            }
+            Err(e) => match error::on_queue(&e, queue) {
+                BrokerError::QueueNotFound(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        let url = self.queues().url(queue).await?;
+        let count = payloads.len();
+        let mut batch: Vec<Body> = Vec::with_capacity(MAX_BATCH);
+        let mut batch_bytes = 0;
+        for payload in &payloads {
+            let body = Body::encode(payload)?;
+            let size = body.size();
+            if batch.len() == MAX_BATCH
+                || (!batch.is_empty() && batch_bytes + size > MAX_BATCH_BYTES)
+            {
+                self.send_batch(&url, queue, std::mem::take(&mut batch)).await?;
+                batch_bytes = 0;
+            }
+            batch_bytes += size;
+            batch.push(body);
+        }
+        if !batch.is_empty() {
+            self.send_batch(&url, queue, batch).await?;
+        }
+        tracing::trace!(queue, count, "published");
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        let url = self.queues().url(queue).await?;
+        let deadline = after(Instant::now(), wait);
+        let mut got = Vec::new();
+        while got.len() < max {
+            // Wait only while nothing has come; then take what is there at once.
+            let wait_secs = if got.is_empty() { wait_secs(deadline) } else { 0 };
+            let want = (max - got.len()).min(MAX_BATCH);
+            let more = self.receive_batch(queue, &url, want, lease, wait_secs).await?;
+            let nothing_more = more.is_empty();
+            got.extend(more);
+            if nothing_more && (!got.is_empty() || Instant::now() >= deadline) {
+                break;
+            }
+        }
+        Ok(got)
+    }
+
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
+        let held = self.leases().get(delivery)?;
+        self.settle(delivery, self.delete(&held, delivery).await)?;
+        tracing::trace!(queue = %held.queue, handle = %delivery.0, "acked");
+        Ok(())
+    }
+
+    async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
+        let held = self.leases().get(delivery)?;
+        let outcome = self.set_visibility(&held, delivery, visibility_secs(delay)).await;
+        self.settle(delivery, outcome)?;
+        tracing::debug!(queue = %held.queue, handle = %delivery.0,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "nacked");
+        Ok(())
+    }
+
+    async fn extend_lease(
+        &self,
+        delivery: &DeliveryHandle,
+        lease: Duration,
+    ) -> Result<(), BrokerError> {
+        let held = self.leases().get(delivery)?;
+        let asked = Instant::now();
+        match self.set_visibility(&held, delivery, visibility_secs(lease + LEASE_MARGIN)).await {
+            Ok(()) => self.leases().extend(delivery, after(asked, lease)),
+            Err(error) => self.settle(delivery, Err(error)),
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        delivery: &DeliveryHandle,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        // Copy first, delete after: a failed copy leaves the handle usable.
+        let held = self.leases().get(delivery)?;
+        let copied = self.send_dead_letter_copy(&held, reason).await?;
+        self.settle(delivery, self.delete(&held, delivery).await)?;
+        if copied {
+            tracing::info!(queue = %held.queue, reason, "message dead-lettered");
+        } else {
+            tracing::warn!(queue = %held.queue, reason,
+                "message dropped: its queue has no dead-letter queue");
+        }
+        Ok(())
+    }
+
+    async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
+        use QueueAttributeName::{
+            ApproximateNumberOfMessages, ApproximateNumberOfMessagesDelayed,
+            ApproximateNumberOfMessagesNotVisible,
+        };
+        let url = self.queues().url(queue).await?;
+        let names = [
+            ApproximateNumberOfMessages,
+            ApproximateNumberOfMessagesDelayed,
+            ApproximateNumberOfMessagesNotVisible,
+        ];
+        let attributes =
+            self.queues().attributes(&url, queue, &names).await.map_err(|e| self.lost(queue, e))?;
+        let count = |name: &QueueAttributeName| {
+            attributes.get(name).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0)
+        };
+        Ok(QueueDepth {
+            ready: count(&ApproximateNumberOfMessages) + count(&ApproximateNumberOfMessagesDelayed),
+            in_flight: count(&ApproximateNumberOfMessagesNotVisible),
+        })
+    }
+}
+
+/// The delivery count of a received message: its `ApproximateReceiveCount`.
+fn receive_count(message: &Message) -> u32 {
+    let count = message
+        .attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+        .and_then(|n| n.parse::<u32>().ok());
+    count.unwrap_or_else(|| {
+        tracing::warn!(
+            message_id = message.message_id().unwrap_or("?"),
+            "SQS returned no ApproximateReceiveCount; counting this delivery as the first"
+        );
+        1
+    })
+}
+
+/// A duration as whole seconds for SQS, rounded up, at most 12 hours.
+fn visibility_secs(duration: Duration) -> i32 {
+    clamp_i32(ceil_secs(duration).min(MAX_VISIBILITY_SECS))
+}
+
+/// `WaitTimeSeconds` for a receive that may wait until `deadline`: rounded up, at most 20.
+fn wait_secs(deadline: Instant) -> u64 {
+    ceil_secs(deadline.saturating_duration_since(Instant::now())).min(MAX_WAIT_SECS)
+}
+
+fn ceil_secs(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+fn clamp_i32(n: u64) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Unique per broker instance, across processes: handles of one are never valid in another.
+fn instance_id() -> String {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    format!("{:x}-{nanos:x}-{}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_round_up_to_whole_seconds() {
+        assert_eq!(visibility_secs(Duration::ZERO), 0);
+        assert_eq!(visibility_secs(Duration::from_millis(1)), 1);
+        assert_eq!(visibility_secs(Duration::from_millis(2000)), 2);
+        assert_eq!(visibility_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(visibility_secs(Duration::from_secs(100_000)), 43_200);
+    }
+
+    #[tokio::test]
+    async fn long_polls_wait_at_most_20_s() {
+        let now = Instant::now();
+        assert_eq!(wait_secs(now), 0);
+        assert_eq!(wait_secs(now + Duration::from_millis(500)), 1);
+        assert_eq!(wait_secs(now + Duration::from_secs(60)), 20);
+    }
+}

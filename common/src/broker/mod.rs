@@ -13,6 +13,12 @@
 //!   times: when the N-th delivery is nacked or its lease runs out, the message moves to the
 //!   queue's dead-letter queue (a backend may do the move lazily, on the next receive).
 //! - **Depth** is ready + in flight (leased), the autoscaling signal that never kills busy workers.
+//! - **Order** is best effort: the embedded broker and RabbitMQ hand out ready messages in
+//!   publish order, SQS standard queues only approximately. Nothing in batchfleet relies on it
+//!   (batch order comes from batch ids), but the suite checks it where a backend keeps it.
+//! - **At least once.** A backend may, rarely, deliver a message again while another process
+//!   holds it (SQS); within one process a backend never hands out a message it still leases.
+//!   Exactly-once *output* comes from the store (create-only batch statuses), not the broker.
 
 pub mod conformance;
 pub mod connect;

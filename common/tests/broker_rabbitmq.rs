@@ -323,3 +323,37 @@ async fn close_connection(name: &str) {
     .await
     .expect("closing the connection");
 }
+
+/// Regression: a receive whose wait ends just as a message arrives must neither lose it nor
+/// burn one of its deliveries (consume-and-cancel did, about 1 % of the time: a quorum queue
+/// can push after the cancel-ok, and the message came back only when the channel closed).
+#[tokio::test(flavor = "multi_thread")]
+async fn receives_ending_as_messages_arrive_burn_no_deliveries() {
+    let queue = format!("{}-work", unique_prefix("boundary"));
+    let broker = rabbitmq().await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    const COUNT: usize = 200;
+    let receiver = {
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tokio::spawn(async move {
+            let (mut got, mut counts_above_one) = (0, 0);
+            while got < COUNT {
+                let wait = Duration::from_millis(20);
+                for delivery in broker.receive(&queue, 1, LONG, wait).await.unwrap() {
+                    got += 1;
+                    counts_above_one += usize::from(delivery.delivery_count != 1);
+                    broker.ack(&delivery.handle).await.unwrap();
+                }
+            }
+            counts_above_one
+        })
+    };
+    for i in 0..COUNT as u64 {
+        // Irregular gaps around the receiver's wait, so that arrivals hit its end.
+        tokio::time::sleep(Duration::from_millis(7 + (i * 13) % 17)).await;
+        broker.publish(&queue, vec![Bytes::from(i.to_string())]).await.unwrap();
+    }
+    let burnt = tokio::time::timeout(LONG, receiver).await.expect("all received").unwrap();
+    assert_eq!(burnt, 0, "deliveries burnt by receives that ended as a message arrived");
+    cleanup(&broker, &[&queue]).await;
+}

@@ -6,7 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::lifecycle::JobReport;
 use crate::run::{run_embedded, RunOptions};
+use crate::status::{job_status, JobStatus};
+use crate::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,37 +38,112 @@ pub enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
+    /// end (or return once it is published, with --detach).
+    Submit {
+        /// The job spec (Azure ML `type: parallel` YAML, or a pipeline with one parallel step).
+        job: PathBuf,
+        /// Broker URL: amqp://user:password@host:5672/vhost (RabbitMQ).
+        #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
+        broker: String,
+        /// Where job roots go: a folder or a store URL the workers can reach too.
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+        /// Worker pool to send the job to (work queue `batchfleet.work.<pool>`).
+        #[arg(long, env = "BATCHFLEET_POOL", default_value = "default")]
+        pool: String,
+        /// The broker's consumer timeout in seconds (RabbitMQ's `consumer_timeout`, 30 min by
+        /// default); jobs whose mini-batches could outlast it are refused. 0: the broker has none.
+        #[arg(long, env = "BATCHFLEET_CONSUMER_TIMEOUT",
+            default_value_t = DEFAULT_CONSUMER_TIMEOUT.as_secs())]
+        consumer_timeout: u64,
+        /// Return once the mini-batches are published; print the job id and root.
+        #[arg(long)]
+        detach: bool,
+        /// Plain progress lines even on a terminal.
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Show where a job stands, from its job root: progress, or its result once finished.
+    Status {
+        /// A job id (under --store) or a job root (folder or URL).
+        job: String,
+        /// Where job roots are, for a job id.
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+    },
 }
 
 /// Exit codes: 0 the job succeeded, 1 the job failed, 2 the job could not start (bad spec,
-/// bad path, empty input).
+/// bad path, empty input). `status`: 0 succeeded, 1 failed, 2 no such job, 3 still running
+/// (or ended without a producer to aggregate it).
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Run { job, store, python, no_progress } => {
-            let options = RunOptions {
-                spec_path: job,
-                store,
-                python,
-                interactive: !no_progress && std::io::stderr().is_terminal(),
-            };
+            let options =
+                RunOptions { spec_path: job, store, python, interactive: interactive(no_progress) };
             match run_embedded(&options).await {
-                Ok(report) => {
-                    if let Some(output) = &report.output {
-                        println!("output: {} ({} rows)", output.url, output.rows);
-                    }
-                    println!("job result: {}", report.job_result_url);
-                    println!("{}", report.verdict.headline());
-                    if report.verdict.is_success() {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                }
-                Err(error) => {
-                    eprintln!("error: {error}");
-                    ExitCode::from(error.exit_code())
-                }
+                Ok(report) => print_report(&report),
+                Err(error) => failed_to_start(&error),
             }
         }
+        Command::Submit { job, broker, store, pool, consumer_timeout, detach, no_progress } => {
+            let options = SubmitOptions {
+                spec_path: job,
+                store,
+                broker,
+                pool,
+                consumer_timeout: (consumer_timeout > 0)
+                    .then(|| std::time::Duration::from_secs(consumer_timeout)),
+                detach,
+                interactive: interactive(no_progress),
+            };
+            match submit(&options).await {
+                Ok(Submitted::Detached { job_id, root_url, batches }) => {
+                    println!("job id: {job_id}");
+                    println!("job root: {root_url}");
+                    println!("published {batches} mini-batches; follow with `batchfleet status {job_id}`");
+                    ExitCode::SUCCESS
+                }
+                Ok(Submitted::Finished(report)) => print_report(&report),
+                Err(error) => failed_to_start(&error),
+            }
+        }
+        Command::Status { job, store } => match job_status(&job, store.as_deref()).await {
+            Ok(report) => {
+                print!("{}", report.text());
+                match report.status {
+                    JobStatus::Finished { succeeded: true, .. } => ExitCode::SUCCESS,
+                    JobStatus::Finished { succeeded: false, .. } => ExitCode::from(1),
+                    JobStatus::Running { .. } | JobStatus::Unaggregated { .. } => ExitCode::from(3),
+                }
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::from(2)
+            }
+        },
     }
+}
+
+fn interactive(no_progress: bool) -> bool {
+    !no_progress && std::io::stderr().is_terminal()
+}
+
+fn print_report(report: &JobReport) -> ExitCode {
+    if let Some(output) = &report.output {
+        println!("output: {} ({} rows)", output.url, output.rows);
+    }
+    println!("job result: {}", report.job_result_url);
+    println!("{}", report.verdict.headline());
+    if report.verdict.is_success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
+    eprintln!("error: {error}");
+    ExitCode::from(error.exit_code())
 }

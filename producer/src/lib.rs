@@ -8,12 +8,16 @@ pub mod dead_letters;
 pub mod error;
 pub mod follow;
 pub mod job_root;
+pub mod lifecycle;
 pub mod outcome;
 pub mod plan;
 pub mod progress;
 pub mod queues;
 pub mod run;
 pub mod settings;
+pub mod status;
+pub mod steady;
+pub mod submit;
 pub mod tracker;
 
 #[cfg(test)]

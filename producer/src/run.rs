@@ -6,32 +6,24 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use url::Url;
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
-use batchfleet_common::spec;
-use batchfleet_common::store::resolve_location;
 use batchfleet_worker::{Worker, WorkerConfig};
 
-use crate::aggregate::{aggregate, output_location, Aggregated};
 use crate::error::ProducerError;
-use crate::follow::{Follow, FollowEnd};
-use crate::job_root::{new_job_id, JobRoot};
-use crate::outcome::{job_result_text, verdict, Verdict};
-use crate::plan::{plan_and_publish, PlanTarget};
-use crate::progress::Progress;
+use crate::follow::FollowEnd;
+use crate::job_root::JobRoot;
+use crate::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
+pub use crate::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::queues::{declare_job_queue, declare_pool_queues};
 use crate::settings::effective_settings;
 use crate::tracker::Tracker;
 
-/// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
-pub const DEFAULT_STORE: &str = "batchfleet-jobs";
 /// How long workers get to finish and call `shutdown()` once the job is over.
 const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
 /// After an early stop nothing in flight counts any more: workers get little time.
@@ -48,27 +40,12 @@ pub struct RunOptions {
     pub interactive: bool,
 }
 
-/// How a job ended, for the caller to print.
-#[derive(Debug, Clone)]
-pub struct JobReport {
-    pub job_id: String,
-    pub verdict: Verdict,
-    pub root_url: String,
-    pub job_result_url: String,
-    pub output: Option<Aggregated>,
-}
-
 /// Run a job to its end on this machine.
 pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerError> {
-    let parsed = spec::load_job_file(&options.spec_path)?;
-    for warning in &parsed.warnings {
-        eprintln!("{warning}");
-    }
-    let job = parsed.job;
-    check_entry_script(&job)?;
-    let spec_text = std::fs::read_to_string(&options.spec_path).unwrap_or_default();
-    let root = JobRoot::create(&store_url(options.store.as_deref())?, &new_job_id(&job.name))?;
-    root.write_spec(&spec_text, &job).await?;
+    let spec = load_spec(&options.spec_path)?;
+    let job = spec.job;
+    let root = create_root(options.store.as_deref(), &job)?;
+    root.write_spec(&spec.text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 
     let broker: Arc<dyn Broker> = Arc::new(EmbeddedBroker::new());
@@ -93,29 +70,6 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     stop_workers(&mut fleet, grace).await;
     let (tracker, end) = result?;
     finish(&job, &root, &tracker, end).await
-}
-
-/// A local entry script that does not exist fails now, not after the job was planned.
-fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
-    let Some(code) =
-        Url::parse(&job.task.code).ok().as_ref().and_then(batchfleet_common::store::local_path)
-    else {
-        return Ok(());
-    };
-    if code.join(&job.task.entry_script).is_file() {
-        return Ok(());
-    }
-    Err(ProducerError::MissingEntryScript {
-        spec_file: job.spec_file.clone(),
-        code: code.display().to_string(),
-        entry_script: job.task.entry_script.clone(),
-    })
-}
-
-fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
-    let raw = store.unwrap_or(DEFAULT_STORE);
-    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
-    Ok(resolve_location(raw, &cwd)?)
 }
 
 fn start_workers(
@@ -151,18 +105,12 @@ async fn plan_and_follow(
     options: &RunOptions,
     fleet: &mut JoinSet<Result<(), String>>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
-    let target = PlanTarget { root, broker, queue: &queues.work };
-    let plan = plan_and_publish(job, &target).await?;
-    eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
-    let mut tracker = Tracker::new(plan);
-    let mut progress = Progress::new(plan.batches, options.interactive);
-    let follow = Follow { job, broker, queues, root };
+    let plan = lifecycle::plan(job, root, broker, queues).await?;
     let mut last_worker_error = None;
-    let end = follow
-        .until_done(&mut tracker, &mut progress, || fleet_gone(fleet, &mut last_worker_error))
-        .await?;
-    progress.finish();
-    Ok((tracker, end))
+    lifecycle::follow(job, root, broker, queues, plan, options.interactive, || {
+        fleet_gone(fleet, &mut last_worker_error)
+    })
+    .await
 }
 
 /// `Some(reason)` once every worker has stopped.
@@ -198,41 +146,4 @@ async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) 
         tracing::warn!("workers did not stop within {grace:?}; aborting them");
         fleet.abort_all();
     }
-}
-
-/// Tell workers to drop the job's remaining messages, and count those batches as cancelled.
-async fn stop_the_rest(
-    root: &JobRoot,
-    tracker: &mut Tracker,
-    end: &FollowEnd,
-) -> Result<(), ProducerError> {
-    let reason = end.failure().unwrap_or("stopped").to_string();
-    root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
-    tracker.cancel_unfinished();
-    Ok(())
-}
-
-async fn finish(
-    job: &ResolvedJob,
-    root: &JobRoot,
-    tracker: &Tracker,
-    end: FollowEnd,
-) -> Result<JobReport, ProducerError> {
-    let output_at = output_location(job, root)?;
-    let header =
-        if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
-    let output = aggregate(root, tracker, header, &output_at).await?;
-    let verdict = match end.failure() {
-        None => verdict(job, &tracker.counts(), output.rows),
-        Some(reason) => Verdict::Failed(reason.to_string()),
-    };
-    let text = job_result_text(&verdict, root, tracker, Some(&output));
-    root.put(&root.layout.job_result(), Bytes::from(text)).await?;
-    Ok(JobReport {
-        job_id: root.job_id.clone(),
-        verdict,
-        root_url: root.url(),
-        job_result_url: root.key_url(&root.layout.job_result()),
-        output: Some(output),
-    })
 }

@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod fleet;
+
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
@@ -160,4 +162,19 @@ impl JobFixture {
 /// `count` input names `f000.txt`, `f001.txt`, ...
 pub fn file_names(count: usize) -> Vec<String> {
     (0..count).map(|i| format!("f{i:03}.txt")).collect()
+}
+
+/// A copy of the file-scoring example in `dir` (`job.yaml`, `src/`) with `count` generated
+/// input files under `dir/data`.
+pub fn prepare_example(dir: &Path, count: usize) {
+    let example = repo_root().join("examples/file-scoring");
+    copy_tree(&example.join("src"), &dir.join("src")).expect("copy the example's code");
+    std::fs::copy(example.join("job.yaml"), dir.join("job.yaml")).expect("copy the example spec");
+    let generated = run(Command::new(python()).arg(example.join("generate.py")).args([
+        "--out",
+        &dir.join("data").to_string_lossy(),
+        "--count",
+        &count.to_string(),
+    ]));
+    assert!(generated.status.success(), "generate.py failed: {}", describe(&generated));
 }

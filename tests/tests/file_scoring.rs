@@ -75,7 +75,8 @@ fn the_example_scores_every_file_exactly_once() {
         assert_eq!(stderr.matches(setting).count(), 1, "`{setting}` once in:\n{stderr}");
     }
     let job_root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
-    let overview = std::fs::read_to_string(job_root.join("logs/job_progress_overview.txt")).unwrap();
+    let overview =
+        std::fs::read_to_string(job_root.join("logs/job_progress_overview.txt")).unwrap();
     assert!(overview.contains("scheduled: 24\nsucceeded: 24\nfailed: 0"), "{overview}");
 }
 

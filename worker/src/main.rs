@@ -1,16 +1,32 @@
 //! `batchfleet-worker`: the standalone worker process.
 //!
-//! It serves a network broker's work queue. The only broker in this build is the embedded one,
-//! which lives inside `batchfleet run`'s own process, so for now this binary checks its
-//! arguments and says plainly that it has nothing to serve yet.
+//! It serves one pool's work queue on a network broker (RabbitMQ today): any job's mini-batches,
+//! with the job's spec and code read from the job root named in each message. It is stateless,
+//! so any number of them can run, start and die at any time.
+//!
+//! Signals: SIGTERM or SIGINT drains — no new mini-batches, in-flight ones get `--drain-grace`
+//! to finish, every runtime's `shutdown()` runs, exit 0. A second signal stops at once (what
+//! is still running goes back to the queue).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
 
-/// Exit code for "this build cannot do that" (same as a usage error).
-const EXIT_UNSUPPORTED: u8 = 2;
+use batchfleet_common::broker::connect::{connect, redact, ConnectOptions};
+use batchfleet_common::message::QueueNames;
+use batchfleet_common::store::resolve_location;
+use batchfleet_common::Retry;
+use batchfleet_worker::{Worker, WorkerConfig};
+
+/// Exit code for a usage or configuration error (bad URL, bad option).
+const EXIT_CONFIG: u8 = 2;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,53 +35,164 @@ const EXIT_UNSUPPORTED: u8 = 2;
     about = "Runs batchfleet mini-batches from a broker's work queue."
 )]
 struct Args {
-    /// Broker to consume from, e.g. amqp://user:pass@host:5672/vhost (RabbitMQ) or sqs://region.
-    #[arg(long, env = "BATCHFLEET_BROKER")]
-    broker: Option<String>,
-    /// Worker pool (work queue `batchfleet.work.<pool>`).
-    #[arg(long, default_value = "default")]
+    /// Broker to consume from: amqp://user:password@host:5672/vhost (RabbitMQ).
+    #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
+    broker: String,
+    /// The store job roots live in (a folder or URL). Optional: every message names its job
+    /// root; given, it is checked at start so that a worker that cannot reach it says so.
+    #[arg(long, env = "BATCHFLEET_STORE")]
+    store: Option<String>,
+    /// Worker pool: the work queue is `batchfleet.work.<pool>`.
+    #[arg(long, env = "BATCHFLEET_POOL", default_value = QueueNames::DEFAULT_POOL)]
     pool: String,
     /// Mini-batches processed at once, each in its own entry-script process.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, env = "BATCHFLEET_CONCURRENCY", default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=1024))]
     concurrency: u32,
+    /// Exit (code 0) after this many seconds with nothing to do: scale to zero.
+    #[arg(long, env = "BATCHFLEET_IDLE_EXIT")]
+    idle_exit: Option<u64>,
+    /// Seconds in-flight mini-batches get to finish after SIGTERM before they are given back.
+    /// Keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default).
+    #[arg(long, env = "BATCHFLEET_DRAIN_GRACE", default_value_t = 25)]
+    drain_grace: u64,
     /// Local folder for runtime working folders, downloads and logs.
     #[arg(long, env = "BATCHFLEET_SCRATCH_DIR")]
     scratch_dir: Option<PathBuf>,
     /// Python interpreter for entry scripts.
     #[arg(long, env = "BATCHFLEET_PYTHON", default_value = "python3")]
     python: PathBuf,
+    /// Names this worker in statuses, failure records and user logs; default `<host>-<pid>`.
+    #[arg(long, env = "BATCHFLEET_WORKER_ID")]
+    worker_id: Option<String>,
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+fn main() -> ExitCode {
     let args = Args::parse();
-    let scratch =
-        args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
-    let what = match args.broker.as_deref() {
-        None => "no --broker was given".to_string(),
-        Some(broker) => format!("--broker `{}` is not supported yet", redact(broker)),
+    let filter =
+        EnvFilter::try_from_env("BATCHFLEET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::from(1);
+        }
     };
-    eprintln!(
-        "batchfleet-worker: {what}.\n\
-         A standalone worker needs a network broker; RabbitMQ (and later SQS) support arrives in \
-         the next release. The embedded broker exists only inside the process of `batchfleet \
-         run`, which starts its workers itself, so there is nothing for this process to serve \
-         yet.\n\
-         (would run: pool `{}`, concurrency {}, python `{}`, scratch `{}`)",
-        args.pool,
-        args.concurrency,
-        args.python.display(),
-        scratch.display()
-    );
-    Ok(ExitCode::from(EXIT_UNSUPPORTED))
+    match runtime.block_on(serve(args)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
-/// A broker URL without its password, for messages.
-fn redact(broker: &str) -> String {
-    match url::Url::parse(broker) {
-        Ok(mut url) if url.password().is_some() => {
-            let _ = url.set_password(Some("***"));
-            url.to_string()
-        }
-        _ => broker.to_string(),
+async fn serve(args: Args) -> anyhow::Result<ExitCode> {
+    if let Err(error) = batchfleet_common::broker::connect::kind_of(&args.broker) {
+        eprintln!("error: --broker: {error}");
+        return Ok(ExitCode::from(EXIT_CONFIG));
     }
+    if let Some(store) = &args.store {
+        let cwd = std::env::current_dir().context("reading the current folder")?;
+        match resolve_location(store, &cwd) {
+            Ok(url) => tracing::info!(store = %url, "job roots expected under this store"),
+            Err(error) => {
+                eprintln!("error: --store: {error}");
+                return Ok(ExitCode::from(EXIT_CONFIG));
+            }
+        }
+    }
+    let worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
+    let queues = QueueNames::for_pool(&args.pool);
+    let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
+    let broker = match connect(&args.broker, options).await {
+        Ok(broker) => broker,
+        Err(error) => {
+            eprintln!("error: connecting to {}: {error}", redact(&args.broker));
+            // A URL this build cannot serve is a usage error; an unreachable broker is not.
+            let code = if error.retry() == Retry::Permanent { EXIT_CONFIG } else { 1 };
+            return Ok(ExitCode::from(code));
+        }
+    };
+    tracing::info!(broker = %redact(&args.broker), pool = %args.pool, %worker_id,
+        concurrency = args.concurrency, "connected");
+
+    let config = WorkerConfig {
+        worker_id,
+        concurrency: args.concurrency as usize,
+        queues,
+        python: args.python.clone(),
+        scratch_dir: args
+            .scratch_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker")),
+        idle_exit: args.idle_exit.map(Duration::from_secs),
+    };
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(on_signals(shutdown.clone()));
+    let worker = Worker::new(Arc::clone(&broker), config)
+        .with_drain_grace(Duration::from_secs(args.drain_grace));
+    let outcome = worker.run(shutdown).await;
+    signals.abort();
+    match outcome {
+        Ok(summary) => {
+            tracing::info!(?summary, "batchfleet-worker exiting");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            let code = match error.kind() {
+                batchfleet_common::ErrorKind::Config => EXIT_CONFIG,
+                _ => 1,
+            };
+            Ok(ExitCode::from(code))
+        }
+    }
+}
+
+/// First SIGTERM / SIGINT: drain. Second: exit now (the broker connection closes with the
+/// process and the broker gives every unsettled message back).
+async fn on_signals(shutdown: CancellationToken) {
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::error!("cannot install signal handlers; SIGTERM will kill without draining");
+        return;
+    };
+    let mut received = 0;
+    loop {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        received += 1;
+        if received == 1 {
+            tracing::info!(signal = name, "stopping: no new mini-batches; draining in-flight ones");
+            shutdown.cancel();
+        } else {
+            tracing::warn!(
+                signal = name,
+                "second signal: exiting now; unsettled mini-batches \
+                return to the queue"
+            );
+            std::process::exit(1);
+        }
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// `batchfleet-worker/<pool>/<worker id>`: an operator can tell workers, pools and producers
+/// apart in RabbitMQ's connection list (and close one pool's connections).
+fn connection_name(pool: &str, worker_id: &str) -> String {
+    format!("batchfleet-worker/{pool}/{worker_id}")
 }

@@ -95,7 +95,7 @@ pub(crate) enum StatusWrite {
     /// This attempt's status is the batch's final status.
     Won,
     /// The batch was already final (another attempt won, or it was dead-lettered).
-    AlreadyFinal(BatchStatus),
+    AlreadyFinal(Box<BatchStatus>),
 }
 
 /// `status/<batch>.json`, create-only: the first final status stands.
@@ -124,7 +124,7 @@ pub(crate) async fn write_status(
     if existing.result_part == status.result_part && existing.state == status.state {
         return Ok(StatusWrite::Won);
     }
-    Ok(StatusWrite::AlreadyFinal(existing))
+    Ok(StatusWrite::AlreadyFinal(Box::new(existing)))
 }
 
 async fn read_status(job: &LoadedJob, key: &Key) -> Result<BatchStatus, InfraError> {

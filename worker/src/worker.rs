@@ -45,6 +45,9 @@ pub struct WorkerSummary {
     pub invalid_messages: u64,
     pub runtimes_started: u64,
     pub runtime_start_failures: u64,
+    /// Slots dropped with a batch in hand when the drain grace ran out (their batches go back
+    /// to the queue).
+    pub batches_abandoned: u64,
 }
 
 impl WorkerSummary {
@@ -55,6 +58,7 @@ impl WorkerSummary {
         self.invalid_messages += other.invalid_messages;
         self.runtimes_started += other.runtimes_started;
         self.runtime_start_failures += other.runtime_start_failures;
+        self.batches_abandoned += other.batches_abandoned;
     }
 }
 
@@ -132,17 +136,33 @@ pub(crate) struct Shared {
     pub driver: PathBuf,
     pub jobs: JobCache,
     pub activity: Activity,
+    /// Cancelled when a draining worker's grace period is over: a slot still running a batch
+    /// then abandons it (kills its runtime, gives the message back at once) instead of
+    /// finishing it.
+    #[allow(dead_code)] // read by the slots once they take the hard stop (see `drain_grace`)
+    pub hard_stop: CancellationToken,
 }
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
 pub struct Worker {
     broker: Arc<dyn Broker>,
     config: WorkerConfig,
+    drain_grace: Option<Duration>,
 }
 
 impl Worker {
     pub fn new(broker: Arc<dyn Broker>, config: WorkerConfig) -> Worker {
-        Worker { broker, config }
+        Worker { broker, config, drain_grace: None }
+    }
+
+    /// Bound the drain after `shutdown` is cancelled (SIGTERM): in-flight batches get `grace`
+    /// to finish; then the hard stop is signalled to the slots, and slots that have still not
+    /// returned 15 s later (`ABANDON_AFTER`) are dropped — their runtimes are killed, and their
+    /// messages go back to the queue when the lease ends or the broker connection closes (a
+    /// process that exits closes it at once). Without a grace the drain waits for every batch.
+    pub fn with_drain_grace(mut self, grace: Duration) -> Worker {
+        self.drain_grace = Some(grace);
+        self
     }
 
     /// Serve until `shutdown` is cancelled (then finish in-flight batches, call `shutdown()` on
@@ -156,12 +176,14 @@ impl Worker {
         let driver = install_driver(&dir).map_err(scratch_error)?;
         tracing::info!(worker_id = %self.config.worker_id, concurrency = self.config.concurrency,
             queue = %self.config.queues.work, scratch = %dir.display(), "worker started");
+        let hard_stop = CancellationToken::new();
         let shared = Arc::new(Shared {
             broker: self.broker,
             config: self.config,
             driver,
             jobs: JobCache::default(),
             activity: Activity::new(),
+            hard_stop: hard_stop.clone(),
         });
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();
@@ -178,7 +200,29 @@ impl Worker {
         }
         let mut summary = WorkerSummary::default();
         let mut failure = None;
-        while let Some(joined) = slots.join_next_with_id().await {
+        let drain = self.drain_grace.map(|grace| drain_deadline(&shutdown, grace, &hard_stop));
+        let bounded = drain.is_some();
+        let abandoned = async {
+            if !bounded {
+                std::future::pending::<()>().await;
+            }
+            hard_stop.cancelled().await;
+            tokio::time::sleep(ABANDON_AFTER).await;
+        };
+        tokio::pin!(abandoned);
+        loop {
+            let joined = tokio::select! {
+                joined = slots.join_next_with_id() => joined,
+                () = &mut abandoned => {
+                    tracing::warn!(slots = slots.len(), "slots still busy after the drain grace; \
+                        abandoning their batches (they return to the queue)");
+                    slots.abort_all();
+                    summary.batches_abandoned += slots.len() as u64;
+                    while slots.join_next().await.is_some() {}
+                    break;
+                }
+            };
+            let Some(joined) = joined else { break };
             match joined {
                 Ok((_, end)) => {
                     summary.add(&end.summary);
@@ -197,9 +241,32 @@ impl Worker {
                 }
             }
         }
+        if let Some(drain) = drain {
+            drain.abort();
+        }
         tracing::info!(?summary, "worker stopped");
         failure.map_or(Ok(summary), Err)
     }
+}
+
+/// How long slots get to give their batches back after the hard stop before they are dropped.
+const ABANDON_AFTER: Duration = Duration::from_secs(15);
+
+/// Cancels `hard_stop` once `grace` has passed since `shutdown` was cancelled; the handle ends
+/// at that moment.
+fn drain_deadline(
+    shutdown: &CancellationToken,
+    grace: Duration,
+    hard_stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let (shutdown, hard_stop) = (shutdown.clone(), hard_stop.clone());
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        tracing::info!(grace_secs = grace.as_secs_f64(), "draining: finishing in-flight batches");
+        tokio::time::sleep(grace).await;
+        tracing::warn!("drain grace over: abandoning batches still running");
+        hard_stop.cancel();
+    })
 }
 
 /// Remove what a previous worker with the same id left in a slot folder.

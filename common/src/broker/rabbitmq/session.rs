@@ -6,8 +6,9 @@
 //! put their messages back in their queues — so their handles are stale, which the lease table
 //! notices by itself (lapin poisons the ackers of a closed channel).
 
+use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -72,7 +73,12 @@ pub(super) struct Session {
     pub(super) connection: Connection,
     /// In confirm mode; re-opened when a failed publish closed it.
     publisher: Mutex<Option<Channel>>,
+    /// Idle receive channels, per queue (see [`Session::receiver`]).
+    receivers: std::sync::Mutex<HashMap<String, Vec<Channel>>>,
 }
+
+/// Idle receive channels kept per queue; more are closed when given back.
+const IDLE_RECEIVERS_PER_QUEUE: usize = 64;
 
 impl Session {
     fn is_alive(&self) -> bool {
@@ -82,6 +88,43 @@ impl Session {
     /// A fresh channel, for one operation or one `receive` and the leases it hands out.
     pub(super) async fn channel(&self) -> Result<Channel, BrokerError> {
         self.connection.create_channel().await.map_err(|e| error::transport(&e))
+    }
+
+    /// A channel to receive from `queue` on: an idle one of an earlier receive from the same
+    /// queue, or a new one. Opening (and later closing) a channel costs a round trip and
+    /// RabbitMQ a few processes, per message when every receive had a channel of its own.
+    /// A receive channel only ever touches its one queue, so the only error that can close
+    /// it (the queue was deleted) ends nothing that had not ended already; its leases keep
+    /// their own clone, so a channel back in the pool is shared by them and the next receive.
+    pub(super) async fn receiver(&self, queue: &str) -> Result<Channel, BrokerError> {
+        let idle = {
+            let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
+            let pool = receivers.entry(queue.to_owned()).or_default();
+            let mut found = None;
+            while let Some(channel) = pool.pop() {
+                if channel.status().connected() {
+                    found = Some(channel);
+                    break;
+                }
+            }
+            found
+        };
+        match idle {
+            Some(channel) => Ok(channel),
+            None => self.channel().await,
+        }
+    }
+
+    /// Give a receive channel back once its receive is over (its leases may still be held).
+    pub(super) fn give_back(&self, queue: &str, channel: Channel) {
+        if !channel.status().connected() {
+            return;
+        }
+        let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
+        let pool = receivers.entry(queue.to_owned()).or_default();
+        if pool.len() < IDLE_RECEIVERS_PER_QUEUE {
+            pool.push(channel);
+        }
     }
 
     /// The shared channel publishes go through, in confirm mode.
@@ -174,7 +217,11 @@ impl Sessions {
             })?;
         tracing::info!(broker = %self.endpoint.redacted, connection = %self.connection_name,
             "connected to RabbitMQ");
-        Ok(Session { connection, publisher: Mutex::new(None) })
+        Ok(Session {
+            connection,
+            publisher: Mutex::new(None),
+            receivers: std::sync::Mutex::new(HashMap::new()),
+        })
     }
 }
 

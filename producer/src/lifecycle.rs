@@ -1,0 +1,161 @@
+//! A job's life as every producer mode lives it: load the spec, create the job root, plan and
+//! publish, follow to the end, stop the rest early when needed, aggregate, write the result.
+//!
+//! `batchfleet run` (embedded broker, in-process workers) and `batchfleet submit` (a network
+//! broker, a remote fleet) differ only in where the broker and the workers are; everything
+//! here is the same code for both.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use url::Url;
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::QueueNames;
+use batchfleet_common::spec;
+use batchfleet_common::store::resolve_location;
+
+use crate::aggregate::{aggregate, output_location, Aggregated};
+use crate::error::ProducerError;
+use crate::follow::{Follow, FollowEnd};
+use crate::job_root::{new_job_id, JobRoot};
+use crate::outcome::{job_result_text, verdict, Verdict};
+use crate::plan::{plan_and_publish, PlanSummary, PlanTarget};
+use crate::progress::Progress;
+use crate::tracker::Tracker;
+
+/// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
+pub const DEFAULT_STORE: &str = "batchfleet-jobs";
+
+/// How a job ended, for the caller to print.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    pub job_id: String,
+    pub verdict: Verdict,
+    pub root_url: String,
+    pub job_result_url: String,
+    pub output: Option<Aggregated>,
+}
+
+/// A parsed, checked spec and the text it came from.
+pub struct LoadedSpec {
+    pub job: ResolvedJob,
+    /// The YAML as the user wrote it (stored as `job.yaml`).
+    pub text: String,
+}
+
+/// Parse the spec (warnings go to stderr) and check what can be checked before anything is
+/// written: a bad spec or a missing entry script is an exit-2 error with nothing created.
+pub fn load_spec(spec_path: &Path) -> Result<LoadedSpec, ProducerError> {
+    let parsed = spec::load_job_file(spec_path)?;
+    for warning in &parsed.warnings {
+        eprintln!("{warning}");
+    }
+    check_entry_script(&parsed.job)?;
+    let text = std::fs::read_to_string(spec_path).unwrap_or_default();
+    Ok(LoadedSpec { job: parsed.job, text })
+}
+
+/// A local entry script that does not exist fails now, not after the job was planned.
+fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
+    let Some(code) = local_code_dir(job) else {
+        return Ok(());
+    };
+    if code.join(&job.task.entry_script).is_file() {
+        return Ok(());
+    }
+    Err(ProducerError::MissingEntryScript {
+        spec_file: job.spec_file.clone(),
+        code: code.display().to_string(),
+        entry_script: job.task.entry_script.clone(),
+    })
+}
+
+/// The job's code folder when it is on this machine.
+pub fn local_code_dir(job: &ResolvedJob) -> Option<PathBuf> {
+    Url::parse(&job.task.code).ok().as_ref().and_then(batchfleet_common::store::local_path)
+}
+
+/// The store URL job roots go under: `--store`, or [`DEFAULT_STORE`] in the current folder.
+pub fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
+    let raw = store.unwrap_or(DEFAULT_STORE);
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    Ok(resolve_location(raw, &cwd)?)
+}
+
+/// A new job root under `store` for `job`.
+pub fn create_root(store: Option<&str>, job: &ResolvedJob) -> Result<JobRoot, ProducerError> {
+    Ok(JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?)
+}
+
+/// Plan and publish the job's mini-batches to `queues.work`.
+pub async fn plan(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+) -> Result<PlanSummary, ProducerError> {
+    let target = PlanTarget { root, broker, queue: &queues.work };
+    let plan = plan_and_publish(job, &target).await?;
+    eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
+    Ok(plan)
+}
+
+/// Follow a planned job to its end; `fleet_gone` reports when no worker is left (a producer
+/// that cannot see its fleet says `None`, and the watchdog ends a job nobody serves).
+pub async fn follow(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    plan: PlanSummary,
+    interactive: bool,
+    fleet_gone: impl FnMut() -> Option<String>,
+) -> Result<(Tracker, FollowEnd), ProducerError> {
+    let mut tracker = Tracker::new(plan);
+    let mut progress = Progress::new(plan.batches, interactive);
+    let follow = Follow { job, broker, queues, root };
+    let end = follow.until_done(&mut tracker, &mut progress, fleet_gone).await?;
+    progress.finish();
+    Ok((tracker, end))
+}
+
+/// After an early stop: tell workers to drop the job's remaining messages (the cancel
+/// marker), and count those batches as cancelled.
+pub async fn stop_the_rest(
+    root: &JobRoot,
+    tracker: &mut Tracker,
+    end: &FollowEnd,
+) -> Result<(), ProducerError> {
+    let reason = end.failure().unwrap_or("stopped").to_string();
+    root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
+    tracker.cancel_unfinished();
+    Ok(())
+}
+
+/// Aggregate the succeeded batches, decide the verdict, write `logs/job_result.txt`.
+pub async fn finish(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    tracker: &Tracker,
+    end: FollowEnd,
+) -> Result<JobReport, ProducerError> {
+    let output_at = output_location(job, root)?;
+    let header =
+        if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
+    let output = aggregate(root, tracker, header, &output_at).await?;
+    let verdict = match end.failure() {
+        None => verdict(job, &tracker.counts(), output.rows),
+        Some(reason) => Verdict::Failed(reason.to_string()),
+    };
+    let text = job_result_text(&verdict, root, tracker, Some(&output));
+    root.put(&root.layout.job_result(), Bytes::from(text)).await?;
+    Ok(JobReport {
+        job_id: root.job_id.clone(),
+        verdict,
+        root_url: root.url(),
+        job_result_url: root.key_url(&root.layout.job_result()),
+        output: Some(output),
+    })
+}

@@ -1,0 +1,210 @@
+//! `batchfleet status`: where a job is, read from its job root alone (no broker needed).
+//!
+//! The store is the source of truth: `plan/summary.json` says how many mini-batches there are,
+//! `status/` which of them ended and how, `logs/job_result.txt` whether a producer finished the
+//! job. That is enough to show a detached job's progress from any machine.
+
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use url::Url;
+
+use batchfleet_common::status::BatchStatus;
+use batchfleet_common::store::{resolve_location, StoreError};
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+use crate::lifecycle::store_url;
+use crate::plan::PlanSummary;
+use crate::tracker::{Counts, Tracker};
+
+/// Where a job stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobStatus {
+    /// A producer finished the job: `logs/job_result.txt`, verdict first.
+    Finished { job_result: String, succeeded: bool },
+    /// Mini-batches are still outstanding (or the plan is not complete yet).
+    Running { counts: Counts, planned: bool, cancelled: Option<String> },
+    /// Every mini-batch ended but no producer aggregated the output (it was detached).
+    Unaggregated { counts: Counts },
+}
+
+/// A job and where it stands.
+#[derive(Debug, Clone)]
+pub struct StatusReport {
+    pub job_id: String,
+    pub root_url: String,
+    pub status: JobStatus,
+}
+
+impl StatusReport {
+    /// What `batchfleet status` prints.
+    pub fn text(&self) -> String {
+        match &self.status {
+            JobStatus::Finished { job_result, .. } => job_result.clone(),
+            JobStatus::Running { counts, planned, cancelled } => {
+                let mut text = format!("job {}: running\n{}\n", self.job_id, counts_line(counts));
+                if !planned {
+                    text.push_str("planning: the plan is not complete yet\n");
+                }
+                if let Some(reason) = cancelled {
+                    text.push_str(&format!("stopping early: {reason}\n"));
+                }
+                text.push_str(&format!("job root: {}\n", self.root_url));
+                text
+            }
+            JobStatus::Unaggregated { counts } => format!(
+                "job {}: every mini-batch ended; the output was not aggregated (no producer \
+                 followed the job: it was submitted with --detach)\n{}\njob root: {}\n",
+                self.job_id,
+                counts_line(counts),
+                self.root_url
+            ),
+        }
+    }
+}
+
+fn counts_line(counts: &Counts) -> String {
+    format!(
+        "mini-batches: {} ended of {} ({} succeeded, {} failed, {} cancelled); items: {} \
+         succeeded, {} failed of {}",
+        counts.batches_ended(),
+        counts.batches_total,
+        counts.batches_succeeded,
+        counts.batches_failed,
+        counts.batches_cancelled,
+        counts.items_succeeded,
+        counts.items_failed,
+        counts.items_total
+    )
+}
+
+/// The status of `job`: a job id under `store`, or a job root (path or URL).
+pub async fn job_status(job: &str, store: Option<&str>) -> Result<StatusReport, ProducerError> {
+    let root = locate(job, store)?;
+    if !exists(&root, &root.layout.job_json()).await? {
+        return Err(ProducerError::Unsupported(format!(
+            "no job at {}: it has no job.json (give a job id with --store, or the job root)",
+            root.url()
+        )));
+    }
+    let status = match read_text(&root, &root.layout.job_result()).await? {
+        Some(job_result) => {
+            let succeeded = job_result.lines().next() == Some("succeeded");
+            JobStatus::Finished { job_result, succeeded }
+        }
+        None => progress(&root).await?,
+    };
+    Ok(StatusReport { job_id: root.job_id.clone(), root_url: root.url(), status })
+}
+
+/// The job root `job` names: an existing folder or a URL is a root, anything else a job id.
+fn locate(job: &str, store: Option<&str>) -> Result<JobRoot, ProducerError> {
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    let is_root = job.contains("://") || job.contains('/') || std::path::Path::new(job).is_dir();
+    if !is_root {
+        return Ok(JobRoot::create(&store_url(store)?, job)?);
+    }
+    let url = resolve_location(job, &cwd)?;
+    let (parent, job_id) = split_root(&url).ok_or_else(|| {
+        ProducerError::Unsupported(format!("`{job}` does not name a job root folder"))
+    })?;
+    Ok(JobRoot::create(&parent, &job_id)?)
+}
+
+/// `…/store/<job id>/` → (`…/store/`, job id).
+fn split_root(url: &Url) -> Option<(Url, String)> {
+    let trimmed = url.path().trim_end_matches('/').to_string();
+    let (parent, name) = trimmed.rsplit_once('/')?;
+    if name.is_empty() {
+        return None;
+    }
+    let mut parent_url = url.clone();
+    parent_url.set_path(&format!("{parent}/"));
+    let name = percent_decode(name);
+    Some((parent_url, name))
+}
+
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_else(|| text.to_string())
+}
+
+async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
+    let cancelled = read_text(root, &root.layout.cancel_marker()).await?;
+    let summary = match read_text(root, &root.layout.plan_summary()).await? {
+        Some(text) => Some(serde_json::from_str::<PlanSummary>(&text).map_err(|e| {
+            ProducerError::internal(format!("{}: {e}", root.layout.plan_summary()))
+        })?),
+        None => None,
+    };
+    let statuses = read_statuses(root).await?;
+    let plan = summary.unwrap_or(PlanSummary {
+        batches: statuses.iter().map(|s| s.index + 1).max().unwrap_or(0),
+        items: 0,
+    });
+    let mut tracker = Tracker::new(plan);
+    for status in &statuses {
+        tracker.record(status);
+    }
+    let counts = tracker.counts();
+    if summary.is_some() && tracker.is_complete() {
+        return Ok(JobStatus::Unaggregated { counts });
+    }
+    Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled })
+}
+
+async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
+    let prefix = root.layout.status_prefix();
+    let listed: Vec<object_store::ObjectMeta> = root
+        .location
+        .store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| StoreError::io("list", &prefix, e))?;
+    let mut statuses = Vec::with_capacity(listed.len());
+    for meta in listed {
+        let bytes = root.get(&meta.location).await?;
+        match serde_json::from_slice::<BatchStatus>(&bytes) {
+            Ok(status) => statuses.push(status),
+            Err(error) => tracing::warn!(key = %meta.location, %error, "unreadable batch status"),
+        }
+    }
+    Ok(statuses)
+}
+
+async fn exists(root: &JobRoot, key: &object_store::path::Path) -> Result<bool, ProducerError> {
+    match root.location.store.head(key).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(StoreError::io("head", key, e).into()),
+    }
+}
+
+async fn read_text(
+    root: &JobRoot,
+    key: &object_store::path::Path,
+) -> Result<Option<String>, ProducerError> {
+    match root.get(key).await {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(error) if error.is_not_found() => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_url_splits_into_store_and_job_id() {
+        let url = Url::parse("file:///data/jobs/my-job-1/").unwrap();
+        let (store, id) = split_root(&url).unwrap();
+        assert_eq!(store.as_str(), "file:///data/jobs/");
+        assert_eq!(id, "my-job-1");
+        let url = Url::parse("file:///data/jobs/my-job-1").unwrap();
+        assert_eq!(split_root(&url).unwrap().1, "my-job-1");
+    }
+}

@@ -1,0 +1,225 @@
+//! `batchfleet submit`: a job for a fleet of `batchfleet-worker`s on a network broker.
+//!
+//! The job root gets everything a worker on another machine needs — the resolved spec
+//! (`job.json`) and the entry script's code (`code/`) — before the first mini-batch is
+//! published. Then the job is followed exactly as `batchfleet run` follows it (progress,
+//! thresholds, early stop, watchdog, aggregation, `logs/job_result.txt`), or, with `--detach`,
+//! left to the fleet once it is published.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use batchfleet_common::broker::connect::{connect, kind_of, redact, ConnectOptions};
+use batchfleet_common::broker::Broker;
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::QueueNames;
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+use crate::lifecycle::JobReport;
+use crate::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
+use crate::queues::{declare_job_queue, declare_pool_queues};
+use crate::settings::effective_settings;
+use crate::steady::SteadyBroker;
+
+/// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
+pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(1800);
+/// Time a worker may hold a delivery beyond `run()` and loading its inputs: writing the
+/// result part, status and event, acking, or holding it for a delayed nack (at most 10 s).
+pub const SETTLE_MARGIN: Duration = Duration::from_secs(60);
+/// The folder under the job root that holds the job's code.
+const CODE_FOLDER: &str = "code";
+
+/// Options of `batchfleet submit`.
+#[derive(Debug, Clone)]
+pub struct SubmitOptions {
+    pub spec_path: PathBuf,
+    /// Store URL or folder for job roots (workers must reach it too).
+    pub store: Option<String>,
+    /// The broker URL (with its credentials: never printed).
+    pub broker: String,
+    /// Worker pool: the work queue is `batchfleet.work.<pool>`.
+    pub pool: String,
+    /// The broker's consumer timeout; `None` when it has none.
+    pub consumer_timeout: Option<Duration>,
+    /// Return once the mini-batches are published.
+    pub detach: bool,
+    /// Show a progress bar (a terminal) instead of log lines.
+    pub interactive: bool,
+}
+
+/// What `submit` did.
+#[derive(Debug, Clone)]
+pub enum Submitted {
+    /// Published and left to the fleet (`--detach`).
+    Detached { job_id: String, root_url: String, batches: u64 },
+    /// Followed to its end.
+    Finished(JobReport),
+}
+
+/// Submit a job to the fleet behind `options.broker`.
+pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
+    let spec = load_spec(&options.spec_path)?;
+    let mut job = spec.job;
+    check_consumer_timeout(&job, options.consumer_timeout)?;
+    let code = shippable_code(&job)?;
+    kind_of(&options.broker).map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
+    let broker = connect_broker(options).await?;
+    let queues = QueueNames::for_pool(&options.pool);
+    declare_pool_queues(broker.as_ref(), &queues).await?;
+
+    let root = create_root(options.store.as_deref(), &job)?;
+    job.task.code = upload_code(&root, &code).await?;
+    root.write_spec(&spec.text, &job).await?;
+    eprintln!("{}", effective_settings(&job, &root));
+    eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
+    declare_job_queue(broker.as_ref(), &root.job_id).await?;
+    let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
+    if options.detach {
+        return Ok(Submitted::Detached {
+            job_id: root.job_id.clone(),
+            root_url: root.url(),
+            batches: plan.batches,
+        });
+    }
+
+    let followed =
+        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, options.interactive, || {
+            None
+        })
+        .await;
+    let (mut tracker, end) = followed?;
+    if end.stopped_early() {
+        stop_the_rest(&root, &mut tracker, &end).await?;
+    }
+    let report = finish(&job, &root, &tracker, end).await?;
+    remove_events_queue(broker.as_ref(), &root.job_id).await;
+    Ok(Submitted::Finished(report))
+}
+
+/// Refuse a job whose mini-batches could be held longer than the broker lets a consumer hold
+/// a delivery: RabbitMQ would close the worker's channel mid-`run()` and redeliver the batch,
+/// burning attempts on a batch that was fine.
+pub fn check_consumer_timeout(
+    job: &ResolvedJob,
+    consumer_timeout: Option<Duration>,
+) -> Result<(), ProducerError> {
+    let Some(limit) = consumer_timeout else {
+        return Ok(());
+    };
+    let timeout = job.retry.timeout_secs;
+    let overhead = job.task.program_args.task_overhead_timeout_secs;
+    let held = timeout + overhead + SETTLE_MARGIN.as_secs();
+    if held <= limit.as_secs() {
+        return Ok(());
+    }
+    Err(ProducerError::Unsupported(format!(
+        "{}: retry_settings.timeout ({timeout} s) + --task_overhead_timeout ({overhead} s) + {} s \
+         to settle = {held} s, longer than the broker's consumer timeout ({} s): RabbitMQ would \
+         take a mini-batch away from a worker still running it. Lower retry_settings.timeout, \
+         or raise RabbitMQ's consumer_timeout (rabbitmq.conf: consumer_timeout = <ms>) and pass \
+         --consumer-timeout <secs>",
+        job.spec_file,
+        SETTLE_MARGIN.as_secs(),
+        limit.as_secs()
+    )))
+}
+
+/// The job's code folder; this build ships local folders only.
+fn shippable_code(job: &ResolvedJob) -> Result<PathBuf, ProducerError> {
+    local_code_dir(job).filter(|dir| dir.is_dir()).ok_or_else(|| {
+        ProducerError::Unsupported(format!(
+            "{}: task.code `{}` must be a local folder in this build (it is copied into the job \
+             root for the workers)",
+            job.spec_file, job.task.code
+        ))
+    })
+}
+
+async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, ProducerError> {
+    let name = format!("batchfleet-producer/{}/{}", options.pool, std::process::id());
+    let connected =
+        connect(&options.broker, ConnectOptions { connection_name: Some(name) }).await?;
+    Ok(Arc::new(SteadyBroker::new(connected)))
+}
+
+/// Copy the code folder to `<job root>/code/`; returns the URL `task.code` now points at.
+async fn upload_code(root: &JobRoot, code: &Path) -> Result<String, ProducerError> {
+    let mut files = Vec::new();
+    collect_files(code, code, &mut files).map_err(|e| {
+        ProducerError::Unsupported(format!("reading task.code `{}`: {e}", code.display()))
+    })?;
+    for (relative, path) in &files {
+        let bytes = tokio::fs::read(path).await.map_err(|e| {
+            ProducerError::Unsupported(format!("reading `{}`: {e}", path.display()))
+        })?;
+        let key = root.location.child_key(&format!("{CODE_FOLDER}/{relative}"));
+        root.put(&key, Bytes::from(bytes)).await?;
+    }
+    tracing::debug!(files = files.len(), "code uploaded to the job root");
+    let folder = root.location.child_key(CODE_FOLDER);
+    Ok(format!("{}/", root.key_url(&folder)))
+}
+
+/// Every file under `dir`, with its `/`-separated path relative to `base`; caches skipped.
+fn collect_files(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for entry in entries {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "__pycache__" || name == ".git" {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            collect_files(base, &path, out)?;
+        } else if let Ok(relative) = path.strip_prefix(base) {
+            let parts: Vec<String> =
+                relative.components().map(|c| c.as_os_str().to_string_lossy().into()).collect();
+            out.push((parts.join("/"), path.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// The job is over: nobody reads its events any more.
+async fn remove_events_queue(broker: &dyn Broker, job_id: &str) {
+    if let Err(error) = broker.delete_queue(&QueueNames::events(job_id)).await {
+        tracing::warn!(%error, job_id, "could not delete the job's events queue");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_the_broker_cannot_honour_is_refused_with_the_numbers() {
+        let mut job = crate::test_support::minimal_job();
+        job.retry.timeout_secs = 1740;
+        job.task.program_args.task_overhead_timeout_secs = 0;
+        assert!(check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).is_ok());
+        job.retry.timeout_secs = 1741;
+        let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let text = err.to_string();
+        assert!(text.contains("1741 s") && text.contains("1800 s"), "{text}");
+        assert!(check_consumer_timeout(&job, None).is_ok(), "no consumer timeout, no limit");
+    }
+
+    #[test]
+    fn code_files_are_listed_relative_and_without_caches() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("pkg/__pycache__")).unwrap();
+        std::fs::write(dir.path().join("entry.py"), "").unwrap();
+        std::fs::write(dir.path().join("pkg/util.py"), "").unwrap();
+        std::fs::write(dir.path().join("pkg/__pycache__/util.pyc"), "").unwrap();
+        let mut files = Vec::new();
+        collect_files(dir.path(), dir.path(), &mut files).unwrap();
+        let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["entry.py", "pkg/util.py"]);
+    }
+}

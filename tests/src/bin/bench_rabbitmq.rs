@@ -1,0 +1,404 @@
+//! Benchmark: N trivial mini-batches through RabbitMQ, three ways, on the same broker.
+//!
+//! 1. batchfleet: `batchfleet submit` + 2 `batchfleet-worker` processes, 1 file per mini-batch,
+//!    `run()` returns its input; timed from submit to the aggregated output.
+//! 2. Celery (installed by this program with pip into `target/bench-venv`): a group of N echo
+//!    tasks, one worker with 2 processes, results collected.
+//! 3. Raw lapin: N persistent messages published with confirms to a quorum queue and consumed
+//!    and acked concurrently: the broker's ceiling for this message flow.
+//!
+//! Build and run in release (not part of the test command):
+//! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]`.
+//! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use futures::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+use batchfleet_tests::fleet::{amqp_url, Pool};
+use batchfleet_tests::repo_root;
+
+struct Options {
+    n: usize,
+    workers: usize,
+    concurrency: u32,
+    skip_celery: bool,
+    /// Where the inputs, job roots and scratch folders go.
+    dir: PathBuf,
+}
+
+fn options() -> Result<Options> {
+    let mut options = Options {
+        n: 5000,
+        workers: 2,
+        concurrency: 4,
+        skip_celery: false,
+        dir: repo_root().join("target/bench-tmp"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().context("a value after the option");
+        match arg.as_str() {
+            "--n" => options.n = value()?.parse()?,
+            "--workers" => options.workers = value()?.parse()?,
+            "--concurrency" => options.concurrency = value()?.parse()?,
+            "--skip-celery" => options.skip_celery = true,
+            "--dir" => options.dir = PathBuf::from(value()?),
+            other => bail!(
+                "unknown option `{other}` (--n, --workers, --concurrency, --skip-celery, --dir)"
+            ),
+        }
+    }
+    Ok(options)
+}
+
+fn main() -> Result<()> {
+    let options = options()?;
+    let work = options.dir.join(format!("bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let n = options.n;
+    println!(
+        "benchmark: {n} trivial mini-batches through RabbitMQ at {}; files under {}",
+        shown_url(),
+        work.display()
+    );
+
+    let fleet = batchfleet(&work, &options)?;
+    print_figure("batchfleet", n, fleet);
+    println!(
+        "  per mini-batch: {:.3} ms wall; {:.2} ms of slot time ({} workers x {} slots)",
+        fleet.as_secs_f64() * 1e3 / n as f64,
+        fleet.as_secs_f64() * 1e3 * (options.workers as f64 * f64::from(options.concurrency))
+            / n as f64,
+        options.workers,
+        options.concurrency
+    );
+    let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
+    if let Some(celery) = celery {
+        print_figure("celery", n, celery);
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let raw = runtime.block_on(raw_lapin(n))?;
+    print_figure("raw lapin", n, raw);
+    // Not one of the three figures: what one message costs on the path batchfleet's RabbitMQ
+    // receive takes (basic.get on a quorum queue), for the analysis.
+    let polled = runtime.block_on(raw_get(n))?;
+    print_figure("(raw get)", n, polled);
+
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    if let Some(celery) = celery {
+        println!("batchfleet / celery: {:.2}x (target >= 5x)", rate(fleet) / rate(celery));
+    }
+    println!("batchfleet / raw lapin: {:.1} % (target >= 30 %)", 100.0 * rate(fleet) / rate(raw));
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+fn shown_url() -> String {
+    let url = amqp_url();
+    match url::Url::parse(&url) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        Err(_) => "(the test broker)".into(),
+    }
+}
+
+fn print_figure(name: &str, n: usize, took: Duration) {
+    println!(
+        "{name:>11}: {n} in {:.2} s = {:.0} per second",
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64()
+    );
+}
+
+/// The release binaries next to this one.
+fn release_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.parent().context("binary folder")?.join(name);
+    ensure!(path.exists(), "{} is missing: cargo build --release --bins", path.display());
+    Ok(path)
+}
+
+fn python() -> PathBuf {
+    let venv = repo_root().join("target/pyenv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// Kills the child when dropped.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
+    let dir = work.join("batchfleet");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)?;
+    std::fs::create_dir_all(dir.join("code"))?;
+    for i in 0..options.n {
+        let name = format!("f{i:07}.txt");
+        std::fs::write(data.join(&name), &name)?;
+    }
+    std::fs::write(
+        dir.join("code/echo.py"),
+        "import os\n\ndef init():\n    pass\n\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    )?;
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "type: parallel\nname: bench\ninputs:\n  files: {{type: uri_folder, path: ./data}}\n\
+             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
+             input_data: ${{{{inputs.files}}}}\nmini_batch_size: 1\n\
+             max_concurrency_per_instance: {}\nresources: {{instance_count: {}}}\n\
+             task:\n  type: run_function\n  code: ./code\n  entry_script: echo.py\n  \
+             append_row_to: ${{{{outputs.rows}}}}\n",
+            options.concurrency, options.workers
+        ),
+    )?;
+    // Deletes the pool's queues when the benchmark is done.
+    let guard = Pool::new("bench");
+    let pool = guard.name.clone();
+    let mut workers = Vec::new();
+    for w in 0..options.workers {
+        let child = Command::new(release_binary("batchfleet-worker")?)
+            .args(["--broker", &amqp_url(), "--pool", &pool, "--worker-id", &format!("w{w}")])
+            .args(["--concurrency", &options.concurrency.to_string()])
+            .arg("--scratch-dir")
+            .arg(dir.join("scratch"))
+            .arg("--python")
+            .arg(python())
+            .env("BATCHFLEET_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()?;
+        workers.push(Guard(child));
+    }
+    let started = Instant::now();
+    let output = Command::new(release_binary("batchfleet")?)
+        .arg("submit")
+        .arg(dir.join("job.yaml"))
+        .args(["--broker", &amqp_url(), "--pool", &pool, "--no-progress", "--store"])
+        .arg(dir.join("jobs"))
+        .env("BATCHFLEET_LOG", "warn")
+        .output()?;
+    let took = started.elapsed();
+    ensure!(
+        output.status.success(),
+        "batchfleet submit failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows = std::fs::read_to_string(dir.join("out/rows.txt"))?.lines().count();
+    ensure!(rows == options.n, "batchfleet output has {rows} rows, {} expected", options.n);
+    drop(workers);
+    Ok(took)
+}
+
+/// A venv under target/ with Celery, made on first use.
+fn celery_venv() -> Result<PathBuf> {
+    let venv = repo_root().join("target/bench-venv");
+    let python = venv.join("bin/python");
+    if !venv.join("bin/celery").exists() {
+        eprintln!("installing Celery into {} ...", venv.display());
+        let made = Command::new(python_for_venv()).args(["-m", "venv"]).arg(&venv).status()?;
+        ensure!(made.success(), "python -m venv failed");
+        let installed =
+            Command::new(&python).args(["-m", "pip", "install", "-q", "celery"]).status()?;
+        ensure!(installed.success(), "pip install celery failed");
+    }
+    Ok(venv)
+}
+
+fn python_for_venv() -> PathBuf {
+    PathBuf::from("python3")
+}
+
+const CELERY_TASKS: &str = r#"
+import os
+from celery import Celery
+app = Celery("tasks", broker=os.environ["BENCH_AMQP"], backend="rpc://")
+app.conf.task_default_queue = os.environ["BENCH_QUEUE"]
+
+@app.task
+def echo(x):
+    return x
+"#;
+
+const CELERY_CLIENT: &str = r#"
+import sys, time
+from celery import group
+from tasks import echo
+n = int(sys.argv[1])
+assert echo.delay("warm").get(timeout=120) == "warm"
+start = time.monotonic()
+results = group(echo.s(i) for i in range(n)).apply_async().get(timeout=3600)
+took = time.monotonic() - start
+assert results == list(range(n)), "celery results differ"
+print(took)
+"#;
+
+fn celery(work: &Path, n: usize) -> Result<Duration> {
+    let venv = celery_venv()?;
+    let dir = work.join("celery");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("tasks.py"), CELERY_TASKS)?;
+    std::fs::write(dir.join("client.py"), CELERY_CLIENT)?;
+    let queue = format!("bench-celery-{}", std::process::id());
+    // Celery's URL form of the default vhost is `//`.
+    let url = amqp_url().replace("/%2f", "//").replace("/%2F", "//");
+    let worker = Command::new(venv.join("bin/celery"))
+        .args(["-A", "tasks", "worker", "-c", "2", "--loglevel=warning", "-Q", &queue])
+        .current_dir(&dir)
+        .env("BENCH_AMQP", &url)
+        .env("BENCH_QUEUE", &queue)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _worker = Guard(worker);
+    let output = Command::new(venv.join("bin/python"))
+        .arg("client.py")
+        .arg(n.to_string())
+        .current_dir(&dir)
+        .env("BENCH_AMQP", &url)
+        .env("BENCH_QUEUE", &queue)
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "the Celery client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let secs: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
+    delete_queues(&[queue]);
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Publish `n` persistent messages with confirms (a window of 1,000) to a quorum queue while
+/// one consumer (prefetch 100) acks them one by one; timed from the first publish to the last
+/// ack.
+async fn raw_lapin(n: usize) -> Result<Duration> {
+    let queue = format!("bench-raw-{}", std::process::id());
+    let properties = ConnectionProperties::default();
+    let publisher = Connection::connect(&amqp_url(), properties.clone()).await?;
+    let consumer_connection = Connection::connect(&amqp_url(), properties).await?;
+    let channel = publisher.create_channel().await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+    channel.queue_declare(queue.as_str().into(), durable, arguments).await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+
+    let consume_channel = consumer_connection.create_channel().await?;
+    consume_channel.basic_qos(100, BasicQosOptions::default()).await?;
+    let mut consumer = consume_channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let started = Instant::now();
+    let consuming = tokio::spawn(async move {
+        for _ in 0..n {
+            let delivery = consumer.next().await.context("consumer ended")??;
+            delivery.ack(BasicAckOptions::default()).await?;
+        }
+        anyhow::Ok(())
+    });
+    let payload = vec![b'x'; 200];
+    let mut window = std::collections::VecDeque::new();
+    for _ in 0..n {
+        let confirm = channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &payload,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
+        window.push_back(confirm);
+        if window.len() >= 1000 {
+            if let Some(oldest) = window.pop_front() {
+                oldest.await?;
+            }
+        }
+    }
+    for confirm in window {
+        confirm.await?;
+    }
+    consuming.await??;
+    let took = started.elapsed();
+    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
+    Ok(took)
+}
+
+/// `n` messages already in a quorum queue, taken one by one with `basic.get` and acked.
+async fn raw_get(n: usize) -> Result<Duration> {
+    let queue = format!("bench-get-{}", std::process::id());
+    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+    channel.queue_declare(queue.as_str().into(), durable, arguments).await?;
+    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    let payload = vec![b'x'; 200];
+    let mut confirms = Vec::with_capacity(n);
+    for _ in 0..n {
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &payload,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await?,
+        );
+    }
+    for confirm in confirms {
+        confirm.await?;
+    }
+    let getter = connection.create_channel().await?;
+    let started = Instant::now();
+    for _ in 0..n {
+        let got = getter
+            .basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: false })
+            .await?
+            .context("the queue ran dry")?;
+        got.delivery.ack(BasicAckOptions::default()).await?;
+    }
+    let took = started.elapsed();
+    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
+    Ok(took)
+}
+
+fn delete_queues(queues: &[String]) {
+    for queue in queues {
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_queue", queue])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

@@ -1,0 +1,133 @@
+//! Distributed mode on the real RabbitMQ through the real binaries: `batchfleet submit` (followed
+//! and detached), `batchfleet status`, and a fleet of `batchfleet-worker` processes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use batchfleet_tests::fleet::{amqp_url, eventually, run_bounded, Pool};
+use batchfleet_tests::{batchfleet, describe, prepare_example, run};
+
+const JOB_LIMIT: Duration = Duration::from_secs(240);
+
+#[test]
+fn submit_with_two_workers_scores_every_file_exactly_once() {
+    let pool = Pool::new("example");
+    let dir = tempfile::tempdir().unwrap();
+    // 237 files in batches of 10: 24 mini-batches, the last one holding 7.
+    prepare_example(dir.path(), 237);
+    let mut workers = [pool.worker(dir.path(), "a", 2, &[]), pool.worker(dir.path(), "b", 2, &[])];
+
+    let output = run_bounded(
+        &mut pool.submit(&dir.path().join("job.yaml"), &dir.path().join("jobs")),
+        JOB_LIMIT,
+    );
+    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
+
+    let scores = std::fs::read_to_string(dir.path().join("output/scores.txt"))
+        .unwrap_or_else(|e| panic!("no output file: {e}\n{}", describe(&output)));
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in scores.lines() {
+        *seen.entry(line.split(' ').next().unwrap()).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 237, "every input file must appear in the output");
+    assert!(seen.values().all(|n| *n == 1), "rows repeated: {seen:?}");
+    let names: Vec<&str> = scores.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(&names[..2], ["doc-00000.txt", "doc-00004.txt"], "rows in batch order");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("scores.txt (237 rows)") && stdout.contains("succeeded"), "{stdout}");
+
+    let roots: Vec<_> =
+        std::fs::read_dir(dir.path().join("jobs")).unwrap().map(|e| e.unwrap().path()).collect();
+    let root = &roots[0];
+    assert!(root.join("code/score.py").is_file(), "the code is shipped in the job root");
+    let job: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("job.json")).unwrap()).unwrap();
+    assert!(job["task"]["code"].as_str().unwrap().ends_with("/code/"), "{job}");
+    let result = std::fs::read_to_string(root.join("logs/job_result.txt")).unwrap();
+    assert!(result.contains("mini-batches: 24 total, 24 succeeded, 0 failed"), "{result}");
+
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("guest:guest"), "the broker password leaked: {stderr}");
+    for worker in &mut workers {
+        let status = worker.stop();
+        assert!(status.success(), "worker {} exit: {status:?}\n{}", worker.id, worker.log());
+    }
+    let both_worked = workers.iter().all(|w| w.log().contains("batch succeeded"));
+    assert!(both_worked, "both workers should have run batches");
+}
+
+#[test]
+fn a_detached_job_is_published_and_its_progress_read_by_status() {
+    let pool = Pool::new("detach");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 40);
+    let jobs = dir.path().join("jobs");
+
+    let output =
+        run_bounded(pool.submit(&dir.path().join("job.yaml"), &jobs).arg("--detach"), JOB_LIMIT);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let job_id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("job id: "))
+        .unwrap_or_else(|| panic!("no job id printed: {stdout}"))
+        .to_owned();
+
+    // Nobody serves the pool yet: the job is published and waiting.
+    let status = run(batchfleet().args(["status", &job_id, "--store"]).arg(&jobs));
+    assert_eq!(status.status.code(), Some(3), "{}", describe(&status));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("0 ended of 4"),
+        "{}",
+        describe(&status)
+    );
+
+    let mut worker = pool.worker(dir.path(), "a", 2, &[]);
+    let done = eventually(Duration::from_secs(120), "every mini-batch to end", || {
+        let status = run(batchfleet().args(["status", &job_id, "--store"]).arg(&jobs));
+        let text = String::from_utf8_lossy(&status.stdout).into_owned();
+        text.contains("every mini-batch ended").then_some(text)
+    });
+    assert!(done.contains("4 succeeded, 0 failed"), "{done}");
+    assert!(worker.stop().success(), "{}", worker.log());
+    pool.delete_queue(&format!("batchfleet.events.{job_id}"));
+}
+
+#[test]
+fn a_timeout_longer_than_the_consumer_timeout_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 3);
+    let spec = std::fs::read_to_string(dir.path().join("job.yaml")).unwrap();
+    std::fs::write(dir.path().join("job.yaml"), spec.replace("timeout: 60", "timeout: 1790"))
+        .unwrap();
+    let output = run(batchfleet()
+        .arg("submit")
+        .arg(dir.path().join("job.yaml"))
+        .args(["--broker", &amqp_url(), "--store"])
+        .arg(dir.path().join("jobs")));
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("consumer timeout") && stderr.contains("1790"), "{stderr}");
+    assert!(!dir.path().join("jobs").exists(), "nothing may be written for a refused job");
+}
+
+#[test]
+fn an_unknown_broker_scheme_is_named_without_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 3);
+    let output = run(batchfleet()
+        .arg("submit")
+        .arg(dir.path().join("job.yaml"))
+        .args(["--broker", "redis://bob:s3cret@127.0.0.1:6379", "--store"])
+        .arg(dir.path().join("jobs")));
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`redis`"), "{stderr}");
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+
+    let worker = run(std::process::Command::new(batchfleet_tests::binary("batchfleet-worker"))
+        .args(["--broker", "redis://bob:s3cret@127.0.0.1:6379"]));
+    assert_eq!(worker.status.code(), Some(2), "{}", describe(&worker));
+    let stderr = String::from_utf8_lossy(&worker.stderr);
+    assert!(stderr.contains("`redis`") && !stderr.contains("s3cret"), "{stderr}");
+}

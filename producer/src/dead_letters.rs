@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use batchfleet_common::broker::{Broker, Delivery};
+use batchfleet_common::broker::{Broker, BrokerError, Delivery};
 use batchfleet_common::layout::JobLayout;
 use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
@@ -48,7 +48,14 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
     };
     let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
-    broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await?;
+    match broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await {
+        // The job's producer already finished (it deletes its events queue): the failed
+        // status above is all there is to record.
+        Err(BrokerError::QueueNotFound(_)) => {
+            tracing::info!(job_id = %message.job_id, "dead letter of a finished job recorded in its store only")
+        }
+        other => other?,
+    }
     broker.ack(&delivery.handle).await?;
     tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use batchfleet_common::broker::Broker;
+use batchfleet_common::broker::{Broker, BrokerError};
 use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{BatchStatus, FailureRecord};
 use batchfleet_common::store::StoreError;
@@ -170,10 +170,19 @@ pub(crate) async fn publish(
         .map_err(|e| InfraError::io("encoding the job event", e.into()))?;
     let queue = QueueNames::events(&job.job_id);
     let payload = Bytes::from(payload);
-    retrying("publish the job event", || async {
+    let published = retrying("publish the job event", || async {
         broker.publish(&queue, vec![payload.clone()]).await.map_err(InfraError::from)
     })
-    .await
+    .await;
+    match published {
+        // The producer deleted the queue when the job ended: nobody is listening any more,
+        // and the store already holds what the event would have said.
+        Err(InfraError::Broker(BrokerError::QueueNotFound(_))) => {
+            tracing::info!(job_id = %job.job_id, "the job's events queue is gone (job over); event dropped");
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Copy a runtime's user log to `logs/user/<worker>/<file>` and remove the local copy.

@@ -357,7 +357,7 @@ impl Slot {
                     .map(|()| status)
                     .map_err(AttemptEnd::from)
             }
-            Err(failure) => Err(AttemptEnd::Failed(failure)),
+            Err(end) => Err(end),
         };
         drop(inputs);
         if let Err(error) = tokio::fs::remove_file(&output).await {
@@ -368,21 +368,40 @@ impl Slot {
         result
     }
 
+    /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard
+    /// stop), the runtime is killed and the batch given back to run elsewhere.
     async fn run(
         &mut self,
         request: RunRequest,
         timeout: Duration,
-    ) -> Result<RunSuccess, AttemptFailure> {
+    ) -> Result<RunSuccess, AttemptEnd> {
         let Some(active) = self.runtime.as_mut() else {
-            return Err(AttemptFailure::infra("entry-script runtime", "no runtime is running"));
+            return Err(
+                AttemptFailure::infra("entry-script runtime", "no runtime is running").into()
+            );
         };
-        match active.process.run(request, timeout).await {
-            Ok(RunOutcome::Succeeded(success)) => Ok(success),
-            Ok(RunOutcome::Failed(failure)) => Err(AttemptFailure::user(failure)),
-            Err(error) => {
+        let hard_stop = self.shared.hard_stop.clone();
+        let outcome = tokio::select! {
+            outcome = active.process.run(request, timeout) => Some(outcome),
+            _ = hard_stop.cancelled() => None,
+        };
+        match outcome {
+            Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
+            Some(Ok(RunOutcome::Failed(failure))) => Err(AttemptFailure::user(failure).into()),
+            Some(Err(error)) => {
                 tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");
                 self.stop_runtime().await;
-                Err(AttemptFailure::runtime(error, "run()", "retry_settings.timeout"))
+                Err(AttemptFailure::runtime(error, "run()", "retry_settings.timeout").into())
+            }
+            None => {
+                // Dropping the runtime kills its process group; its log is still uploaded.
+                if let Some(active) = self.runtime.take() {
+                    let worker_id = &self.shared.config.worker_id;
+                    let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
+                    drop(active.process);
+                    output::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+                }
+                Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
             }
         }
     }

@@ -139,7 +139,6 @@ pub(crate) struct Shared {
     /// Cancelled when a draining worker's grace period is over: a slot still running a batch
     /// then abandons it (kills its runtime, gives the message back at once) instead of
     /// finishing it.
-    #[allow(dead_code)] // read by the slots once they take the hard stop (see `drain_grace`)
     pub hard_stop: CancellationToken,
 }
 

@@ -1,8 +1,9 @@
 //! Keeps a delivery's lease alive while its batch is being processed.
 //!
 //! A lease long enough for the slowest batch would leave a crashed worker's message stranded
-//! for that long; instead the lease is the job's budget and is extended every third of it, so
-//! a live worker never loses its batch and a dead one releases it quickly.
+//! for that long; instead the lease is short (the worker's lease, 30 s by default) and is
+//! extended every third of it while the batch is processed, so a live worker never loses its
+//! batch and a dead one's batch is back within one lease.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -18,8 +18,6 @@ use tokio::sync::Mutex;
 use crate::infra::{retrying, InfraError};
 use crate::materialize::InputBase;
 
-/// Extra lease time on top of the job's own budget, for settling the batch.
-const LEASE_MARGIN: Duration = Duration::from_secs(30);
 /// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
 /// job per interval, however many batches run.
 const CANCEL_RECHECK: Duration = Duration::from_secs(2);
@@ -43,14 +41,6 @@ pub(crate) struct LoadedJob {
 }
 
 impl LoadedJob {
-    /// How long one delivery may go without a heartbeat: `run()`'s timeout, the time allowed
-    /// for loading the batch, and a margin for writing its results.
-    pub fn lease(&self) -> Duration {
-        Duration::from_secs(
-            self.job.retry.timeout_secs + self.job.task.program_args.task_overhead_timeout_secs,
-        ) + LEASE_MARGIN
-    }
-
     pub fn run_timeout(&self) -> Duration {
         Duration::from_secs(self.job.retry.timeout_secs)
     }

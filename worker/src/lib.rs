@@ -21,4 +21,4 @@ mod slot;
 mod worker;
 
 pub use infra::InfraError;
-pub use worker::{Worker, WorkerConfig, WorkerError, WorkerSummary};
+pub use worker::{Worker, WorkerConfig, WorkerError, WorkerSummary, DEFAULT_LEASE};

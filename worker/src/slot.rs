@@ -28,9 +28,6 @@ use crate::runtime::{
 use crate::worker::Shared;
 use crate::{WorkerError, WorkerSummary};
 
-/// Lease taken when a message is received, before its job (and so its budget) is known; the
-/// heartbeat switches to the job's lease as soon as the job is loaded.
-const RECEIVE_LEASE: Duration = Duration::from_secs(60);
 /// How long a receive waits for a message, so that a shutdown is noticed quickly.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// Time a runtime gets to finish `shutdown()` before it is killed.
@@ -199,7 +196,7 @@ impl Slot {
 
     async fn receive(&self) -> Result<Option<Delivery>, BrokerError> {
         let queue = &self.shared.config.queues.work;
-        let mut got = self.shared.broker.receive(queue, 1, RECEIVE_LEASE, RECEIVE_WAIT).await?;
+        let mut got = self.shared.broker.receive(queue, 1, self.shared.lease, RECEIVE_WAIT).await?;
         Ok(got.pop())
     }
 
@@ -272,8 +269,11 @@ impl Slot {
                 return;
             }
         };
-        let heartbeat =
-            Heartbeat::start(Arc::clone(&self.shared.broker), delivery.handle.clone(), job.lease());
+        let heartbeat = Heartbeat::start(
+            Arc::clone(&self.shared.broker),
+            delivery.handle.clone(),
+            self.shared.lease,
+        );
         let started_ms = now_ms();
         let started = Instant::now();
         let result = self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;

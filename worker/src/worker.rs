@@ -140,6 +140,8 @@ pub(crate) struct Shared {
     /// then abandons it (kills its runtime, gives the message back at once) instead of
     /// finishing it.
     pub hard_stop: CancellationToken,
+    /// The lease deliveries are held under (heartbeat every third of it).
+    pub lease: Duration,
 }
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
@@ -147,11 +149,15 @@ pub struct Worker {
     broker: Arc<dyn Broker>,
     config: WorkerConfig,
     drain_grace: Option<Duration>,
+    lease: Duration,
 }
+
+/// How long a delivery stays leased without a heartbeat (see [`Worker::with_lease`]).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 impl Worker {
     pub fn new(broker: Arc<dyn Broker>, config: WorkerConfig) -> Worker {
-        Worker { broker, config, drain_grace: None }
+        Worker { broker, config, drain_grace: None, lease: DEFAULT_LEASE }
     }
 
     /// Bound the drain after `shutdown` is cancelled (SIGTERM): in-flight batches get `grace`
@@ -159,6 +165,15 @@ impl Worker {
     /// returned 15 s later (`ABANDON_AFTER`) are dropped — their runtimes are killed, and their
     /// messages go back to the queue when the lease ends or the broker connection closes (a
     /// process that exits closes it at once). Without a grace the drain waits for every batch.
+    /// The lease a batch is held under, renewed by a heartbeat every third of it while the
+    /// batch is processed. It bounds how long a dead worker's batch stays invisible (one lease
+    /// at most), independently of the job's `retry_settings.timeout`, which the worker itself
+    /// enforces by killing `run()`.
+    pub fn with_lease(mut self, lease: Duration) -> Worker {
+        self.lease = lease.max(Duration::from_secs(1));
+        self
+    }
+
     pub fn with_drain_grace(mut self, grace: Duration) -> Worker {
         self.drain_grace = Some(grace);
         self
@@ -183,6 +198,7 @@ impl Worker {
             jobs: JobCache::default(),
             activity: Activity::new(),
             hard_stop: hard_stop.clone(),
+            lease: self.lease,
         });
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();

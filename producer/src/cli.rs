@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::lifecycle::JobReport;
+use crate::resume::{resume, ResumeOptions};
 use crate::run::{run_embedded, RunOptions};
 use crate::status::{job_status, JobStatus};
 use crate::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
@@ -64,6 +65,31 @@ pub enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
+    /// finished job that did not succeed (--failed-only), then aggregate again.
+    Resume {
+        /// A job id (under --store) or a job root (folder or URL).
+        job: String,
+        /// Where job roots are, for a job id.
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+        /// The broker of the job's worker fleet; without it, workers run in this process as
+        /// with `batchfleet run`.
+        #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
+        broker: Option<String>,
+        /// Worker pool of the job (with --broker).
+        #[arg(long, env = "BATCHFLEET_POOL", default_value = "default")]
+        pool: String,
+        /// Python interpreter for entry scripts (without --broker).
+        #[arg(long, env = "BATCHFLEET_PYTHON", default_value = "python3")]
+        python: PathBuf,
+        /// Re-run only the mini-batches of a finished job that failed or were cancelled.
+        #[arg(long)]
+        failed_only: bool,
+        /// Plain progress lines even on a terminal.
+        #[arg(long)]
+        no_progress: bool,
+    },
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
         /// A job id (under --store) or a job root (folder or URL).
@@ -106,6 +132,21 @@ pub async fn main(cli: Cli) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Ok(Submitted::Finished(report)) => print_report(&report),
+                Err(error) => failed_to_start(&error),
+            }
+        }
+        Command::Resume { job, store, broker, pool, python, failed_only, no_progress } => {
+            let options = ResumeOptions {
+                job,
+                store,
+                broker,
+                pool,
+                python,
+                failed_only,
+                interactive: interactive(no_progress),
+            };
+            match resume(&options).await {
+                Ok(report) => print_report(&report),
                 Err(error) => failed_to_start(&error),
             }
         }

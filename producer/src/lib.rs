@@ -13,6 +13,7 @@ pub mod outcome;
 pub mod plan;
 pub mod progress;
 pub mod queues;
+pub mod resume;
 pub mod run;
 pub mod settings;
 pub mod status;

@@ -96,7 +96,7 @@ pub async fn plan(
     broker: &dyn Broker,
     queues: &QueueNames,
 ) -> Result<PlanSummary, ProducerError> {
-    let target = PlanTarget { root, broker, queue: &queues.work };
+    let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
     let plan = plan_and_publish(job, &target).await?;
     eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
     Ok(plan)
@@ -113,7 +113,26 @@ pub async fn follow(
     interactive: bool,
     fleet_gone: impl FnMut() -> Option<String>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
+    follow_from(job, root, broker, queues, plan, &[], interactive, fleet_gone).await
+}
+
+/// [`follow`] for a job some of whose batches already ended (`statuses`, read from the store
+/// by a resuming producer): they are counted first, thresholds included.
+#[allow(clippy::too_many_arguments)]
+pub async fn follow_from(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    plan: PlanSummary,
+    statuses: &[batchfleet_common::status::BatchStatus],
+    interactive: bool,
+    fleet_gone: impl FnMut() -> Option<String>,
+) -> Result<(Tracker, FollowEnd), ProducerError> {
     let mut tracker = Tracker::new(plan);
+    for status in statuses {
+        tracker.record(status);
+    }
     let mut progress = Progress::new(plan.batches, interactive);
     let follow = Follow { job, broker, queues, root };
     let end = follow.until_done(&mut tracker, &mut progress, fleet_gone).await?;

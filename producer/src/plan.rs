@@ -4,6 +4,8 @@
 //! `plan/` *before* its batches are published, so a producer that dies mid-way leaves a plan
 //! that says what may have been published. Memory stays bounded by one chunk.
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
@@ -35,6 +37,8 @@ pub struct PlanTarget<'a> {
     pub root: &'a JobRoot,
     pub broker: &'a dyn Broker,
     pub queue: &'a str,
+    /// Batches that already ended (a resumed job): planned and recorded, not published again.
+    pub skip: Option<&'a HashSet<u64>>,
 }
 
 /// Plan the job's mini-batches and publish them; returns the totals.
@@ -185,9 +189,10 @@ async fn flush_chunk(
         payloads.push(Bytes::from(json));
     }
     target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
-    for group in payloads.chunks(PUBLISH_GROUP) {
-        target.broker.publish(target.queue, group.to_vec()).await?;
-    }
+    let ended = |msg: &MiniBatchMessage| target.skip.is_some_and(|skip| skip.contains(&msg.index));
+    let payloads: Vec<Bytes> =
+        chunk.iter().zip(payloads).filter(|(msg, _)| !ended(msg)).map(|(_, p)| p).collect();
+    publish(target.broker, target.queue, payloads).await?;
     tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
     chunk.clear();
     Ok(())
@@ -225,6 +230,18 @@ impl BatchCutter {
         self.bytes = 0;
         std::mem::take(&mut self.items)
     }
+}
+
+/// Publish payloads in groups of `PUBLISH_GROUP`.
+pub async fn publish(
+    broker: &dyn Broker,
+    queue: &str,
+    payloads: Vec<Bytes>,
+) -> Result<(), ProducerError> {
+    for group in payloads.chunks(PUBLISH_GROUP) {
+        broker.publish(queue, group.to_vec()).await?;
+    }
+    Ok(())
 }
 
 /// Read the plan back (for inspection and, later, resume).

@@ -25,9 +25,9 @@ use crate::settings::effective_settings;
 use crate::tracker::Tracker;
 
 /// How long workers get to finish and call `shutdown()` once the job is over.
-const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
+pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
 /// After an early stop nothing in flight counts any more: workers get little time.
-const EARLY_STOP_GRACE: Duration = Duration::from_secs(5);
+pub const EARLY_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Options of `batchfleet run`.
 #[derive(Debug, Clone)]
@@ -53,7 +53,7 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     declare_pool_queues(broker.as_ref(), &queues).await?;
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
-    let mut fleet = start_workers(&broker, &queues, &job, options, &stop);
+    let mut fleet = start_workers(&broker, &queues, &job, &options.python, &stop);
 
     let result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet).await;
     let grace = match &result {
@@ -72,11 +72,11 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     finish(&job, &root, &tracker, end).await
 }
 
-fn start_workers(
+pub fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,
     job: &ResolvedJob,
-    options: &RunOptions,
+    python: &std::path::Path,
     stop: &CancellationToken,
 ) -> JoinSet<Result<(), String>> {
     let scratch = std::env::temp_dir().join(format!("batchfleet-{}", std::process::id()));
@@ -86,7 +86,7 @@ fn start_workers(
             worker_id: format!("local-{instance}"),
             concurrency: job.max_concurrency_per_instance as usize,
             queues: queues.clone(),
-            python: options.python.clone(),
+            python: python.to_path_buf(),
             scratch_dir: scratch.join(format!("worker-{instance}")),
             idle_exit: None,
         };
@@ -114,7 +114,7 @@ async fn plan_and_follow(
 }
 
 /// `Some(reason)` once every worker has stopped.
-fn fleet_gone(
+pub fn fleet_gone(
     fleet: &mut JoinSet<Result<(), String>>,
     last_error: &mut Option<String>,
 ) -> Option<String> {
@@ -134,7 +134,7 @@ fn fleet_gone(
     }
 }
 
-async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) {
+pub async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) {
     let all_stopped = async {
         while let Some(joined) = fleet.join_next().await {
             if let Ok(Err(error)) = joined {

@@ -98,7 +98,7 @@ pub async fn job_status(job: &str, store: Option<&str>) -> Result<StatusReport, 
 }
 
 /// The job root `job` names: an existing folder or a URL is a root, anything else a job id.
-fn locate(job: &str, store: Option<&str>) -> Result<JobRoot, ProducerError> {
+pub fn locate(job: &str, store: Option<&str>) -> Result<JobRoot, ProducerError> {
     let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
     let is_root = job.contains("://") || job.contains('/') || std::path::Path::new(job).is_dir();
     if !is_root {
@@ -175,7 +175,7 @@ async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError
     Ok(statuses)
 }
 
-async fn exists(root: &JobRoot, key: &object_store::path::Path) -> Result<bool, ProducerError> {
+pub async fn exists(root: &JobRoot, key: &object_store::path::Path) -> Result<bool, ProducerError> {
     match root.location.store.head(key).await {
         Ok(_) => Ok(true),
         Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -183,7 +183,7 @@ async fn exists(root: &JobRoot, key: &object_store::path::Path) -> Result<bool, 
     }
 }
 
-async fn read_text(
+pub async fn read_text(
     root: &JobRoot,
     key: &object_store::path::Path,
 ) -> Result<Option<String>, ProducerError> {

@@ -140,9 +140,15 @@ fn shippable_code(job: &ResolvedJob) -> Result<PathBuf, ProducerError> {
 }
 
 async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, ProducerError> {
-    let name = format!("batchfleet-producer/{}/{}", options.pool, std::process::id());
-    let connected =
-        connect(&options.broker, ConnectOptions { connection_name: Some(name) }).await?;
+    producer_broker(&options.broker, &options.pool).await
+}
+
+/// The producer's connection to a network broker, named after its pool, retried through
+/// connection losses.
+pub async fn producer_broker(url: &str, pool: &str) -> Result<Arc<dyn Broker>, ProducerError> {
+    let name = format!("batchfleet-producer/{pool}/{}", std::process::id());
+    let options = ConnectOptions { connection_name: Some(name), ..ConnectOptions::default() };
+    let connected = connect(url, options).await?;
     Ok(Arc::new(SteadyBroker::new(connected)))
 }
 
@@ -186,7 +192,7 @@ fn collect_files(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> s
 }
 
 /// The job is over: nobody reads its events any more.
-async fn remove_events_queue(broker: &dyn Broker, job_id: &str) {
+pub async fn remove_events_queue(broker: &dyn Broker, job_id: &str) {
     if let Err(error) = broker.delete_queue(&QueueNames::events(job_id)).await {
         tracing::warn!(%error, job_id, "could not delete the job's events queue");
     }

@@ -1,0 +1,210 @@
+//! `batchfleet resume`: finish a job whose producer died, or re-run what did not succeed.
+//!
+//! Everything a producer knows is in the job root, so a new producer can take over: it reads
+//! the resolved spec (`job.json`), the plan (`plan/`) and the final statuses (`status/`),
+//! publishes the batches that have no final status, and follows the job to its end exactly as
+//! `run` and `submit` do — counting thresholds from where they were, since the statuses already
+//! there are recorded first. A plan the dead producer did not finish is planned again (the
+//! listing is in key order, so the batches are the same) and only the batches without a
+//! status are published. A batch that was still queued from before may run twice; its output
+//! counts once (statuses are create-only).
+//!
+//! `--failed-only` re-runs the mini-batches of a finished job that did not succeed (failed or
+//! cancelled) and aggregates the output again: their statuses are removed, the rest stand.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio_util::sync::CancellationToken;
+
+use batchfleet_common::broker::embedded::EmbeddedBroker;
+use batchfleet_common::broker::Broker;
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::QueueNames;
+use batchfleet_common::status::{BatchState, BatchStatus};
+use batchfleet_common::store::StoreError;
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+use crate::lifecycle::{self, finish, stop_the_rest, JobReport};
+use crate::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
+use crate::queues::{declare_job_queue, declare_pool_queues};
+use crate::run::{fleet_gone, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE};
+use crate::status::{exists, locate, read_text};
+use crate::submit::{producer_broker, remove_events_queue};
+
+/// Options of `batchfleet resume`.
+#[derive(Debug, Clone)]
+pub struct ResumeOptions {
+    /// A job id (under `store`) or a job root.
+    pub job: String,
+    pub store: Option<String>,
+    /// The broker the job's fleet serves; `None` runs workers in this process, as `run` does.
+    pub broker: Option<String>,
+    pub pool: String,
+    pub python: PathBuf,
+    pub failed_only: bool,
+    pub interactive: bool,
+}
+
+/// Resume the job to its end.
+pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError> {
+    let root = locate(&options.job, options.store.as_deref())?;
+    let job = read_job(&root).await?;
+    check_state(&root, options.failed_only).await?;
+    let mut statuses = read_statuses(&root).await?;
+    if options.failed_only {
+        statuses = forget_unsuccessful(&root, statuses).await?;
+    }
+    let ended: HashSet<u64> = statuses.iter().map(|s| s.index).collect();
+    eprintln!("resuming job {} ({} mini-batches already ended)", root.job_id, ended.len());
+
+    let embedded = options.broker.is_none();
+    let (broker, queues): (Arc<dyn Broker>, QueueNames) = match &options.broker {
+        Some(url) => {
+            (producer_broker(url, &options.pool).await?, QueueNames::for_pool(&options.pool))
+        }
+        None => (Arc::new(EmbeddedBroker::new()), QueueNames::for_pool("local")),
+    };
+    declare_pool_queues(broker.as_ref(), &queues).await?;
+    declare_job_queue(broker.as_ref(), &root.job_id).await?;
+    let stop = CancellationToken::new();
+    let mut fleet = if embedded {
+        start_workers(&broker, &queues, &job, &options.python, &stop)
+    } else {
+        tokio::task::JoinSet::new()
+    };
+
+    let plan = republish(&job, &root, broker.as_ref(), &queues, &ended).await?;
+    let mut last_error = None;
+    let followed = lifecycle::follow_from(
+        &job,
+        &root,
+        broker.as_ref(),
+        &queues,
+        plan,
+        &statuses,
+        options.interactive,
+        || if embedded { fleet_gone(&mut fleet, &mut last_error) } else { None },
+    )
+    .await;
+    let early = matches!(&followed, Ok((_, end)) if end.stopped_early()) || followed.is_err();
+    let followed = match followed {
+        Ok((mut tracker, end)) if end.stopped_early() => {
+            stop_the_rest(&root, &mut tracker, &end).await.map(|()| (tracker, end))
+        }
+        other => other,
+    };
+    stop.cancel();
+    stop_workers(&mut fleet, if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE }).await;
+    let (tracker, end) = followed?;
+    let report = finish(&job, &root, &tracker, end).await?;
+    if !embedded {
+        remove_events_queue(broker.as_ref(), &root.job_id).await;
+    }
+    Ok(report)
+}
+
+async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
+    let text = read_text(root, &root.layout.job_json()).await?.ok_or_else(|| {
+        ProducerError::Unsupported(format!("no job at {}: it has no job.json", root.url()))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        ProducerError::Unsupported(format!("{}: not a resolved job: {e}", root.layout.job_json()))
+    })
+}
+
+/// `resume` finishes an unfinished job; `--failed-only` re-runs part of a finished one.
+async fn check_state(root: &JobRoot, failed_only: bool) -> Result<(), ProducerError> {
+    let finished = read_text(root, &root.layout.job_result()).await?;
+    match (finished, failed_only) {
+        (Some(result), false) => Err(ProducerError::Unsupported(format!(
+            "job {} already finished ({}); `batchfleet resume --failed-only` re-runs the \
+             mini-batches that did not succeed",
+            root.job_id,
+            result.lines().next().unwrap_or("")
+        ))),
+        (None, true) => Err(ProducerError::Unsupported(format!(
+            "job {} has not finished; `batchfleet resume` without --failed-only finishes it",
+            root.job_id
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Every final status under `status/`.
+async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
+    let prefix = root.layout.status_prefix();
+    let metas: Vec<object_store::ObjectMeta> = root
+        .location
+        .store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| StoreError::io("list", &prefix, e))?;
+    let mut statuses = Vec::with_capacity(metas.len());
+    for meta in metas {
+        let bytes = root.get(&meta.location).await?;
+        let status: BatchStatus = serde_json::from_slice(&bytes).map_err(|e| {
+            ProducerError::Unsupported(format!("{}: not a batch status: {e}", meta.location))
+        })?;
+        statuses.push(status);
+    }
+    Ok(statuses)
+}
+
+/// Remove the statuses of batches that did not succeed (and the finished job's verdict and
+/// cancel marker), so they run again; returns the statuses that stand.
+async fn forget_unsuccessful(
+    root: &JobRoot,
+    statuses: Vec<BatchStatus>,
+) -> Result<Vec<BatchStatus>, ProducerError> {
+    let (kept, rerun): (Vec<_>, Vec<_>) =
+        statuses.into_iter().partition(|s| s.state == BatchState::Succeeded);
+    for status in &rerun {
+        delete(root, &root.layout.status(&status.batch_id)).await?;
+    }
+    delete(root, &root.layout.cancel_marker()).await?;
+    delete(root, &root.layout.job_result()).await?;
+    eprintln!("re-running {} mini-batches that did not succeed", rerun.len());
+    Ok(kept)
+}
+
+async fn delete(root: &JobRoot, key: &object_store::path::Path) -> Result<(), ProducerError> {
+    match root.location.store.delete(key).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(StoreError::io("delete", key, e).into()),
+    }
+}
+
+/// Publish every planned batch that has not ended; plan again when the plan is incomplete.
+async fn republish(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    ended: &HashSet<u64>,
+) -> Result<PlanSummary, ProducerError> {
+    if !exists(root, &root.layout.plan_summary()).await? {
+        eprintln!("the plan was not complete: planning again");
+        let target = PlanTarget { root, broker, queue: &queues.work, skip: Some(ended) };
+        return plan_and_publish(job, &target).await;
+    }
+    let summary_text = read_text(root, &root.layout.plan_summary()).await?.unwrap_or_default();
+    let summary: PlanSummary = serde_json::from_str(&summary_text)
+        .map_err(|e| ProducerError::internal(format!("{}: {e}", root.layout.plan_summary())))?;
+    let mut payloads = Vec::new();
+    for message in read_plan(root).await? {
+        if !ended.contains(&message.index) {
+            payloads.push(bytes::Bytes::from(
+                serde_json::to_vec(&message).map_err(ProducerError::internal)?,
+            ));
+        }
+    }
+    eprintln!("publishing {} mini-batches again", payloads.len());
+    publish(broker, &queues.work, payloads).await?;
+    Ok(summary)
+}

@@ -147,7 +147,7 @@ async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, Prod
 /// connection losses.
 pub async fn producer_broker(url: &str, pool: &str) -> Result<Arc<dyn Broker>, ProducerError> {
     let name = format!("batchfleet-producer/{pool}/{}", std::process::id());
-    let options = ConnectOptions { connection_name: Some(name), ..ConnectOptions::default() };
+    let options = ConnectOptions { connection_name: Some(name) };
     let connected = connect(url, options).await?;
     Ok(Arc::new(SteadyBroker::new(connected)))
 }

@@ -49,17 +49,55 @@ pub fn require_rabbitmq() {
     );
 }
 
-/// A worker pool of one test; its queues are deleted when it is dropped.
+/// Fail the test now, with what to do, when the SQS test server is not configured.
+pub fn require_sqs() {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|e| !e.is_empty());
+    assert!(
+        endpoint.is_some() && std::env::var_os("AWS_REGION").is_some(),
+        "an SQS server is needed for this test: start it with infra/test-services and source \
+         target/test-services.env (infra/run-tests does both)"
+    );
+}
+
+/// Which broker a pool's queues live on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    RabbitMq,
+    Sqs,
+}
+
+/// A worker pool of one test; its RabbitMQ queues are deleted when it is dropped (the SQS test
+/// server's state goes with the server).
 pub struct Pool {
     pub name: String,
+    pub backend: Backend,
 }
 
 impl Pool {
+    /// A pool on the machine's RabbitMQ.
     pub fn new(tag: &str) -> Pool {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
         require_rabbitmq();
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        Pool { name: format!("test-{}-{tag}-{n}", std::process::id()) }
+        Pool { name: unique_pool_name(tag), backend: Backend::RabbitMq }
+    }
+
+    /// A pool on the SQS test server.
+    pub fn sqs(tag: &str) -> Pool {
+        require_sqs();
+        Pool { name: unique_pool_name(tag), backend: Backend::Sqs }
+    }
+
+    /// The broker URL workers and producers of this pool are given.
+    pub fn broker_url(&self) -> String {
+        match self.backend {
+            Backend::RabbitMq => amqp_url(),
+            Backend::Sqs => "sqs://".to_owned(),
+        }
+    }
+
+    /// A credential that must never appear in output, when the broker URL carries one.
+    pub fn secret(&self) -> Option<String> {
+        let url = url::Url::parse(&self.broker_url()).ok()?;
+        url.password().filter(|p| !p.is_empty()).map(|p| format!("{}:{p}", url.username()))
     }
 
     pub fn work_queue(&self) -> String {
@@ -77,7 +115,7 @@ impl Pool {
         let file = std::fs::File::create(&log).expect("worker log file");
         let child = Command::new(binary("batchfleet-worker"))
             .arg("--broker")
-            .arg(amqp_url())
+            .arg(self.broker_url())
             .arg("--pool")
             .arg(&self.name)
             .arg("--concurrency")
@@ -106,7 +144,7 @@ impl Pool {
             .arg("submit")
             .arg(spec)
             .arg("--broker")
-            .arg(amqp_url())
+            .arg(self.broker_url())
             .arg("--pool")
             .arg(&self.name)
             .arg("--store")
@@ -156,8 +194,17 @@ impl Pool {
     }
 }
 
+fn unique_pool_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("test-{}-{tag}-{n}", std::process::id())
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
+        if self.backend != Backend::RabbitMq {
+            return;
+        }
         self.delete_queue(&self.work_queue());
         self.delete_queue(&self.dead_letter_queue());
         let mut url = management_base();

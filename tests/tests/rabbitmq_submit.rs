@@ -1,8 +1,9 @@
 //! Distributed mode on the real RabbitMQ through the real binaries: `batchfleet submit` (followed
 //! and detached), `batchfleet status`, and a fleet of `batchfleet-worker` processes.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
+
+mod fleet_suite;
 
 use batchfleet_tests::fleet::{amqp_url, eventually, run_bounded, Pool};
 use batchfleet_tests::{batchfleet, describe, prepare_example, run};
@@ -11,49 +12,7 @@ const JOB_LIMIT: Duration = Duration::from_secs(240);
 
 #[test]
 fn submit_with_two_workers_scores_every_file_exactly_once() {
-    let pool = Pool::new("example");
-    let dir = tempfile::tempdir().unwrap();
-    // 237 files in batches of 10: 24 mini-batches, the last one holding 7.
-    prepare_example(dir.path(), 237);
-    let mut workers = [pool.worker(dir.path(), "a", 2, &[]), pool.worker(dir.path(), "b", 2, &[])];
-
-    let output = run_bounded(
-        &mut pool.submit(&dir.path().join("job.yaml"), &dir.path().join("jobs")),
-        JOB_LIMIT,
-    );
-    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
-
-    let scores = std::fs::read_to_string(dir.path().join("output/scores.txt"))
-        .unwrap_or_else(|e| panic!("no output file: {e}\n{}", describe(&output)));
-    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
-    for line in scores.lines() {
-        *seen.entry(line.split(' ').next().unwrap()).or_default() += 1;
-    }
-    assert_eq!(seen.len(), 237, "every input file must appear in the output");
-    assert!(seen.values().all(|n| *n == 1), "rows repeated: {seen:?}");
-    let names: Vec<&str> = scores.lines().map(|l| l.split(' ').next().unwrap()).collect();
-    assert_eq!(&names[..2], ["doc-00000.txt", "doc-00004.txt"], "rows in batch order");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("scores.txt (237 rows)") && stdout.contains("succeeded"), "{stdout}");
-
-    let roots: Vec<_> =
-        std::fs::read_dir(dir.path().join("jobs")).unwrap().map(|e| e.unwrap().path()).collect();
-    let root = &roots[0];
-    assert!(root.join("code/score.py").is_file(), "the code is shipped in the job root");
-    let job: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(root.join("job.json")).unwrap()).unwrap();
-    assert!(job["task"]["code"].as_str().unwrap().ends_with("/code/"), "{job}");
-    let result = std::fs::read_to_string(root.join("logs/job_result.txt")).unwrap();
-    assert!(result.contains("mini-batches: 24 total, 24 succeeded, 0 failed"), "{result}");
-
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!stderr.contains("guest:guest"), "the broker password leaked: {stderr}");
-    for worker in &mut workers {
-        let status = worker.stop();
-        assert!(status.success(), "worker {} exit: {status:?}\n{}", worker.id, worker.log());
-    }
-    let both_worked = workers.iter().all(|w| w.log().contains("batch succeeded"));
-    assert!(both_worked, "both workers should have run batches");
+    fleet_suite::submit_with_two_workers_scores_every_file_exactly_once(Pool::new("example"));
 }
 
 #[test]

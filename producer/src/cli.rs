@@ -11,6 +11,7 @@ use crate::resume::{resume, ResumeOptions};
 use crate::run::{run_embedded, RunOptions};
 use crate::status::{job_status, JobStatus};
 use crate::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
+use crate::watch::{watch, WatchOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -90,6 +91,31 @@ pub enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// Run a job for every manifest (job YAML) dropped under a prefix, each exactly once even
+    /// with several watchers; the outcome is written beside it as `<manifest>.result.json`.
+    Watch {
+        /// The prefix to watch: `s3://bucket/manifests/` or a folder.
+        prefix: String,
+        #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
+        broker: String,
+        /// Where job roots go (workers must reach it too).
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+        #[arg(long, env = "BATCHFLEET_POOL", default_value = "default")]
+        pool: String,
+        /// Seconds between two looks at the prefix.
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
+        /// Names this watcher in claims; restarted with the same id it resumes its jobs.
+        #[arg(long, env = "BATCHFLEET_WATCHER_ID")]
+        watcher_id: Option<String>,
+        #[arg(long, env = "BATCHFLEET_CONSUMER_TIMEOUT",
+            default_value_t = DEFAULT_CONSUMER_TIMEOUT.as_secs())]
+        consumer_timeout: u64,
+        /// Process the manifests that are there, then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
         /// A job id (under --store) or a job root (folder or URL).
@@ -150,6 +176,35 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => failed_to_start(&error),
             }
         }
+        Command::Watch {
+            prefix,
+            broker,
+            store,
+            pool,
+            interval,
+            watcher_id,
+            consumer_timeout,
+            once,
+        } => {
+            let options = WatchOptions {
+                prefix,
+                broker,
+                store,
+                pool,
+                consumer_timeout: (consumer_timeout > 0)
+                    .then(|| std::time::Duration::from_secs(consumer_timeout)),
+                interval: std::time::Duration::from_secs(interval.max(1)),
+                watcher_id: watcher_id.unwrap_or_else(default_watcher_id),
+                once,
+            };
+            match watch(&options).await {
+                Ok(summary) => {
+                    println!("processed {} manifests", summary.processed);
+                    ExitCode::SUCCESS
+                }
+                Err(error) => failed_to_start(&error),
+            }
+        }
         Command::Status { job, store } => match job_status(&job, store.as_deref()).await {
             Ok(report) => {
                 print!("{}", report.text());
@@ -165,6 +220,14 @@ pub async fn main(cli: Cli) -> ExitCode {
             }
         },
     }
+}
+
+/// `<host>-<pid>`: unique per process, so a watcher resumes only what it claimed itself unless
+/// it is given a stable `--watcher-id`.
+fn default_watcher_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let host = host.trim();
+    format!("{}-{}", if host.is_empty() { "watcher" } else { host }, std::process::id())
 }
 
 fn interactive(no_progress: bool) -> bool {

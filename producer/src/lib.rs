@@ -20,6 +20,7 @@ pub mod status;
 pub mod steady;
 pub mod submit;
 pub mod tracker;
+pub mod watch;
 
 #[cfg(test)]
 mod test_support;

@@ -21,6 +21,7 @@ use crate::error::ProducerError;
 use crate::job_root::JobRoot;
 use crate::lifecycle::JobReport;
 use crate::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
+use crate::plan::PlanSummary;
 use crate::queues::{declare_job_queue, declare_pool_queues};
 use crate::settings::effective_settings;
 use crate::steady::SteadyBroker;
@@ -60,8 +61,30 @@ pub enum Submitted {
     Finished(JobReport),
 }
 
+/// A job whose root is written and whose mini-batches are published.
+pub struct Published {
+    pub job: ResolvedJob,
+    pub root: JobRoot,
+    pub broker: Arc<dyn Broker>,
+    pub queues: QueueNames,
+    pub plan: PlanSummary,
+}
+
 /// Submit a job to the fleet behind `options.broker`.
 pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
+    let published = publish_job(options).await?;
+    if options.detach {
+        return Ok(Submitted::Detached {
+            job_id: published.root.job_id.clone(),
+            root_url: published.root.url(),
+            batches: published.plan.batches,
+        });
+    }
+    Ok(Submitted::Finished(follow_published(published, options.interactive).await?))
+}
+
+/// Everything `submit` does before following: check, write the job root, plan, publish.
+pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerError> {
     let spec = load_spec(&options.spec_path)?;
     let mut job = spec.job;
     check_consumer_timeout(&job, options.consumer_timeout)?;
@@ -72,32 +95,32 @@ pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError>
     declare_pool_queues(broker.as_ref(), &queues).await?;
 
     let root = create_root(options.store.as_deref(), &job)?;
-    job.task.code = upload_code(&root, &code).await?;
+    if let Some(code) = code {
+        job.task.code = upload_code(&root, &code).await?;
+    }
     root.write_spec(&spec.text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
     eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
-    if options.detach {
-        return Ok(Submitted::Detached {
-            job_id: root.job_id.clone(),
-            root_url: root.url(),
-            batches: plan.batches,
-        });
-    }
+    Ok(Published { job, root, broker, queues, plan })
+}
 
+/// Follow a published job to its end: progress, thresholds, aggregation, the job result.
+pub async fn follow_published(
+    published: Published,
+    interactive: bool,
+) -> Result<JobReport, ProducerError> {
+    let Published { job, root, broker, queues, plan } = published;
     let followed =
-        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, options.interactive, || {
-            None
-        })
-        .await;
+        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None).await;
     let (mut tracker, end) = followed?;
     if end.stopped_early() {
         stop_the_rest(&root, &mut tracker, &end).await?;
     }
     let report = finish(&job, &root, &tracker, end).await?;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
-    Ok(Submitted::Finished(report))
+    Ok(report)
 }
 
 /// Refuse a job whose mini-batches could be held longer than the broker lets a consumer hold
@@ -128,15 +151,19 @@ pub fn check_consumer_timeout(
     )))
 }
 
-/// The job's code folder; this build ships local folders only.
-fn shippable_code(job: &ResolvedJob) -> Result<PathBuf, ProducerError> {
-    local_code_dir(job).filter(|dir| dir.is_dir()).ok_or_else(|| {
-        ProducerError::Unsupported(format!(
-            "{}: task.code `{}` must be a local folder in this build (it is copied into the job \
-             root for the workers)",
-            job.spec_file, job.task.code
-        ))
-    })
+/// The local code folder to copy into the job root; `None` when `task.code` is already in an
+/// object store, where workers download it from.
+fn shippable_code(job: &ResolvedJob) -> Result<Option<PathBuf>, ProducerError> {
+    let Some(dir) = local_code_dir(job) else {
+        return Ok(None);
+    };
+    if dir.is_dir() {
+        return Ok(Some(dir));
+    }
+    Err(ProducerError::Unsupported(format!(
+        "{}: task.code `{}` is not a folder",
+        job.spec_file, job.task.code
+    )))
 }
 
 async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, ProducerError> {

@@ -1,0 +1,130 @@
+//! `batchfleet watch`: manifests dropped into a bucket (the real S3 test server) become jobs on
+//! the real RabbitMQ, each run exactly once even with two watchers racing; an invalid manifest
+//! gets a result naming its error and the watchers keep going.
+
+use std::time::Duration;
+
+use batchfleet_common::store::{open_str, StoreLocation};
+use object_store::{ObjectStoreExt, PutPayload};
+
+use batchfleet_tests::fleet::{finish_bounded, spawn_captured, Pool};
+use batchfleet_tests::{binary, describe};
+
+const WATCH_LIMIT: Duration = Duration::from_secs(240);
+
+fn bucket() -> String {
+    std::env::var("BATCHFLEET_TEST_S3_BUCKET").unwrap_or_else(|_| {
+        panic!(
+            "BATCHFLEET_TEST_S3_BUCKET is not set: start the S3 test server with \
+             infra/test-services and source target/test-services.env (infra/run-tests does both)"
+        )
+    })
+}
+
+fn manifest(dir: &std::path::Path, i: usize) -> String {
+    let data = dir.join(format!("data-{i}"));
+    std::fs::create_dir_all(&data).unwrap();
+    for f in 0..3 {
+        std::fs::write(data.join(format!("j{i}-f{f}.txt")), "x").unwrap();
+    }
+    format!(
+        "type: parallel\nname: manifest-{i}\ninputs:\n  files: {{type: uri_folder, path: {data}}}\n\
+         outputs:\n  rows: {{type: uri_file, path: {out}}}\ninput_data: ${{{{inputs.files}}}}\n\
+         mini_batch_size: 1\ntask:\n  type: run_function\n  code: {code}\n  entry_script: entry.py\n  \
+         append_row_to: ${{{{outputs.rows}}}}\n",
+        data = data.display(),
+        out = dir.join(format!("out-{i}.txt")).display(),
+        code = dir.join("code").display(),
+    )
+}
+
+async fn put(location: &StoreLocation, rel: &str, text: String) {
+    location
+        .store
+        .put(&location.child_key(rel), PutPayload::from(text.into_bytes()))
+        .await
+        .unwrap();
+}
+
+async fn get_json(location: &StoreLocation, rel: &str) -> serde_json::Value {
+    let bytes =
+        location.store.get(&location.child_key(rel)).await.unwrap_or_else(|e| panic!("{rel}: {e}"));
+    serde_json::from_slice(&bytes.bytes().await.unwrap()).unwrap()
+}
+
+#[test]
+fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one() {
+    let pool = Pool::new("watch");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("code")).unwrap();
+    std::fs::write(
+        dir.path().join("code/entry.py"),
+        "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    )
+    .unwrap();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("s3://{}/watch-{}-{nanos}/manifests/", bucket(), std::process::id());
+    let manifests = open_str(&prefix).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        for i in 0..5 {
+            put(&manifests, &format!("job-{i}.yaml"), manifest(dir.path(), i)).await;
+        }
+        let broken = manifest(dir.path(), 9).replace("mini_batch_size:", "mini_batch_sise:");
+        put(&manifests, "broken.yaml", broken).await;
+    });
+
+    let _workers = [pool.worker(dir.path(), "a", 2, &[]), pool.worker(dir.path(), "b", 2, &[])];
+    let watcher = |id: &str| {
+        let mut command = std::process::Command::new(binary("batchfleet"));
+        command
+            .args(["watch", &prefix, "--once", "--watcher-id", id, "--pool", &pool.name])
+            .arg("--broker")
+            .arg(pool.broker_url())
+            .arg("--store")
+            .arg(dir.path().join("jobs"))
+            .env_remove("BATCHFLEET_STORE");
+        spawn_captured(&mut command)
+    };
+    let (first, second) = (watcher("w1"), watcher("w2"));
+    for output in [finish_bounded(first, WATCH_LIMIT), finish_bounded(second, WATCH_LIMIT)] {
+        assert!(output.status.success(), "a watcher failed: {}", describe(&output));
+    }
+
+    let results = runtime.block_on(async {
+        let mut results = Vec::new();
+        for name in ["job-0", "job-1", "job-2", "job-3", "job-4", "broken"] {
+            results.push((name, get_json(&manifests, &format!("{name}.yaml.result.json")).await));
+        }
+        results
+    });
+    for (name, result) in &results[..5] {
+        assert_eq!(result["status"], "succeeded", "{name}: {result}");
+        assert!(result["job_root"].as_str().is_some_and(|r| r.contains("manifest-")), "{result}");
+    }
+    let (_, broken) = &results[5];
+    assert_eq!(broken["status"], "invalid", "{broken}");
+    let error = broken["first_error"].as_str().unwrap_or_default();
+    assert!(error.contains("mini_batch_sise") && error.contains("broken.yaml"), "{broken}");
+
+    // Each manifest ran once: five job roots, and every job's output holds its three files once.
+    let roots = std::fs::read_dir(dir.path().join("jobs")).unwrap().count();
+    assert_eq!(roots, 5, "one job per valid manifest");
+    for i in 0..5 {
+        let mut rows: Vec<String> =
+            std::fs::read_to_string(dir.path().join(format!("out-{i}.txt")))
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect();
+        rows.sort();
+        assert_eq!(rows, [format!("j{i}-f0.txt"), format!("j{i}-f1.txt"), format!("j{i}-f2.txt")]);
+    }
+    let watchers: std::collections::BTreeSet<String> =
+        results.iter().filter_map(|(_, r)| r["watcher"].as_str().map(str::to_string)).collect();
+    assert!(
+        !watchers.is_empty() && watchers.iter().all(|w| w == "w1" || w == "w2"),
+        "{watchers:?}"
+    );
+}

@@ -3,21 +3,14 @@
 //! what it uses.
 
 use batchfleet_common::broker::{Broker, BrokerError, QueueSpec};
-use batchfleet_common::message::{QueueNames, POOL_MAX_DELIVERIES};
+use batchfleet_common::message::QueueNames;
 
 /// The pool's dead-letter queue, then its work queue (with the pool-level delivery backstop).
 pub async fn declare_pool_queues(
     broker: &dyn Broker,
     queues: &QueueNames,
 ) -> Result<(), BrokerError> {
-    broker.declare_queue(&QueueSpec::plain(&queues.dead_letter)).await?;
-    broker
-        .declare_queue(&QueueSpec {
-            name: queues.work.clone(),
-            max_deliveries: Some(POOL_MAX_DELIVERIES),
-            dead_letter_queue: Some(queues.dead_letter.clone()),
-        })
-        .await
+    queues.declare_pool(broker).await
 }
 
 /// The job's events queue (batch ended, runtime ready, init failed).

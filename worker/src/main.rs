@@ -19,7 +19,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use batchfleet_common::broker::connect::{connect, redact, ConnectOptions};
+use batchfleet_common::broker::connect::{connect_with_prefetch, redact, ConnectOptions};
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
@@ -106,7 +106,9 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     let queues = QueueNames::for_pool(&args.pool);
     let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
-    let broker = match connect(&args.broker, options).await {
+    // The work queue's consumer holds at most one message per slot (see the RabbitMQ backend).
+    let prefetch = u16::try_from(args.concurrency).unwrap_or(u16::MAX);
+    let broker = match connect_with_prefetch(&args.broker, options, Some(prefetch)).await {
         Ok(broker) => broker,
         Err(error) => {
             eprintln!("error: connecting to {}: {error}", redact(&args.broker));

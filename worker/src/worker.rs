@@ -190,6 +190,11 @@ impl Worker {
         let driver = install_driver(&dir).map_err(scratch_error)?;
         tracing::info!(worker_id = %self.config.worker_id, concurrency = self.config.concurrency,
             queue = %self.config.queues.work, scratch = %dir.display(), "worker started");
+        // Declare the pool's queues, so a worker started before any producer waits for work
+        // instead of failing to find its queue. A broker that is down is retried by the slots.
+        if let Err(error) = self.config.queues.declare_pool(self.broker.as_ref()).await {
+            tracing::warn!(%error, "could not declare the pool's queues yet");
+        }
         let hard_stop = CancellationToken::new();
         let shared = Arc::new(Shared {
             broker: self.broker,

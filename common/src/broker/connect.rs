@@ -47,22 +47,45 @@ pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
 
 /// Connect to the broker `url` names.
 pub async fn connect(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+    connect_with_prefetch(url, options, None).await
+}
+
+/// Connect, telling a push-based backend (RabbitMQ) how many messages of one queue this process
+/// may hold unsettled at most: a worker passes its concurrency. `None`: the backend's default.
+/// SQS has no prefetch and ignores it.
+pub async fn connect_with_prefetch(
+    url: &str,
+    options: ConnectOptions,
+    prefetch: Option<u16>,
+) -> Result<Arc<dyn Broker>, BrokerError> {
     match kind_of(url)? {
-        BrokerKind::RabbitMq => rabbitmq(url, options).await,
+        BrokerKind::RabbitMq => rabbitmq(url, options, prefetch).await,
         BrokerKind::Sqs => sqs().await,
     }
 }
 
 #[cfg(feature = "rabbitmq")]
-async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+async fn rabbitmq(
+    url: &str,
+    options: ConnectOptions,
+    prefetch: Option<u16>,
+) -> Result<Arc<dyn Broker>, BrokerError> {
     use super::rabbitmq::{RabbitMqBroker, RabbitMqOptions};
-    let options =
-        RabbitMqOptions { connection_name: options.connection_name, ..RabbitMqOptions::default() };
+    let defaults = RabbitMqOptions::default();
+    let options = RabbitMqOptions {
+        connection_name: options.connection_name,
+        prefetch: prefetch.unwrap_or(defaults.prefetch),
+        ..defaults
+    };
     Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))
 }
 
 #[cfg(not(feature = "rabbitmq"))]
-async fn rabbitmq(_url: &str, _options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
+async fn rabbitmq(
+    _url: &str,
+    _options: ConnectOptions,
+    _prefetch: Option<u16>,
+) -> Result<Arc<dyn Broker>, BrokerError> {
     Err(BrokerError::Refused(
         "this build of batchfleet has no RabbitMQ support (the `rabbitmq` feature is off)".into(),
     ))

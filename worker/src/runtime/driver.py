@@ -32,7 +32,10 @@ def take_protocol_fds():
     sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False, encoding="utf-8",
                       errors="backslashreplace")
-    proto_in = open(proto_in_fd, "rb", buffering=0)
+    # Buffered: readline() takes whatever the pipe holds in one read() instead of one syscall
+    # per byte. Safe because the protocol is strict request/response and nothing else reads
+    # this fd: the buffer never holds bytes another reader needed.
+    proto_in = open(proto_in_fd, "rb", buffering=1 << 16)
     proto_out = open(proto_out_fd, "w", buffering=1, encoding="utf-8")
     return proto_in, proto_out
 

@@ -9,23 +9,25 @@
 //!   (RabbitMQ's PRECONDITION_FAILED, whose text names the argument). Every operation that can
 //!   make RabbitMQ close its channel runs on a channel of its own, so an error never takes
 //!   other work with it.
-//! - **Receive** polls with `basic.get` on a channel of the queue's own (kept open and reused
-//!   by the next receive from that queue: see `Session::receiver`): it takes messages one by one
-//!   until `max` arrived or the queue is empty, and while nothing has arrived it polls again
-//!   with a growing pause (5 ms up to [`POLL_MAX`]) until the wait ends. Nothing is ever
-//!   prefetched beyond what a caller asked for, so no message sits invisible in a buffer nobody
-//!   reads. (An earlier version consumed with `basic.consume` and cancelled the consumer at the
-//!   end of the wait; a quorum queue can still push a message after the cancel-ok, lapin drops
-//!   a delivery for a cancelled consumer, and the message came back only when the channel
-//!   closed — one delivery burnt on nothing, measured at 1 % of receives that end their wait
-//!   while a message arrives. `basic.get` has no such window, and costs one round trip per
-//!   message instead of four per receive.) Throughput: on a quorum queue every `basic.get` is
-//!   a command through the queue's Raft log, about 0.8 ms of broker time here (one channel,
-//!   get + ack in a loop: 1,287 messages/s, against 17,700/s for a push consumer publishing and
-//!   acking the same messages; `bench_rabbitmq`). A long-lived consumer per queue with prefetch
-//!   sized to the caller's concurrency would lift that ceiling; it needs care at shutdown,
-//!   because a message pushed to a consumer and returned unprocessed has its delivery count
-//!   raised all the same.
+//! - **Receive** takes messages from a long-lived consumer per queue (module `feed`): one
+//!   `basic.consume` per queue per connection, on a channel of its own, with a prefetch
+//!   (`basic.qos`) that bounds what this process holds unsettled — leased, held for a delayed
+//!   nack, or pushed and not handed out yet. The prefetch is the larger of
+//!   [`RabbitMqOptions::prefetch`] and the `max` of the first `receive` from the queue (a
+//!   worker sets it to its concurrency; the producer's events receive asks for 256 at a
+//!   time). `receive` hands out the oldest buffered messages, starting their lease then, and
+//!   while the buffer is empty waits for a push until its wait ends; a message pushed after a
+//!   wait ended stays buffered for the next receive, so nothing is lost or counted twice at a
+//!   wait's end (an earlier consume-and-cancel per receive lost ~1 %: lapin drops a push that
+//!   arrives after the cancel-ok). A consumer no receive used for a few seconds is cancelled
+//!   and gives its buffered messages back with a requeueing nack, which on a quorum queue
+//!   raises their `x-delivery-count` although nobody saw them: the buffer holds at most
+//!   `prefetch` minus what is held, so this is rare, and the per-job limit and the pool-level
+//!   backstop (20) leave room for it. Throughput: a pushed message costs the broker far less
+//!   than a `basic.get`, which on a quorum queue is a command through the queue's Raft log
+//!   (one channel, get + ack in a loop: 1,287 messages/s; push, same messages: 17,700/s;
+//!   `bench_rabbitmq`). Unlike a per-receive `basic.get`, a message nacked with a delay keeps
+//!   a prefetch slot for the delay.
 //! - **Leases** are kept client-side (module `lease`): a delivery not settled or extended in time is
 //!   nacked with requeue, which counts a delivery, and its handle is stale from then on. A
 //!   handle is also stale once its channel is gone (lost connection; RabbitMQ's
@@ -63,6 +65,7 @@
 //!   queue that is deleted gets `QueueNotFound`.
 
 mod error;
+mod feed;
 mod headers;
 mod lease;
 mod management;
@@ -77,9 +80,9 @@ use async_trait::async_trait;
 use backon::ExponentialBuilder;
 use bytes::Bytes;
 use lapin::options::{
-    BasicAckOptions, BasicGetOptions, BasicPublishOptions, BasicRejectOptions,
-    ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
@@ -93,10 +96,11 @@ use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec
 
 /// AMQP `delivery_mode` of a message RabbitMQ writes to disk.
 const PERSISTENT: u8 = 2;
-/// First pause of a receive that found its queue empty; it doubles up to [`POLL_MAX`].
-const POLL_MIN: Duration = Duration::from_millis(5);
-/// Longest pause between two polls of an empty queue: the latency of a waiting receive.
-const POLL_MAX: Duration = Duration::from_millis(50);
+/// How long the receive that started a queue's consumer waits at least for its first push, so
+/// that a `receive` with no wait on a queue holding messages is not always empty-handed.
+const FIRST_PUSH: Duration = Duration::from_millis(50);
+/// Consumers a single `receive` starts at most when they keep ending under it.
+const RESTARTS: usize = 3;
 
 /// How to reach RabbitMQ, beyond the AMQP URL.
 #[derive(Debug, Clone)]
@@ -110,6 +114,10 @@ pub struct RabbitMqOptions {
     pub connect_timeout: Duration,
     /// Attempts to (re)connect before a call fails with `Connection`, with exponential backoff.
     pub connect_attempts: usize,
+    /// The least prefetch of a queue's consumer: how many messages of one queue this broker
+    /// holds unsettled at most (leased, nack-delayed, or pushed and not handed out yet). The
+    /// first `receive` from a queue raises it to its `max`. A worker sets its concurrency.
+    pub prefetch: u16,
 }
 
 impl Default for RabbitMqOptions {
@@ -119,6 +127,7 @@ impl Default for RabbitMqOptions {
             connection_name: None,
             connect_timeout: Duration::from_secs(10),
             connect_attempts: 4,
+            prefetch: 4,
         }
     }
 }
@@ -134,6 +143,7 @@ struct Inner {
     leases: Arc<Leases>,
     management: Management,
     connection_name: String,
+    prefetch: u16,
 }
 
 impl std::fmt::Debug for RabbitMqBroker {
@@ -173,6 +183,7 @@ impl RabbitMqBroker {
                 leases: Leases::new(instance),
                 management,
                 connection_name,
+                prefetch: options.prefetch.max(1),
             }),
         })
     }
@@ -305,7 +316,10 @@ impl Broker for RabbitMqBroker {
         let session = self.session().await?;
         let channel = session.channel().await?;
         match channel.queue_delete(name, QueueDeleteOptions::default()).await {
-            Ok(dropped) => tracing::debug!(queue, dropped, "queue deleted"),
+            Ok(dropped) => {
+                session.forget_feed(queue).await;
+                tracing::debug!(queue, dropped, "queue deleted");
+            }
             Err(e) => match error::on_queue(&e, queue) {
                 BrokerError::QueueNotFound(_) => return Ok(()),
                 other => return Err(other),
@@ -366,22 +380,48 @@ impl Broker for RabbitMqBroker {
         lease: Duration,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        let name = short(queue)?;
+        short(queue)?;
         let session = self.session().await?;
         if max == 0 {
             // Nothing could be returned, so there is nothing to wait for.
             return self.ready_count(&session, queue).await.map(|_| Vec::new());
         }
-        let channel = session.receiver(queue).await?;
-        let deadline = after(Instant::now(), wait);
-        let taken =
-            poll(&channel, &name, max, deadline).await.map_err(|e| error::on_queue(&e, queue))?;
-        let leased = taken
-            .into_iter()
-            .map(|delivery| self.lease(queue, &channel, delivery, lease))
-            .collect();
-        session.give_back(queue, channel);
-        Ok(leased)
+        let prefetch = u16::try_from(max).unwrap_or(u16::MAX).max(self.inner.prefetch);
+        let mut deadline = after(Instant::now(), wait);
+        let mut started = 0;
+        loop {
+            let (feed, fresh) = session.feed(queue, prefetch).await?;
+            if fresh {
+                started += 1;
+                deadline = deadline.max(Instant::now() + FIRST_PUSH);
+            }
+            let _waiting = feed.waiting();
+            let arrival = feed.arrivals();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            match feed.take(max) {
+                feed::Taken::Some(taken) => {
+                    return Ok(taken
+                        .into_iter()
+                        .map(|delivery| self.lease(queue, feed.channel(), delivery, lease))
+                        .collect());
+                }
+                feed::Taken::Ended if started >= RESTARTS => {
+                    return Err(BrokerError::Connection(format!(
+                        "the consumer of `{queue}` keeps ending"
+                    )));
+                }
+                feed::Taken::Ended => continue, // the next turn starts a new consumer
+                feed::Taken::Empty => {}
+            }
+            if Instant::now() >= deadline {
+                return Ok(Vec::new());
+            }
+            tokio::select! {
+                () = &mut arrival => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
@@ -443,33 +483,6 @@ impl Broker for RabbitMqBroker {
             Some(depth) => Ok(depth),
             None => Ok(QueueDepth { ready, in_flight: 0 }),
         }
-    }
-}
-
-/// Take up to `max` messages with `basic.get`; while none came, poll again with a growing
-/// pause until `deadline`.
-async fn poll(
-    channel: &Channel,
-    queue: &lapin::types::ShortString,
-    max: usize,
-    deadline: Instant,
-) -> Result<Vec<lapin::message::Delivery>, lapin::Error> {
-    let mut deliveries = Vec::new();
-    let mut pause = POLL_MIN;
-    loop {
-        while deliveries.len() < max {
-            let got = channel.basic_get(queue.clone(), BasicGetOptions { no_ack: false }).await?;
-            match got {
-                Some(message) => deliveries.push(message.delivery),
-                None => break,
-            }
-        }
-        let now = Instant::now();
-        if !deliveries.is_empty() || now >= deadline {
-            return Ok(deliveries);
-        }
-        tokio::time::sleep_until(deadline.min(now + pause)).await;
-        pause = (pause * 2).min(POLL_MAX);
     }
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -18,6 +18,7 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
 
 use super::error;
+use super::feed::Feed;
 use crate::broker::BrokerError;
 
 /// Where the broker is, with the password kept out of everything that is displayed.
@@ -73,12 +74,9 @@ pub(super) struct Session {
     pub(super) connection: Connection,
     /// In confirm mode; re-opened when a failed publish closed it.
     publisher: Mutex<Option<Channel>>,
-    /// Idle receive channels, per queue (see [`Session::receiver`]).
-    receivers: std::sync::Mutex<HashMap<String, Vec<Channel>>>,
+    /// The consumer of each queue received from (see the `feed` module).
+    feeds: Mutex<HashMap<String, Arc<Feed>>>,
 }
-
-/// Idle receive channels kept per queue; more are closed when given back.
-const IDLE_RECEIVERS_PER_QUEUE: usize = 64;
 
 impl Session {
     fn is_alive(&self) -> bool {
@@ -90,41 +88,25 @@ impl Session {
         self.connection.create_channel().await.map_err(|e| error::transport(&e))
     }
 
-    /// A channel to receive from `queue` on: an idle one of an earlier receive from the same
-    /// queue, or a new one. Opening (and later closing) a channel costs a round trip and
-    /// RabbitMQ a few processes, per message when every receive had a channel of its own.
-    /// A receive channel only ever touches its one queue, so the only error that can close
-    /// it (the queue was deleted) ends nothing that had not ended already; its leases keep
-    /// their own clone, so a channel back in the pool is shared by them and the next receive.
-    pub(super) async fn receiver(&self, queue: &str) -> Result<Channel, BrokerError> {
-        let idle = {
-            let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
-            let pool = receivers.entry(queue.to_owned()).or_default();
-            let mut found = None;
-            while let Some(channel) = pool.pop() {
-                if channel.status().connected() {
-                    found = Some(channel);
-                    break;
-                }
-            }
-            found
-        };
-        match idle {
-            Some(channel) => Ok(channel),
-            None => self.channel().await,
+    /// The live feed of `queue`, started (with `prefetch`) when there is none or the last
+    /// one ended. `fresh` is true when this call started it.
+    pub(super) async fn feed(
+        &self,
+        queue: &str,
+        prefetch: u16,
+    ) -> Result<(Arc<Feed>, bool), BrokerError> {
+        let mut feeds = self.feeds.lock().await;
+        if let Some(feed) = feeds.get(queue).filter(|feed| !feed.is_ended()) {
+            return Ok((Arc::clone(feed), false));
         }
+        let feed = Feed::start(&self.connection, queue, prefetch).await?;
+        feeds.insert(queue.to_owned(), Arc::clone(&feed));
+        Ok((feed, true))
     }
 
-    /// Give a receive channel back once its receive is over (its leases may still be held).
-    pub(super) fn give_back(&self, queue: &str, channel: Channel) {
-        if !channel.status().connected() {
-            return;
-        }
-        let mut receivers = self.receivers.lock().unwrap_or_else(PoisonError::into_inner);
-        let pool = receivers.entry(queue.to_owned()).or_default();
-        if pool.len() < IDLE_RECEIVERS_PER_QUEUE {
-            pool.push(channel);
-        }
+    /// Forget the feed of `queue` (it was deleted).
+    pub(super) async fn forget_feed(&self, queue: &str) {
+        self.feeds.lock().await.remove(queue);
     }
 
     /// The shared channel publishes go through, in confirm mode.
@@ -217,11 +199,7 @@ impl Sessions {
             })?;
         tracing::info!(broker = %self.endpoint.redacted, connection = %self.connection_name,
             "connected to RabbitMQ");
-        Ok(Session {
-            connection,
-            publisher: Mutex::new(None),
-            receivers: std::sync::Mutex::new(HashMap::new()),
-        })
+        Ok(Session { connection, publisher: Mutex::new(None), feeds: Mutex::new(HashMap::new()) })
     }
 }
 

@@ -32,7 +32,9 @@ use crate::job_root::JobRoot;
 use crate::lifecycle::{self, finish, stop_the_rest, JobReport};
 use crate::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::queues::{declare_job_queue, declare_pool_queues};
-use crate::run::{fleet_gone, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE};
+use crate::run::{
+    fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
+};
 use crate::status::{exists, locate, read_text};
 use crate::submit::{producer_broker, remove_events_queue};
 
@@ -72,8 +74,9 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     declare_pool_queues(broker.as_ref(), &queues).await?;
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
+    let scratch = scratch_dir()?;
     let mut fleet = if embedded {
-        start_workers(&broker, &queues, &job, &options.python, &stop)
+        start_workers(&broker, &queues, &job, &options.python, scratch.path(), &stop)
     } else {
         tokio::task::JoinSet::new()
     };

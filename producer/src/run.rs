@@ -53,7 +53,8 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     declare_pool_queues(broker.as_ref(), &queues).await?;
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
-    let mut fleet = start_workers(&broker, &queues, &job, &options.python, &stop);
+    let scratch = scratch_dir()?;
+    let mut fleet = start_workers(&broker, &queues, &job, &options.python, scratch.path(), &stop);
 
     let result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet).await;
     let grace = match &result {
@@ -72,14 +73,22 @@ pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerErr
     finish(&job, &root, &tracker, end).await
 }
 
+/// The in-process workers' scratch space (driver, runtime folders, downloads), removed when the
+/// run ends.
+pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
+    tempfile::Builder::new().prefix("batchfleet-").tempdir().map_err(|e| {
+        ProducerError::internal(format!("cannot create a scratch folder for the workers: {e}"))
+    })
+}
+
 pub fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,
     job: &ResolvedJob,
     python: &std::path::Path,
+    scratch: &std::path::Path,
     stop: &CancellationToken,
 ) -> JoinSet<Result<(), String>> {
-    let scratch = std::env::temp_dir().join(format!("batchfleet-{}", std::process::id()));
     let mut fleet = JoinSet::new();
     for instance in 0..job.instance_count {
         let config = WorkerConfig {

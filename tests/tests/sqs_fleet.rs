@@ -37,3 +37,57 @@ fn a_batch_outliving_the_drain_grace_is_given_back_and_the_worker_still_exits_0(
         Pool::sqs("grace"),
     );
 }
+
+/// SQS keeps a dead worker's message invisible for its visibility timeout: with leases renewed
+/// by a heartbeat, that is one short lease, not the job's `retry_settings.timeout`.
+#[test]
+fn a_dead_workers_batch_is_back_within_one_lease_not_the_job_timeout() {
+    use batchfleet_tests::fleet::{eventually, files_starting, finish_bounded, spawn_captured};
+    use fleet_suite::{assert_rows_exactly, settings, EVENT_LIMIT, JOB_LIMIT, PRELUDE};
+    use std::time::{Duration, Instant};
+
+    const LEASE_SECS: u64 = 4;
+    let pool = Pool::sqs("lease");
+    let files = batchfleet_tests::file_names(4);
+    let script = format!(
+        r#"{PRELUDE}
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    for name in names:
+        mark("start-%s-%s" % (WORKER, name))
+    time.sleep(600 if WORKER == "doomed" else 0.1)
+    return names
+"#
+    );
+    // retry_settings.timeout is 60 s: a lease as long as the job's budget would keep the
+    // batch hidden for over a minute.
+    let fixture = batchfleet_tests::JobFixture::new(&files, &script, &settings(2, ""), "");
+    let marks = fixture.path().join("marks");
+    let lease = LEASE_SECS.to_string();
+    let mut doomed = pool.worker(fixture.path(), "doomed", 1, &["--lease", &lease]);
+    let job = spawn_captured(
+        &mut pool.submit(&fixture.path().join("job.yaml"), &fixture.path().join("jobs")),
+    );
+    let held = eventually(EVENT_LIMIT, "the doomed worker to start a run()", || {
+        files_starting(&marks, "start-doomed-").into_iter().next()
+    });
+    doomed.kill_hard();
+    let killed_at = Instant::now();
+    let survivor = pool.worker(fixture.path(), "survivor", 1, &["--lease", &lease]);
+    let name = held.trim_start_matches("start-doomed-").to_string();
+    eventually(EVENT_LIMIT, "the held batch to run again on the survivor", || {
+        marks.join(format!("start-survivor-{name}")).exists().then_some(())
+    });
+    let back_after = killed_at.elapsed();
+    // One lease, plus SQS rounding the visibility timeout up to whole seconds (+1 s), a receive
+    // wait and the survivor's start-up.
+    assert!(
+        back_after < Duration::from_secs(LEASE_SECS + 12),
+        "the batch came back after {back_after:?}, not within one {LEASE_SECS} s lease"
+    );
+
+    let output = finish_bounded(job, JOB_LIMIT);
+    assert!(output.status.success(), "{}", batchfleet_tests::describe(&output));
+    assert_rows_exactly(&fixture, &files);
+    drop(survivor);
+}

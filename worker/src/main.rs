@@ -56,6 +56,11 @@ struct Args {
     /// Keep it below the orchestrator's kill timeout (Kubernetes: 30 s by default).
     #[arg(long, env = "BATCHFLEET_DRAIN_GRACE", default_value_t = 25)]
     drain_grace: u64,
+    /// Seconds a mini-batch stays leased without a heartbeat (renewed every third of it while
+    /// the batch runs): a dead worker's batches are back in the queue within this long.
+    #[arg(long, env = "BATCHFLEET_LEASE", default_value_t = batchfleet_worker::DEFAULT_LEASE.as_secs(),
+        value_parser = clap::value_parser!(u64).range(3..=43_200))]
+    lease: u64,
     /// Local folder for runtime working folders, downloads and logs.
     #[arg(long, env = "BATCHFLEET_SCRATCH_DIR")]
     scratch_dir: Option<PathBuf>,
@@ -134,7 +139,8 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(on_signals(shutdown.clone()));
     let worker = Worker::new(Arc::clone(&broker), config)
-        .with_drain_grace(Duration::from_secs(args.drain_grace));
+        .with_drain_grace(Duration::from_secs(args.drain_grace))
+        .with_lease(Duration::from_secs(args.lease));
     let outcome = worker.run(shutdown).await;
     signals.abort();
     match outcome {

@@ -16,8 +16,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use tokio_util::sync::CancellationToken;
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
@@ -35,7 +34,7 @@ use crate::queues::{declare_job_queue, declare_pool_queues};
 use crate::run::{
     fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
-use crate::status::{exists, locate, read_text};
+use crate::status::{exists, locate, read_statuses, read_text};
 use crate::submit::{producer_broker, remove_events_queue};
 
 /// Options of `batchfleet resume`.
@@ -136,27 +135,6 @@ async fn check_state(root: &JobRoot, failed_only: bool) -> Result<(), ProducerEr
         ))),
         _ => Ok(()),
     }
-}
-
-/// Every final status under `status/`.
-async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
-    let prefix = root.layout.status_prefix();
-    let metas: Vec<object_store::ObjectMeta> = root
-        .location
-        .store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(|e| StoreError::io("list", &prefix, e))?;
-    let mut statuses = Vec::with_capacity(metas.len());
-    for meta in metas {
-        let bytes = root.get(&meta.location).await?;
-        let status: BatchStatus = serde_json::from_slice(&bytes).map_err(|e| {
-            ProducerError::Unsupported(format!("{}: not a batch status: {e}", meta.location))
-        })?;
-        statuses.push(status);
-    }
-    Ok(statuses)
 }
 
 /// Remove the statuses of batches that did not succeed (and the finished job's verdict and

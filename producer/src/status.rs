@@ -155,7 +155,8 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled })
 }
 
-async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
+/// Every final status under `status/`; an unreadable one is an error naming its key.
+pub async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
     let prefix = root.layout.status_prefix();
     let listed: Vec<object_store::ObjectMeta> = root
         .location
@@ -167,10 +168,10 @@ async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError
     let mut statuses = Vec::with_capacity(listed.len());
     for meta in listed {
         let bytes = root.get(&meta.location).await?;
-        match serde_json::from_slice::<BatchStatus>(&bytes) {
-            Ok(status) => statuses.push(status),
-            Err(error) => tracing::warn!(key = %meta.location, %error, "unreadable batch status"),
-        }
+        let status: BatchStatus = serde_json::from_slice(&bytes).map_err(|e| {
+            ProducerError::Unsupported(format!("{}: not a batch status: {e}", meta.location))
+        })?;
+        statuses.push(status);
     }
     Ok(statuses)
 }

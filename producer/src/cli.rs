@@ -45,7 +45,7 @@ pub enum Command {
     Submit {
         /// The job spec (Azure ML `type: parallel` YAML, or a pipeline with one parallel step).
         job: PathBuf,
-        /// Broker URL: amqp://user:password@host:5672/vhost (RabbitMQ).
+        /// Broker URL: amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS).
         #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
         broker: String,
         /// Where job roots go: a folder or a store URL the workers can reach too.

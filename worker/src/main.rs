@@ -35,7 +35,7 @@ const EXIT_CONFIG: u8 = 2;
     about = "Runs batchfleet mini-batches from a broker's work queue."
 )]
 struct Args {
-    /// Broker to consume from: amqp://user:password@host:5672/vhost (RabbitMQ).
+    /// Broker to consume from: amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS).
     #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
     broker: String,
     /// The store job roots live in (a folder or URL). Optional: every message names its job

@@ -31,7 +31,7 @@ pub enum BrokerKind {
 pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(BrokerError::Refused(
-            "the broker URL has no scheme: use amqp://user:password@host:5672/vhost (RabbitMQ)"
+            "the broker URL has no scheme: use amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS)"
                 .into(),
         ));
     };
@@ -39,7 +39,7 @@ pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
         "amqp" | "amqps" => Ok(BrokerKind::RabbitMq),
         "sqs" => Ok(BrokerKind::Sqs),
         _ => Err(BrokerError::Refused(format!(
-            "unknown broker URL scheme `{}`: use amqp:// or amqps:// (RabbitMQ)",
+            "unknown broker URL scheme `{}`: use amqp:// or amqps:// (RabbitMQ), or sqs:// (SQS)",
             printable(scheme)
         ))),
     }

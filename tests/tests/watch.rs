@@ -128,3 +128,69 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
         "{watchers:?}"
     );
 }
+
+#[test]
+fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
+    let pool = Pool::new("watch-restart");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("code")).unwrap();
+    std::fs::write(
+        dir.path().join("code/entry.py"),
+        "import os, time\ndef init(): pass\ndef run(mini_batch):\n    time.sleep(0.3)\n    \
+         return [os.path.basename(p) for p in mini_batch]\n",
+    )
+    .unwrap();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("s3://{}/watch-restart-{}-{nanos}/", bucket(), std::process::id());
+    let manifests = open_str(&prefix).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let spec = manifest(dir.path(), 0)
+        .replace("mini_batch_size: 1", "mini_batch_size: 1\nmax_concurrency_per_instance: 1");
+    runtime.block_on(put(&manifests, "job.yaml", spec));
+    let _worker = pool.worker(dir.path(), "a", 1, &[]);
+    let watch = |extra: &[&str]| {
+        let mut command = std::process::Command::new(binary("batchfleet"));
+        command
+            .args(["watch", &prefix, "--watcher-id", "w1", "--pool", &pool.name, "--interval", "1"])
+            .args(extra)
+            .arg("--broker")
+            .arg(pool.broker_url())
+            .arg("--store")
+            .arg(dir.path().join("jobs"))
+            .env_remove("BATCHFLEET_STORE");
+        command
+    };
+
+    let mut first = watch(&[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while runtime.block_on(manifests.store.head(&manifests.child_key("job.yaml.job.json"))).is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(60), "the watcher never published the job");
+        assert!(first.try_wait().unwrap().is_none(), "the watcher ended before it was killed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let no_result =
+        runtime.block_on(manifests.store.head(&manifests.child_key("job.yaml.result.json")));
+    assert!(no_result.is_err(), "the kill came after the job ended: nothing left to test");
+
+    let second = finish_bounded(spawn_captured(&mut watch(&["--once"])), WATCH_LIMIT);
+    assert!(second.status.success(), "{}", describe(&second));
+    let result = runtime.block_on(get_json(&manifests, "job.yaml.result.json"));
+    assert_eq!(result["status"], "succeeded", "{result}");
+    assert_eq!(result["watcher"], "w1", "{result}");
+    assert_eq!(std::fs::read_dir(dir.path().join("jobs")).unwrap().count(), 1, "one job, resumed");
+    let mut rows: Vec<String> = std::fs::read_to_string(dir.path().join("out-0.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    rows.sort();
+    assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
+}

@@ -23,6 +23,9 @@ const HANDLING_LEASE: Duration = Duration::from_secs(60);
 const EVENT_WAIT: Duration = Duration::from_millis(500);
 /// How often `logs/job_progress_overview.txt` is rewritten.
 const OVERVIEW_EVERY: Duration = Duration::from_secs(5);
+/// After this long without a batch event, the statuses in the store are read (the store is the
+/// source of truth): a lost event delays a job by this much, never hangs it.
+pub const RECONCILE_AFTER: Duration = Duration::from_secs(30);
 
 /// Why following stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +66,8 @@ pub struct Follow<'a> {
     pub broker: &'a dyn Broker,
     pub queues: &'a QueueNames,
     pub root: &'a JobRoot,
+    /// Silence after which the store's statuses are read ([`RECONCILE_AFTER`]).
+    pub reconcile_after: Duration,
 }
 
 impl Follow<'_> {
@@ -78,6 +83,7 @@ impl Follow<'_> {
         let mut last_overview = Instant::now();
         let mut watchdog = Watchdog::new(self.job);
         let mut startup = Startup::new(self.job);
+        let mut last_look = Instant::now();
         while !tracker.is_complete() {
             if let Some(reason) = fleet_gone() {
                 return Ok(FollowEnd::FleetGone(reason));
@@ -88,6 +94,14 @@ impl Follow<'_> {
             for delivery in &events {
                 if self.take_event(tracker, &mut startup, delivery).await? {
                     watchdog.progressed();
+                    last_look = Instant::now();
+                }
+            }
+            if last_look.elapsed() >= self.reconcile_after {
+                last_look = Instant::now();
+                if self.reconcile(tracker).await > 0 {
+                    watchdog.progressed();
+                    startup.ready();
                 }
             }
             progress.update(&tracker.counts());
@@ -110,6 +124,25 @@ impl Follow<'_> {
         }
         self.write_overview(tracker, progress).await;
         Ok(FollowEnd::Complete)
+    }
+
+    /// Record the final statuses in the store that no event reported; returns how many.
+    async fn reconcile(&self, tracker: &mut Tracker) -> u64 {
+        let statuses = match crate::status::read_statuses(self.root).await {
+            Ok(statuses) => statuses,
+            Err(error) => {
+                tracing::warn!(%error, "could not read the job's statuses to reconcile");
+                return 0;
+            }
+        };
+        let found = statuses.iter().filter(|status| tracker.record(status)).count() as u64;
+        if found > 0 {
+            tracing::warn!(
+                found,
+                "batches ended without an event reaching the producer; taken from the store"
+            );
+        }
+        found
     }
 
     async fn route_dead_letters(&self) -> Result<(), ProducerError> {
@@ -267,5 +300,68 @@ impl Startup {
             "no entry-script runtime initialised within first_task_creation_timeout ({} s): {cause}",
             self.limit.as_secs()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfleet_common::broker::embedded::EmbeddedBroker;
+    use batchfleet_common::status::{BatchState, BatchStatus};
+
+    use crate::plan::PlanSummary;
+    use crate::queues::{declare_job_queue, declare_pool_queues};
+
+    fn succeeded(index: u64) -> BatchStatus {
+        BatchStatus {
+            batch_id: batch_id(index),
+            index,
+            state: BatchState::Succeeded,
+            items_in: 1,
+            items_out: 1,
+            rows: 1,
+            result_part: Some("1-w-s0".into()),
+            header: None,
+            attempt: 1,
+            worker: "w".into(),
+            started_at_ms: 0,
+            ended_at_ms: 0,
+            error: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_whose_events_were_lost_are_taken_from_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let root =
+            JobRoot::create(&url::Url::from_directory_path(dir.path()).unwrap(), "j").unwrap();
+        let broker = EmbeddedBroker::new();
+        let queues = QueueNames::for_pool("test");
+        declare_pool_queues(&broker, &queues).await.unwrap();
+        declare_job_queue(&broker, &root.job_id).await.unwrap();
+        // Both batches ended (their statuses are in the store) but no event was ever sent.
+        for index in 0..2 {
+            let json = serde_json::to_vec(&succeeded(index)).unwrap();
+            root.put(&root.layout.status(&batch_id(index)), Bytes::from(json)).await.unwrap();
+        }
+        let job = crate::test_support::minimal_job();
+        let follow = Follow {
+            job: &job,
+            broker: &broker,
+            queues: &queues,
+            root: &root,
+            reconcile_after: Duration::from_millis(200),
+        };
+        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2 });
+        let mut progress = Progress::new(2, false);
+        let end = tokio::time::timeout(
+            Duration::from_secs(30),
+            follow.until_done(&mut tracker, &mut progress, || None),
+        )
+        .await
+        .expect("following must end once the store is read")
+        .unwrap();
+        assert_eq!(end, FollowEnd::Complete);
+        assert_eq!(tracker.counts().batches_succeeded, 2);
     }
 }

@@ -18,7 +18,7 @@ use batchfleet_common::store::resolve_location;
 
 use crate::aggregate::{aggregate, output_location, Aggregated};
 use crate::error::ProducerError;
-use crate::follow::{Follow, FollowEnd};
+use crate::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job_root::{new_job_id, JobRoot};
 use crate::outcome::{job_result_text, verdict, Verdict};
 use crate::plan::{plan_and_publish, PlanSummary, PlanTarget};
@@ -134,7 +134,7 @@ pub async fn follow_from(
         tracker.record(status);
     }
     let mut progress = Progress::new(plan.batches, interactive);
-    let follow = Follow { job, broker, queues, root };
+    let follow = Follow { job, broker, queues, root, reconcile_after: RECONCILE_AFTER };
     let end = follow.until_done(&mut tracker, &mut progress, fleet_gone).await?;
     progress.finish();
     Ok((tracker, end))

@@ -115,6 +115,10 @@ pub enum Command {
         /// Process the manifests that are there, then exit.
         #[arg(long)]
         once: bool,
+        /// A queue on the broker whose messages wake the watcher at once: point the bucket's
+        /// object-created notifications at it (S3 → SQS, MinIO → AMQP or SQS target).
+        #[arg(long, env = "BATCHFLEET_WAKE_QUEUE")]
+        wake_queue: Option<String>,
     },
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
@@ -185,6 +189,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             watcher_id,
             consumer_timeout,
             once,
+            wake_queue,
         } => {
             let options = WatchOptions {
                 prefix,
@@ -196,6 +201,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 interval: std::time::Duration::from_secs(interval.max(1)),
                 watcher_id: watcher_id.unwrap_or_else(default_watcher_id),
                 once,
+                wake_queue,
             };
             match watch(&options).await {
                 Ok(summary) => {

@@ -28,7 +28,8 @@ use batchfleet_common::store::{self, StoreError, StoreLocation};
 use crate::error::ProducerError;
 use crate::lifecycle::JobReport;
 use crate::resume::{resume, ResumeOptions};
-use crate::submit::{follow_published, publish_job, SubmitOptions};
+use crate::submit::{follow_published, producer_broker, publish_job, SubmitOptions};
+use batchfleet_common::broker::{Broker, QueueSpec};
 
 /// Options of `batchfleet watch`.
 #[derive(Debug, Clone)]
@@ -44,6 +45,9 @@ pub struct WatchOptions {
     pub watcher_id: String,
     /// Process what is there, then return (instead of watching forever).
     pub once: bool,
+    /// A queue on the broker whose messages wake the watcher at once (bucket notifications);
+    /// their content is not read. Without it the watcher only polls.
+    pub wake_queue: Option<String>,
 }
 
 /// `<manifest>.claim`: who processes the manifest.
@@ -86,6 +90,7 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
         url.set_path(&format!("{}/", url.path()));
     }
     let location = store::open(&url)?;
+    let waker = Waker::connect(options).await?;
     let mut summary = WatchSummary::default();
     loop {
         for manifest in list_manifests(&location).await? {
@@ -100,9 +105,51 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
         if options.once {
             return Ok(summary);
         }
-        tokio::time::sleep(options.interval).await;
+        waker.wait(options.interval).await;
     }
 }
+
+/// Waits for the next pass: the polling interval, cut short by a message on the wake queue.
+struct Waker {
+    wake: Option<(std::sync::Arc<dyn Broker>, String)>,
+}
+
+impl Waker {
+    async fn connect(options: &WatchOptions) -> Result<Waker, ProducerError> {
+        let Some(queue) = &options.wake_queue else {
+            return Ok(Waker { wake: None });
+        };
+        let broker = producer_broker(&options.broker, &options.pool).await?;
+        broker.declare_queue(&QueueSpec::plain(queue)).await?;
+        Ok(Waker { wake: Some((broker, queue.clone())) })
+    }
+
+    async fn wait(&self, interval: Duration) {
+        let Some((broker, queue)) = &self.wake else {
+            tokio::time::sleep(interval).await;
+            return;
+        };
+        match broker.receive(queue, 100, WAKE_LEASE, interval).await {
+            Ok(deliveries) => {
+                for delivery in &deliveries {
+                    if let Err(error) = broker.ack(&delivery.handle).await {
+                        tracing::debug!(%error, "acking a wake-up message");
+                    }
+                }
+                if !deliveries.is_empty() {
+                    tracing::debug!(messages = deliveries.len(), "woken up by the wake queue");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the wake queue failed; polling instead");
+                tokio::time::sleep(interval).await;
+            }
+        }
+    }
+}
+
+/// How long a wake-up message is held before it is acked (it is acked at once).
+const WAKE_LEASE: Duration = Duration::from_secs(30);
 
 /// Manifests under the prefix: `.yaml` / `.yml` objects, in key order.
 async fn list_manifests(location: &StoreLocation) -> Result<Vec<Path>, ProducerError> {

@@ -183,6 +183,33 @@ impl Pool {
         ids.len()
     }
 
+    /// Publish one message to `queue` through the management API (as a bucket notification
+    /// target would), without a client library.
+    pub fn publish_to(&self, queue: &str, payload: &str) {
+        let mut url = management_base();
+        url.path_segments_mut().expect("management URL").pop_if_empty().extend([
+            "api",
+            "exchanges",
+            "/",
+            "amq.default",
+            "publish",
+        ]);
+        let body = serde_json::json!({
+            "properties": {},
+            "routing_key": queue,
+            "payload": payload,
+            "payload_encoding": "string",
+        });
+        let mut response = agent()
+            .post(url.as_str())
+            .header("authorization", authorization())
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .expect("publish through the management API");
+        let answer = response.body_mut().read_to_string().unwrap_or_default();
+        assert!(answer.contains("\"routed\":true"), "the message reached no queue: {answer}");
+    }
+
     /// Delete a queue of this test (missing is fine).
     pub fn delete_queue(&self, queue: &str) {
         let mut url = management_base();

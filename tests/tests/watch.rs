@@ -194,3 +194,63 @@ fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
     rows.sort();
     assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
 }
+
+#[test]
+fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
+    let pool = Pool::new("watch-wake");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("code")).unwrap();
+    std::fs::write(
+        dir.path().join("code/entry.py"),
+        "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    )
+    .unwrap();
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let prefix = format!("s3://{}/watch-wake-{}-{nanos}/", bucket(), std::process::id());
+    let manifests = open_str(&prefix).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(put(&manifests, "first.yaml", manifest(dir.path(), 0)));
+    let _worker = pool.worker(dir.path(), "a", 1, &[]);
+    let wake_queue = format!("batchfleet.wake.{}", pool.name);
+    let mut watcher = std::process::Command::new(binary("batchfleet"))
+        .args([
+            "watch",
+            &prefix,
+            "--interval",
+            "600",
+            "--wake-queue",
+            &wake_queue,
+            "--pool",
+            &pool.name,
+        ])
+        .arg("--broker")
+        .arg(pool.broker_url())
+        .arg("--store")
+        .arg(dir.path().join("jobs"))
+        .env_remove("BATCHFLEET_STORE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let result_of = |name: &str| {
+        let key = manifests.child_key(&format!("{name}.result.json"));
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while runtime.block_on(manifests.store.head(&key)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "no result for {name}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        runtime.block_on(get_json(&manifests, &format!("{name}.result.json")))
+    };
+    assert_eq!(result_of("first.yaml")["status"], "succeeded");
+
+    // The next pass is 10 minutes away; a notification brings it forward.
+    runtime.block_on(put(&manifests, "second.yaml", manifest(dir.path(), 1)));
+    let woken = std::time::Instant::now();
+    pool.publish_to(&wake_queue, "s3:ObjectCreated:Put second.yaml");
+    assert_eq!(result_of("second.yaml")["status"], "succeeded");
+    assert!(woken.elapsed() < Duration::from_secs(120), "woken by the message, not the interval");
+    watcher.kill().unwrap();
+    watcher.wait().unwrap();
+    pool.delete_queue(&wake_queue);
+}

@@ -57,6 +57,29 @@ impl QueueSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DeliveryHandle(pub String);
 
+impl DeliveryHandle {
+    /// The handle of lease `id` held by the broker instance `instance` (`<instance>/<id>`), for
+    /// backends that track leases in the process.
+    pub fn for_lease(instance: &str, id: u64) -> Self {
+        DeliveryHandle(format!("{instance}/{id}"))
+    }
+
+    /// The lease id of a handle made by [`DeliveryHandle::for_lease`] for `instance`; a handle
+    /// of another broker instance is refused, naming `backend`.
+    pub fn lease_id(&self, instance: &str, backend: &str) -> Result<u64, BrokerError> {
+        self.0
+            .rsplit_once('/')
+            .filter(|(owner, _)| *owner == instance)
+            .and_then(|(_, id)| id.parse().ok())
+            .ok_or_else(|| {
+                BrokerError::Refused(format!(
+                    "`{}` is not a delivery handle of this {backend} broker",
+                    self.0
+                ))
+            })
+    }
+}
+
 /// A received message.
 #[derive(Debug, Clone)]
 pub struct Delivery {

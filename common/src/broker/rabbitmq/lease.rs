@@ -92,7 +92,7 @@ impl Leases {
         };
         self.lock().insert(id, entry);
         tokio::spawn(watch(Arc::downgrade(self), id, moved));
-        DeliveryHandle(format!("{}/{id}", self.instance))
+        DeliveryHandle::for_lease(&self.instance, id)
     }
 
     /// Take the lease out of the table (to settle it): the handle is stale from now on.
@@ -154,17 +154,7 @@ impl Leases {
     }
 
     fn parse(&self, handle: &DeliveryHandle) -> Result<u64, BrokerError> {
-        handle
-            .0
-            .rsplit_once('/')
-            .filter(|(instance, _)| *instance == self.instance)
-            .and_then(|(_, id)| id.parse().ok())
-            .ok_or_else(|| {
-                BrokerError::Refused(format!(
-                    "`{}` is not a delivery handle of this RabbitMQ broker",
-                    handle.0
-                ))
-            })
+        handle.lease_id(&self.instance, "RabbitMQ")
     }
 }
 

@@ -139,7 +139,7 @@ impl Leases {
             expires,
         };
         table.insert(id, lease);
-        Some(DeliveryHandle(format!("{}/{id}", self.instance)))
+        Some(DeliveryHandle::for_lease(&self.instance, id))
     }
 
     /// A copy of the lease `handle` names, if it is still held (not settled, not run out).
@@ -181,17 +181,7 @@ impl Leases {
     }
 
     fn parse(&self, handle: &DeliveryHandle) -> Result<u64, BrokerError> {
-        handle
-            .0
-            .rsplit_once('/')
-            .filter(|(instance, _)| *instance == self.instance)
-            .and_then(|(_, id)| id.parse().ok())
-            .ok_or_else(|| {
-                BrokerError::Refused(format!(
-                    "`{}` is not a delivery handle of this SQS broker",
-                    handle.0
-                ))
-            })
+        handle.lease_id(&self.instance, "SQS")
     }
 }
 

@@ -13,6 +13,7 @@ pub mod broker;
 pub mod error;
 pub mod job;
 pub mod layout;
+pub mod logging;
 pub mod message;
 pub mod spec;
 pub mod status;

@@ -1,13 +1,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = batchfleet_producer::cli::Cli::parse();
-    let filter =
-        EnvFilter::try_from_env("BATCHFLEET_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    batchfleet_common::logging::init("warn");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

@@ -17,7 +17,6 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 use batchfleet_common::broker::connect::{connect_with_prefetch, redact, ConnectOptions};
 use batchfleet_common::message::QueueNames;
@@ -74,9 +73,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter =
-        EnvFilter::try_from_env("BATCHFLEET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    batchfleet_common::logging::init("info");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

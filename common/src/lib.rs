@@ -18,5 +18,6 @@ pub mod message;
 pub mod spec;
 pub mod status;
 pub mod store;
+pub mod table;
 
 pub use error::{ErrorKind, Retry};

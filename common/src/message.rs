@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::{Broker, BrokerError, QueueSpec};
 use crate::status::{BatchStatus, FailureRecord};
+use crate::table::TableBatch;
 
 /// One mini-batch of work, as published to the pool's work queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,11 +27,19 @@ pub struct MiniBatchMessage {
     /// message size limit; SQS's is 256 KiB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items_ref: Option<ItemsRef>,
+    /// A tabular batch (an `mltable` input with a read transformation): the byte ranges, row
+    /// groups or partition files whose rows `run()` gets as one DataFrame. `items` is then empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<TableBatch>,
 }
 
 impl MiniBatchMessage {
-    /// How many items the batch holds, wherever they are.
+    /// How many items the batch holds, wherever they are. A tabular batch's rows are known only
+    /// once read: until then it counts its pieces (ranges or files).
     pub fn item_count(&self) -> u64 {
+        if let Some(table) = &self.table {
+            return table.pieces.len() as u64;
+        }
         match &self.items_ref {
             Some(items_ref) => items_ref.count,
             None => self.items.len() as u64,

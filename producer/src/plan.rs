@@ -151,6 +151,7 @@ fn message(target: &PlanTarget<'_>, index: u64, items: Vec<String>) -> MiniBatch
         index,
         items,
         items_ref: None,
+        table: None,
     }
 }
 

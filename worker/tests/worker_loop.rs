@@ -125,6 +125,7 @@ impl Fleet {
             index,
             items: items.iter().map(|s| s.to_string()).collect(),
             items_ref: None,
+            table: None,
         }
     }
 

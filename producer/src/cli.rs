@@ -119,6 +119,11 @@ pub enum Command {
         /// object-created notifications at it (S3 → SQS, MinIO → AMQP or SQS target).
         #[arg(long, env = "BATCHFLEET_WAKE_QUEUE")]
         wake_queue: Option<String>,
+        /// Seconds of this watcher's claim leases (renewed every third of it). A claim that
+        /// another watcher has not renewed for this long (or its own longer lease) is taken over.
+        #[arg(long, env = "BATCHFLEET_CLAIM_LEASE",
+            default_value_t = crate::watch::DEFAULT_CLAIM_LEASE.as_secs())]
+        claim_lease: u64,
     },
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
@@ -190,6 +195,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             consumer_timeout,
             once,
             wake_queue,
+            claim_lease,
         } => {
             let options = WatchOptions {
                 prefix,
@@ -202,6 +208,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 watcher_id: watcher_id.unwrap_or_else(default_watcher_id),
                 once,
                 wake_queue,
+                claim_lease: std::time::Duration::from_secs(claim_lease.max(1)),
             };
             match watch(&options).await {
                 Ok(summary) => {

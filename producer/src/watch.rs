@@ -6,8 +6,15 @@
 //! published, follows it to its end, and writes the outcome beside the manifest in
 //! `<manifest>.result.json` (job id, status, job root, first error). A manifest with a result
 //! is never processed again. A manifest that is not a valid job gets a result naming the error,
-//! and the watcher keeps going. A watcher restarted under the same `--watcher-id` resumes the
-//! jobs it had claimed and not finished (`batchfleet resume`).
+//! and the watcher keeps going.
+//!
+//! Claims are leases ([`claims`]): the holder renews its claim every third of `--claim-lease`;
+//! a watcher that sees a claim go unrenewed for a whole lease takes the manifest over with the
+//! next claim generation (`<manifest>.claim.1`, `.2`, …; one taker wins) and resumes its job
+//! (`batchfleet resume`), and a holder that finds a newer generation stops and writes nothing
+//! more (fencing). A watcher restarted under the same `--watcher-id` takes its own claims over
+//! at once. `<manifest>.job.json` and `<manifest>.result.json` are written create-only, after
+//! the fencing check: each is written exactly once.
 //!
 //! Manifests are read from a store, so their paths must be URLs or absolute paths: a relative
 //! path has no folder to be relative to and is refused by name.
@@ -18,18 +25,25 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
+use batchfleet_common::broker::{Broker, QueueSpec};
 use batchfleet_common::spec;
-use batchfleet_common::status::now_ms;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::lifecycle::JobReport;
 use crate::resume::{resume, ResumeOptions};
-use crate::submit::{follow_published, producer_broker, publish_job, SubmitOptions};
-use batchfleet_common::broker::{Broker, QueueSpec};
+use crate::status::{job_status, JobStatus};
+use crate::submit::{
+    follow_published, producer_broker, publish_job, remove_events_queue, SubmitOptions,
+};
+
+pub mod claims;
+
+pub use claims::DEFAULT_CLAIM_LEASE;
+use claims::{HeldClaim, Observer, Written};
 
 /// Options of `batchfleet watch`.
 #[derive(Debug, Clone)]
@@ -48,13 +62,9 @@ pub struct WatchOptions {
     /// A queue on the broker whose messages wake the watcher at once (bucket notifications);
     /// their content is not read. Without it the watcher only polls.
     pub wake_queue: Option<String>,
-}
-
-/// `<manifest>.claim`: who processes the manifest.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Claim {
-    watcher: String,
-    claimed_at_ms: u64,
+    /// The lease of this watcher's claims (renewed every third of it), and how long it waits
+    /// before taking over a claim it has not seen renewed (at least the claim's own lease).
+    pub claim_lease: Duration,
 }
 
 /// `<manifest>.job.json`: the job a claimed manifest became.
@@ -74,6 +84,10 @@ pub struct ManifestResult {
     pub job_root: Option<String>,
     pub first_error: Option<String>,
     pub watcher: String,
+    /// The claim generation the result was written under (0 unless the manifest was taken
+    /// over).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 /// What a pass over the prefix did.
@@ -92,9 +106,12 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
     let location = store::open(&url)?;
     let waker = Waker::connect(options).await?;
     let mut summary = WatchSummary::default();
+    let mut observer = Observer::default();
     loop {
-        for manifest in list_manifests(&location).await? {
-            match process(&location, &manifest, options).await {
+        let manifests = list_manifests(&location).await?;
+        observer.retain_listed(&manifests);
+        for manifest in &manifests {
+            match process(&location, manifest, options, &mut observer).await {
                 Ok(true) => summary.processed += 1,
                 Ok(false) => {}
                 Err(error) => {
@@ -172,36 +189,149 @@ fn beside(manifest: &Path, suffix: &str) -> Path {
     Path::from(format!("{manifest}{suffix}"))
 }
 
-/// Handle one manifest; true when this watcher ran (or resumed) its job to an outcome.
+/// Handle one manifest; true when this watcher ran (or resumed) its job to an outcome and
+/// wrote its result.
 async fn process(
     location: &StoreLocation,
     manifest: &Path,
     options: &WatchOptions,
+    observer: &mut Observer,
 ) -> Result<bool, ProducerError> {
     let result_key = beside(manifest, ".result.json");
-    if read(location, &result_key).await?.is_some() {
+    if exists(location, &result_key).await? {
+        observer.forget(manifest);
         return Ok(false);
     }
-    let claim = Claim { watcher: options.watcher_id.clone(), claimed_at_ms: now_ms() };
-    if !create(location, &beside(manifest, ".claim"), &claim).await? {
-        let holder: Option<Claim> = read_json(location, &beside(manifest, ".claim")).await?;
-        if holder.map(|c| c.watcher) != Some(options.watcher_id.clone()) {
+    let Some(held) = claim(location, manifest, options, observer).await? else {
+        return Ok(false);
+    };
+    observer.forget(manifest);
+    if exists(location, &result_key).await? {
+        // The previous holder finished just before this watcher took over.
+        return Ok(false);
+    }
+    let started = read_json::<StartedJob>(location, &beside(manifest, ".job.json")).await?;
+    let work = async {
+        match &started {
+            Some(started) => Ok(Work::Done(resumed(started, options).await)),
+            None => submitted(location, manifest, options, &held).await,
+        }
+    };
+    let result = match held.guard(work).await {
+        Ok(Ok(Work::Done(result))) => result,
+        Ok(Ok(Work::StoodDown(why))) => {
+            tracing::warn!(%manifest, generation = held.generation(), "{why}; standing down");
             return Ok(false);
         }
-        tracing::info!(%manifest, "resuming a manifest this watcher claimed before it stopped");
-    }
-    let result = match read_json::<StartedJob>(location, &beside(manifest, ".job.json")).await? {
-        Some(started) => resumed(&started, options).await,
-        None => submitted(location, manifest, options).await?,
+        Ok(Err(error)) => {
+            // The taker's work can be what made ours fail (it ended the job and deleted the
+            // job's events queue): a lost claim explains the error and is what to report.
+            if let Ok(Some(newer)) = held.newer().await {
+                stood_down(manifest, &held, &newer, &format!("its work failed ({error})"));
+                return Ok(false);
+            }
+            return Err(error);
+        }
+        Err(newer) => {
+            stood_down(manifest, &held, &newer, "stopped working on it");
+            return Ok(false);
+        }
     };
     let outcome = ManifestResult {
         manifest: manifest.to_string(),
         watcher: options.watcher_id.clone(),
+        generation: held.generation(),
         ..result
     };
-    tracing::info!(%manifest, status = %outcome.status, "manifest processed");
-    write_json(location, &result_key, &outcome).await?;
-    Ok(true)
+    match held.write_once(&result_key, &outcome).await? {
+        Written::Written => {
+            tracing::info!(%manifest, status = %outcome.status, generation = held.generation(), "manifest processed");
+            Ok(true)
+        }
+        Written::Lost(newer) => {
+            stood_down(manifest, &held, &newer, "leaving the result to it");
+            Ok(false)
+        }
+        Written::AlreadyThere => {
+            tracing::warn!(%manifest, "the manifest already has a result; not overwriting it");
+            Ok(false)
+        }
+    }
+}
+
+/// Say that another watcher took over a manifest this one held (fencing), and what this one
+/// did about it.
+fn stood_down(manifest: &Path, held: &HeldClaim, newer: &claims::Claim, what: &str) {
+    tracing::warn!(
+        %manifest,
+        generation = held.generation(),
+        "{} took the manifest over (claim generation {}); {what}",
+        newer.watcher,
+        newer.generation
+    );
+}
+
+/// Claim `manifest` for this watcher, when it is free, its claim is this watcher's own (a
+/// restart: taken over at once), or its holder has not renewed it for a whole lease.
+async fn claim(
+    location: &StoreLocation,
+    manifest: &Path,
+    options: &WatchOptions,
+    observer: &mut Observer,
+) -> Result<Option<HeldClaim>, ProducerError> {
+    let me = options.watcher_id.as_str();
+    let lease = options.claim_lease;
+    let generation = match claims::current(location, manifest).await? {
+        None => 0,
+        Some(current) if current.claim.watcher == me => {
+            tracing::info!(
+                %manifest,
+                generation = current.claim.generation,
+                "resuming a manifest this watcher claimed before it stopped"
+            );
+            current.claim.generation + 1
+        }
+        Some(current) => {
+            let holder = &current.claim;
+            let seen = observer.observe(manifest, &current, lease, std::time::Instant::now());
+            if !seen.stale() {
+                if seen.first_sight {
+                    tracing::info!(
+                        %manifest,
+                        holder = %holder.watcher,
+                        generation = holder.generation,
+                        "claimed by another watcher; taken over if its lease is not renewed for {:?}",
+                        seen.lease
+                    );
+                }
+                return Ok(None);
+            }
+            tracing::warn!(
+                %manifest,
+                holder = %holder.watcher,
+                generation = holder.generation,
+                "the claim was not renewed for {:?}: taking the manifest over",
+                seen.unchanged_for
+            );
+            holder.generation + 1
+        }
+    };
+    let held = HeldClaim::acquire(location, manifest, generation, me, lease).await?;
+    match &held {
+        Some(_) if generation > 0 => {
+            tracing::info!(%manifest, generation, "took the manifest over")
+        }
+        Some(_) => tracing::info!(%manifest, "claimed"),
+        None => tracing::debug!(%manifest, generation, "another watcher claimed it first"),
+    }
+    Ok(held)
+}
+
+/// What working on a claimed manifest came to.
+enum Work {
+    Done(ManifestResult),
+    /// The manifest is someone else's after all (the reason).
+    StoodDown(String),
 }
 
 /// Submit the manifest's job and follow it; an invalid manifest becomes an `invalid` result.
@@ -209,7 +339,8 @@ async fn submitted(
     location: &StoreLocation,
     manifest: &Path,
     options: &WatchOptions,
-) -> Result<ManifestResult, ProducerError> {
+    held: &HeldClaim,
+) -> Result<Work, ProducerError> {
     let bytes = read(location, manifest).await?.unwrap_or_default();
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let dir = tempfile::tempdir().map_err(ProducerError::internal)?;
@@ -217,7 +348,7 @@ async fn submitted(
     let spec_path = dir.path().join(name);
     std::fs::write(&spec_path, &text).map_err(ProducerError::internal)?;
     if let Err(error) = refuse_relative_paths(&text, &spec_path, dir.path()) {
-        return Ok(invalid(error));
+        return Ok(Work::Done(invalid(error)));
     }
     let submit = SubmitOptions {
         spec_path,
@@ -230,16 +361,35 @@ async fn submitted(
     };
     let published = match publish_job(&submit).await {
         Ok(published) => published,
-        Err(error) if error.exit_code() == 2 => return Ok(invalid(error.to_string())),
+        Err(error) if error.exit_code() == 2 => return Ok(Work::Done(invalid(error.to_string()))),
         Err(error) => return Err(error),
     };
     let started =
         StartedJob { job_id: published.root.job_id.clone(), job_root: published.root.url() };
-    write_json(location, &beside(manifest, ".job.json"), &started).await?;
-    Ok(from_report(follow_published(published, false).await?))
+    let recorded = held.write_once(&beside(manifest, ".job.json"), &started).await?;
+    if recorded != Written::Written {
+        // Another watcher took the manifest over while this one was publishing: its job is the
+        // manifest's. Workers settle this job's messages without running them.
+        let reason = format!("the manifest {manifest} was taken over by another watcher");
+        let marker = published.root.layout.cancel_marker();
+        if let Err(error) = published.root.put(&marker, Bytes::from(reason.clone())).await {
+            tracing::warn!(%error, "could not cancel the job this watcher published");
+        }
+        remove_events_queue(published.broker.as_ref(), &published.root.job_id).await;
+        return Ok(Work::StoodDown(format!(
+            "{reason} while job {} was being published",
+            published.root.job_id
+        )));
+    }
+    Ok(Work::Done(from_report(follow_published(published, false).await?)))
 }
 
+/// Finish the job a manifest became (this watcher's before a restart, or another's taken
+/// over): resumed from its job root, or read back when it already finished.
 async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult {
+    if let Some(result) = already_finished(started).await {
+        return result;
+    }
     let resume_options = ResumeOptions {
         job: started.job_root.clone(),
         store: None,
@@ -259,6 +409,24 @@ async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult
             ..invalid(String::new())
         },
     }
+}
+
+/// The outcome of a job whose producer finished it (`logs/job_result.txt`) but did not get to
+/// write the manifest's result.
+async fn already_finished(started: &StartedJob) -> Option<ManifestResult> {
+    let report = job_status(&started.job_root, None).await.ok()?;
+    let JobStatus::Finished { job_result, succeeded } = report.status else {
+        return None;
+    };
+    let headline = job_result.lines().next().unwrap_or_default();
+    Some(ManifestResult {
+        status: if succeeded { "succeeded" } else { "failed" }.into(),
+        job_id: Some(started.job_id.clone()),
+        job_root: Some(started.job_root.clone()),
+        first_error: (!succeeded)
+            .then(|| headline.strip_prefix("failed: ").unwrap_or(headline).to_string()),
+        ..invalid(String::new())
+    })
 }
 
 /// A manifest is read from a store: a path relative to it has no meaning here.
@@ -288,6 +456,7 @@ fn invalid(error: String) -> ManifestResult {
         job_root: None,
         first_error: Some(error),
         watcher: String::new(),
+        generation: 0,
     }
 }
 
@@ -303,6 +472,7 @@ fn from_report(report: JobReport) -> ManifestResult {
         job_root: Some(report.root_url),
         first_error,
         watcher: String::new(),
+        generation: 0,
     }
 }
 
@@ -326,31 +496,10 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
     }
 }
 
-async fn write_json(
-    location: &StoreLocation,
-    key: &Path,
-    value: &impl Serialize,
-) -> Result<(), ProducerError> {
-    let json = serde_json::to_vec_pretty(value).map_err(ProducerError::internal)?;
-    location
-        .store
-        .put(key, PutPayload::from_bytes(Bytes::from(json)))
-        .await
-        .map_err(|e| StoreError::io("put", key, e))?;
-    Ok(())
-}
-
-/// Create-only put; false when the key already exists (someone else claimed it).
-async fn create(
-    location: &StoreLocation,
-    key: &Path,
-    value: &impl Serialize,
-) -> Result<bool, ProducerError> {
-    let json = serde_json::to_vec_pretty(value).map_err(ProducerError::internal)?;
-    let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-    match location.store.put_opts(key, PutPayload::from_bytes(Bytes::from(json)), options).await {
+async fn exists(location: &StoreLocation, key: &Path) -> Result<bool, ProducerError> {
+    match location.store.head(key).await {
         Ok(_) => Ok(true),
-        Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-        Err(e) => Err(StoreError::io("put", key, e).into()),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(StoreError::io("head", key, e).into()),
     }
 }

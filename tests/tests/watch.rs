@@ -1,13 +1,17 @@
 //! `batchfleet watch`: manifests dropped into a bucket (the real S3 test server) become jobs on
 //! the real RabbitMQ, each run exactly once even with two watchers racing; an invalid manifest
-//! gets a result naming its error and the watchers keep going.
+//! gets a result naming its error and the watchers keep going; a watcher that dies for good
+//! (SIGKILL) or stalls (SIGSTOP) has its manifest taken over by another once its claim's lease
+//! runs out, and the stalled one, woken, stands down without writing anything.
 
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use batchfleet_common::store::{open_str, StoreLocation};
 use object_store::{ObjectStoreExt, PutPayload};
 
-use batchfleet_tests::fleet::{finish_bounded, spawn_captured, Pool};
+use batchfleet_tests::fleet::{eventually, finish_bounded, spawn_captured, Pool};
 use batchfleet_tests::{binary, describe};
 
 const WATCH_LIMIT: Duration = Duration::from_secs(240);
@@ -253,4 +257,236 @@ fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
     watcher.kill().unwrap();
     watcher.wait().unwrap();
     pool.delete_queue(&wake_queue);
+}
+
+/// The lease the takeover tests give their watchers: renewed every second.
+const SHORT_LEASE: &str = "3";
+
+/// A `batchfleet watch` running in the background, its log in a file; killed when dropped.
+struct Watcher {
+    id: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Watcher {
+    fn start(prefix: &str, pool: &Pool, dir: &Path, id: &str) -> Watcher {
+        let log = dir.join(format!("watcher-{id}.log"));
+        let file = std::fs::File::create(&log).expect("watcher log file");
+        let child = Command::new(binary("batchfleet"))
+            .args(["watch", prefix, "--watcher-id", id, "--pool", &pool.name])
+            .args(["--interval", "1", "--claim-lease", SHORT_LEASE])
+            .arg("--broker")
+            .arg(pool.broker_url())
+            .arg("--store")
+            .arg(dir.join("jobs"))
+            .env("BATCHFLEET_LOG", "info")
+            .env_remove("BATCHFLEET_STORE")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start batchfleet watch");
+        Watcher { id: id.to_owned(), child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn assert_running(&mut self) {
+        let status = self.child.try_wait().expect("watcher status");
+        assert!(status.is_none(), "watcher {} exited ({status:?}):\n{}", self.id, self.log());
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"));
+        nix::sys::signal::kill(pid, signal).expect("signal the watcher");
+    }
+
+    /// Wait until the watcher's log has a line containing every one of `parts`; fails with the
+    /// log.
+    fn wait_for_line(&self, parts: &[&str], limit: Duration, what: &str) {
+        let deadline = Instant::now() + limit;
+        while !self.log().lines().any(|line| parts.iter().all(|part| line.contains(part))) {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {limit:?} waiting for {what}; watcher {}'s log:\n{}",
+                self.id,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn lines_with(&self, part: &str) -> usize {
+        self.log().lines().filter(|line| line.contains(part)).count()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A job whose mini-batches wait in `run()` until the test opens the gate: it cannot end while
+/// the test is still arranging what happens to its watchers.
+struct GatedJob {
+    dir: tempfile::TempDir,
+    prefix: String,
+    manifests: StoreLocation,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl GatedJob {
+    fn new(tag: &str) -> GatedJob {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("code")).unwrap();
+        let gate = dir.path().join("gate");
+        std::fs::write(
+            dir.path().join("code/entry.py"),
+            format!(
+                "import os, time\nGATE = {gate:?}\ndef init(): pass\ndef run(mini_batch):\n    \
+                 deadline = time.time() + 240\n    while not os.path.exists(GATE):\n        \
+                 if time.time() > deadline:\n            raise RuntimeError('the gate never opened')\n        \
+                 time.sleep(0.05)\n    return [os.path.basename(p) for p in mini_batch]\n",
+                gate = gate.display().to_string(),
+            ),
+        )
+        .unwrap();
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let prefix = format!("s3://{}/{tag}-{}-{nanos}/", bucket(), std::process::id());
+        let manifests = open_str(&prefix).unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let spec = manifest(dir.path(), 0)
+            .replace("mini_batch_size: 1", "mini_batch_size: 1\nretry_settings: {timeout: 300}");
+        runtime.block_on(put(&manifests, "job.yaml", spec));
+        GatedJob { dir, prefix, manifests, runtime }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn open_gate(&self) {
+        std::fs::write(self.path().join("gate"), "open").unwrap();
+    }
+
+    /// `job.yaml<suffix>` as JSON, once it exists.
+    fn json(&self, suffix: &str) -> Option<serde_json::Value> {
+        let key = self.manifests.child_key(&format!("job.yaml{suffix}"));
+        let got = self.runtime.block_on(self.manifests.store.get(&key)).ok()?;
+        let bytes = self.runtime.block_on(got.bytes()).ok()?;
+        Some(serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("job.yaml{suffix}: {e}")))
+    }
+
+    fn wait_json(&self, suffix: &str, limit: Duration) -> serde_json::Value {
+        eventually(limit, &format!("job.yaml{suffix}"), || self.json(suffix))
+    }
+
+    /// The job's three files each exactly once in its output, from exactly one job root.
+    fn assert_ran_once(&self) {
+        let roots: Vec<PathBuf> = std::fs::read_dir(self.path().join("jobs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(roots.len(), 1, "one job, taken over rather than submitted again: {roots:?}");
+        let verdict = std::fs::read_to_string(roots[0].join("logs/job_result.txt")).unwrap();
+        assert_eq!(verdict.lines().next(), Some("succeeded"), "{verdict}");
+        let mut rows: Vec<String> = std::fs::read_to_string(self.path().join("out-0.txt"))
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        rows.sort();
+        assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
+    }
+}
+
+/// Wait until `holder`'s claim has been renewed `renewals` more times: with a renewal every
+/// second, that many seconds of a live holder.
+fn wait_renewals(job: &GatedJob, renewals: u64) {
+    let from = job.json(".claim").expect("the claim")["renewals"].as_u64().unwrap_or(0);
+    eventually(Duration::from_secs(60), "the holder renewing its claim", || {
+        let now = job.json(".claim")?["renewals"].as_u64()?;
+        (now >= from + renewals).then_some(())
+    });
+}
+
+#[test]
+fn a_watcher_killed_for_good_is_taken_over_once_its_lease_runs_out_and_the_job_ends_once() {
+    let pool = Pool::new("watch-takeover");
+    let job = GatedJob::new("watch-takeover");
+    let _worker = pool.worker(job.path(), "a", 2, &[]);
+    let mut a = Watcher::start(&job.prefix, &pool, job.path(), "wa");
+    let published = job.wait_json(".job.json", Duration::from_secs(90));
+    a.assert_running();
+
+    // B watches A's live claim for more than two leases and leaves it alone.
+    let b = Watcher::start(&job.prefix, &pool, job.path(), "wb");
+    b.wait_for_line(
+        &["claimed by another watcher", "holder=wa"],
+        Duration::from_secs(60),
+        "B seeing A's claim",
+    );
+    wait_renewals(&job, 7);
+    a.assert_running();
+    assert!(job.json(".claim.1").is_none(), "B took a live claim over:\n{}", b.log());
+
+    // A dies for good; B takes over within about a lease, resumes A's job, and ends it.
+    a.signal(nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    let taken = job.wait_json(".claim.1", Duration::from_secs(60));
+    let takeover = killed.elapsed();
+    assert_eq!((taken["watcher"].as_str(), taken["generation"].as_u64()), (Some("wb"), Some(1)));
+    job.open_gate();
+    let result = job.wait_json(".result.json", Duration::from_secs(180));
+    eprintln!("taken over {takeover:.1?} after the kill (lease {SHORT_LEASE} s)");
+    assert_eq!(result["status"], "succeeded", "{result}\nB:\n{}", b.log());
+    assert_eq!(result["watcher"], "wb", "{result}");
+    assert_eq!(result["generation"], 1, "{result}");
+    assert_eq!(result["job_id"], published["job_id"], "B finished A's job: {result}");
+    job.assert_ran_once();
+    assert_eq!(b.lines_with("manifest processed"), 1, "one result written:\n{}", b.log());
+    assert_eq!(a.lines_with("manifest processed"), 0, "{}", a.log());
+}
+
+#[test]
+fn a_stalled_watcher_woken_after_a_takeover_stands_down_and_writes_nothing() {
+    let pool = Pool::new("watch-fence");
+    let job = GatedJob::new("watch-fence");
+    let _worker = pool.worker(job.path(), "a", 2, &[]);
+    let mut a = Watcher::start(&job.prefix, &pool, job.path(), "wa");
+    let published = job.wait_json(".job.json", Duration::from_secs(90));
+    let b = Watcher::start(&job.prefix, &pool, job.path(), "wb");
+    b.wait_for_line(
+        &["claimed by another watcher", "holder=wa"],
+        Duration::from_secs(60),
+        "B seeing A's claim",
+    );
+
+    // A stalls (a paused VM, a long GC, a partition) past its lease: B takes over and finishes.
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let taken = job.wait_json(".claim.1", Duration::from_secs(60));
+    assert_eq!(taken["watcher"], "wb", "{taken}");
+    job.open_gate();
+    let result = job.wait_json(".result.json", Duration::from_secs(180));
+    assert_eq!((result["watcher"].as_str(), result["generation"].as_u64()), (Some("wb"), Some(1)));
+    assert_eq!(result["job_id"], published["job_id"], "{result}");
+
+    // A wakes: it finds generation 1 at its next renewal and stops, writing nothing.
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    a.wait_for_line(
+        &["wb took the manifest over (claim generation 1)"],
+        Duration::from_secs(60),
+        "A standing down after the takeover",
+    );
+    a.assert_running();
+    assert_eq!(job.json(".result.json"), Some(result), "the result is B's, unchanged");
+    assert_eq!(a.lines_with("manifest processed"), 0, "{}", a.log());
+    job.assert_ran_once();
 }

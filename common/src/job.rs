@@ -40,6 +40,37 @@ pub struct ResolvedJob {
     pub compute: Option<String>,
 }
 
+impl ResolvedJob {
+    /// The folder the job's output goes to (Azure's `AZUREML_BI_OUTPUT_PATH`): the folder of
+    /// `append_row_to` (itself when it names a folder: ends with `/`, or is a `uri_folder`
+    /// output); without `append_row_to`, the first `uri_folder` output that has a path.
+    /// `None` when neither exists: the job root's `outputs/` folder then.
+    pub fn output_folder_url(&self) -> Option<String> {
+        let as_folder =
+            |url: &str| if url.ends_with('/') { url.to_string() } else { format!("{url}/") };
+        let Some(raw) = self.task.append_row_to.as_deref() else {
+            return self
+                .outputs
+                .values()
+                .find(|o| o.kind == "uri_folder" && o.url.is_some())
+                .and_then(|o| o.url.as_deref())
+                .map(as_folder);
+        };
+        let is_folder = raw.ends_with('/')
+            || self
+                .outputs
+                .values()
+                .any(|o| o.url.as_deref() == Some(raw) && o.kind == "uri_folder");
+        if is_folder {
+            return Some(as_folder(raw));
+        }
+        Some(
+            raw.rsplit_once('/')
+                .map_or_else(|| raw.to_string(), |(folder, _)| format!("{folder}/")),
+        )
+    }
+}
+
 /// A declared input: a data reference or a literal value.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
@@ -178,4 +209,38 @@ pub struct OutputSpec {
     /// Absolute URL when a path was given; `None` means "under the job root".
     pub url: Option<String>,
     pub mode: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    fn job(outputs: &str, append_row_to: &str) -> super::ResolvedJob {
+        let yaml = format!(
+            "type: parallel\ninputs:\n  d: {{type: uri_folder, path: /data}}\noutputs:\n{outputs}\n\
+             input_data: ${{{{inputs.d}}}}\ntask:\n  type: run_function\n  code: /code\n  \
+             entry_script: s.py\n{append_row_to}"
+        );
+        crate::spec::parse_job_str(&yaml, Path::new("/jobs/job.yaml")).expect("valid spec").job
+    }
+
+    #[test]
+    fn the_output_folder_is_where_append_row_to_writes() {
+        let file = job(
+            "  o: {type: uri_file, path: /out/scores.txt}",
+            "  append_row_to: ${{outputs.o}}\n",
+        );
+        assert_eq!(file.output_folder_url().as_deref(), Some("file:///out/"));
+        let folder =
+            job("  o: {type: uri_folder, path: /out/models}", "  append_row_to: ${{outputs.o}}\n");
+        assert_eq!(folder.output_folder_url().as_deref(), Some("file:///out/models/"));
+    }
+
+    #[test]
+    fn without_append_row_to_the_first_folder_output_is_the_output_folder() {
+        let folder = job("  m: {type: uri_folder, path: /out/models}", "");
+        assert_eq!(folder.output_folder_url().as_deref(), Some("file:///out/models/"));
+        let none = job("  f: {type: uri_file, path: /out/x.txt}", "");
+        assert_eq!(none.output_folder_url(), None);
+    }
 }

@@ -11,6 +11,7 @@ pub mod job_root;
 pub mod lifecycle;
 pub mod outcome;
 pub mod plan;
+mod plan_table;
 pub mod progress;
 pub mod queues;
 pub mod resume;

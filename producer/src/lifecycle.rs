@@ -98,7 +98,11 @@ pub async fn plan(
 ) -> Result<PlanSummary, ProducerError> {
     let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
     let plan = plan_and_publish(job, &target).await?;
-    eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
+    if plan.tabular {
+        eprintln!("planned {} mini-batches of {} table pieces", plan.batches, plan.items);
+    } else {
+        eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
+    }
     Ok(plan)
 }
 

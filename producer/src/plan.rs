@@ -15,6 +15,7 @@ use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
 use batchfleet_common::layout::JobLayout;
 use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::store::{self, StoreLocation};
+use batchfleet_common::table::{TableBatch, TableFormat};
 
 use crate::error::ProducerError;
 use crate::job_root::JobRoot;
@@ -30,6 +31,10 @@ const PUBLISH_GROUP: usize = 100;
 pub struct PlanSummary {
     pub batches: u64,
     pub items: u64,
+    /// A tabular plan: `items` counts pieces (ranges, files), since rows are known only once
+    /// read; the tracker counts each ended batch's rows instead.
+    #[serde(default)]
+    pub tabular: bool,
 }
 
 /// Where the planner sends the batches.
@@ -46,55 +51,108 @@ pub async fn plan_and_publish(
     job: &ResolvedJob,
     target: &PlanTarget<'_>,
 ) -> Result<PlanSummary, ProducerError> {
-    check_supported(job)?;
+    let mut writer = PlanWriter::new(target);
+    if job.input.kind == InputKind::Mltable {
+        crate::plan_table::plan_table(job, &mut writer).await?;
+    } else if !job.partition_keys.is_empty() {
+        crate::plan_table::plan_folder_partitions(job, &mut writer).await?;
+    } else {
+        plan_files(job, &mut writer).await?;
+    }
+    writer.finish(job).await
+}
+
+/// A file list (`uri_folder`, `uri_file`) cut by count or size.
+async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<(), ProducerError> {
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
-    let mut chunk: Vec<MiniBatchMessage> = Vec::new();
-    let mut summary = PlanSummary { batches: 0, items: 0 };
-    let mut chunk_no = 0u64;
-
     let mut objects = input_objects(job, &input).await?;
     while let Some(meta) = objects.try_next().await? {
         let item = relative_item(job, &input, &meta)?;
-        summary.items += 1;
         if let Some(items) = cutter.push(item, meta.size) {
-            chunk.push(message(target, summary.batches, items));
-            summary.batches += 1;
-        }
-        if chunk.len() >= BATCHES_PER_CHUNK {
-            flush_chunk(target, chunk_no, &mut chunk).await?;
-            chunk_no += 1;
+            writer.push_files(items).await?;
         }
     }
     if let Some(items) = cutter.finish() {
-        chunk.push(message(target, summary.batches, items));
-        summary.batches += 1;
-    }
-    if summary.items == 0 {
-        return Err(ProducerError::EmptyInput {
-            input: job.input.name.clone(),
-            url: job.input.url.clone(),
-        });
-    }
-    flush_chunk(target, chunk_no, &mut chunk).await?;
-    let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
-    target.root.put(&target.root.layout.plan_summary(), Bytes::from(summary_json)).await?;
-    Ok(summary)
-}
-
-fn check_supported(job: &ResolvedJob) -> Result<(), ProducerError> {
-    if job.input.kind == InputKind::Mltable {
-        return Err(ProducerError::Unsupported(format!(
-            "input `{}` is an mltable; this build plans uri_folder and uri_file inputs only",
-            job.input.name
-        )));
-    }
-    if !job.partition_keys.is_empty() {
-        return Err(ProducerError::Unsupported(
-            "partition_keys: splitting by partition is not supported by this build yet".into(),
-        ));
+        writer.push_files(items).await?;
     }
     Ok(())
+}
+
+/// Numbers the planned batches, writes them to `plan/` a chunk at a time and publishes each
+/// chunk once it is recorded. Memory stays bounded by one chunk.
+pub(crate) struct PlanWriter<'a> {
+    target: &'a PlanTarget<'a>,
+    chunk: Vec<MiniBatchMessage>,
+    chunk_no: u64,
+    summary: PlanSummary,
+}
+
+impl<'a> PlanWriter<'a> {
+    fn new(target: &'a PlanTarget<'a>) -> Self {
+        PlanWriter {
+            target,
+            chunk: Vec::new(),
+            chunk_no: 0,
+            summary: PlanSummary { batches: 0, items: 0, tabular: false },
+        }
+    }
+
+    /// The next batch: a list of files relative to the input.
+    async fn push_files(&mut self, items: Vec<String>) -> Result<(), ProducerError> {
+        self.summary.items += items.len() as u64;
+        let message = self.message(items, None);
+        self.push(message).await
+    }
+
+    /// The next batch: a tabular batch (items are its pieces until its rows are read).
+    pub(crate) async fn push_table(&mut self, table: TableBatch) -> Result<(), ProducerError> {
+        self.summary.items += table.pieces.len() as u64;
+        self.summary.tabular |= table.read.format != TableFormat::FileList;
+        let message = self.message(Vec::new(), Some(table));
+        self.push(message).await
+    }
+
+    fn message(&self, items: Vec<String>, table: Option<TableBatch>) -> MiniBatchMessage {
+        let index = self.summary.batches;
+        MiniBatchMessage {
+            job_id: self.target.root.job_id.clone(),
+            job_root: self.target.root.url(),
+            batch_id: batch_id(index),
+            index,
+            items,
+            items_ref: None,
+            table,
+        }
+    }
+
+    async fn push(&mut self, message: MiniBatchMessage) -> Result<(), ProducerError> {
+        self.summary.batches += 1;
+        self.chunk.push(message);
+        if self.chunk.len() >= BATCHES_PER_CHUNK {
+            flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
+            self.chunk_no += 1;
+        }
+        Ok(())
+    }
+
+    /// Flush the last chunk and record the plan's summary.
+    async fn finish(mut self, job: &ResolvedJob) -> Result<PlanSummary, ProducerError> {
+        if self.summary.batches == 0 {
+            return Err(ProducerError::EmptyInput {
+                input: job.input.name.clone(),
+                url: job.input.url.clone(),
+            });
+        }
+        flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
+        let summary = self.summary;
+        let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
+        self.target
+            .root
+            .put(&self.target.root.layout.plan_summary(), Bytes::from(summary_json))
+            .await?;
+        Ok(summary)
+    }
 }
 
 type ObjectStream =
@@ -143,18 +201,6 @@ fn relative_item(
     })
 }
 
-fn message(target: &PlanTarget<'_>, index: u64, items: Vec<String>) -> MiniBatchMessage {
-    MiniBatchMessage {
-        job_id: target.root.job_id.clone(),
-        job_root: target.root.url(),
-        batch_id: batch_id(index),
-        index,
-        items,
-        items_ref: None,
-        table: None,
-    }
-}
-
 /// The message as published: with its items inline, or claim-checked when they would make it
 /// larger than `CLAIM_CHECK_BYTES` (the items go to `plan/items/<batch id>.json` first).
 async fn encode(
@@ -166,9 +212,13 @@ async fn encode(
         return Ok(json);
     }
     let rel = JobLayout::plan_items_rel(&msg.batch_id);
-    let items = serde_json::to_vec(&msg.items).map_err(ProducerError::internal)?;
-    target.root.put(&target.root.layout.relative(&rel), Bytes::from(items)).await?;
-    msg.items_ref = Some(ItemsRef { key: rel, count: msg.items.len() as u64 });
+    let count = msg.item_count();
+    let (stored, table) = match msg.table.take() {
+        Some(table) => (serde_json::to_vec(&table).map_err(ProducerError::internal)?, true),
+        None => (serde_json::to_vec(&msg.items).map_err(ProducerError::internal)?, false),
+    };
+    target.root.put(&target.root.layout.relative(&rel), Bytes::from(stored)).await?;
+    msg.items_ref = Some(ItemsRef { key: rel, count, table });
     msg.items = Vec::new();
     serde_json::to_vec(msg).map_err(ProducerError::internal)
 }

@@ -143,6 +143,7 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     let plan = summary.unwrap_or(PlanSummary {
         batches: statuses.iter().map(|s| s.index + 1).max().unwrap_or(0),
         items: 0,
+        tabular: false,
     });
     let mut tracker = Tracker::new(plan);
     for status in &statuses {

@@ -16,8 +16,10 @@ mod infra;
 mod jobs;
 mod materialize;
 mod output;
+mod output_folder;
 pub mod runtime;
 mod slot;
+mod table_input;
 mod worker;
 
 pub use infra::InfraError;

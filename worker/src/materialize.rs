@@ -16,6 +16,7 @@ use object_store::ObjectStoreExt;
 use url::Url;
 
 use crate::infra::{retrying, InfraError};
+use crate::runtime::protocol::TableRequest;
 
 /// Where a job's items live.
 #[derive(Debug)]
@@ -54,10 +55,12 @@ impl InputBase {
     }
 }
 
-/// A batch's items as local paths; downloaded copies go away when this is dropped.
+/// A batch's items as local paths (or, for a tabular batch, its pieces as local files);
+/// downloaded copies go away when this is dropped.
 pub(crate) struct Materialized {
     pub paths: Vec<String>,
-    _downloads: Option<tempfile::TempDir>,
+    pub table: Option<TableRequest>,
+    pub _downloads: Option<tempfile::TempDir>,
 }
 
 /// Make `items` available locally; downloads go into a fresh folder under `scratch`.
@@ -72,7 +75,7 @@ pub(crate) async fn materialize(
                 .iter()
                 .map(|item| join_item(folder, item).map(|p| path_string(&p)))
                 .collect::<Result<_, _>>()?;
-            Ok(Materialized { paths, _downloads: None })
+            Ok(Materialized { paths, table: None, _downloads: None })
         }
         InputBase::Direct(url) => {
             let paths = items
@@ -87,7 +90,7 @@ pub(crate) async fn materialize(
                     })
                 })
                 .collect::<Result<_, _>>()?;
-            Ok(Materialized { paths, _downloads: None })
+            Ok(Materialized { paths, table: None, _downloads: None })
         }
         InputBase::Remote(location) => download(location, items, scratch).await,
     }
@@ -98,14 +101,19 @@ async fn download(
     items: &[String],
     scratch: &Path,
 ) -> Result<Materialized, InfraError> {
-    std::fs::create_dir_all(scratch).map_err(|e| InfraError::io("creating the input folder", e))?;
-    let folder = tempfile::Builder::new()
-        .prefix("inputs-")
-        .tempdir_in(scratch)
-        .map_err(|e| InfraError::io("creating the input folder", e))?;
+    let folder = batch_folder(scratch, "inputs-")?;
     let locals = download_into(location, items, folder.path()).await?;
     let paths = locals.iter().map(|p| path_string(p)).collect();
-    Ok(Materialized { paths, _downloads: Some(folder) })
+    Ok(Materialized { paths, table: None, _downloads: Some(folder) })
+}
+
+/// A fresh folder for one batch's local files under `scratch`, removed when dropped.
+pub(crate) fn batch_folder(scratch: &Path, prefix: &str) -> Result<tempfile::TempDir, InfraError> {
+    std::fs::create_dir_all(scratch).map_err(|e| InfraError::io("creating the input folder", e))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(scratch)
+        .map_err(|e| InfraError::io("creating the input folder", e))
 }
 
 /// Download `items` (keys relative to `location`) into `folder`, keeping their relative paths;

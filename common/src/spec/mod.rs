@@ -17,14 +17,14 @@
 
 mod bindings;
 mod error;
-mod fields;
+pub(crate) mod fields;
 mod io;
 mod mini_batch;
 mod parallel;
 mod pipeline;
 mod program_args;
-mod suggest;
-mod yaml;
+pub(crate) mod suggest;
+pub(crate) mod yaml;
 
 use std::path::{Path, PathBuf};
 

@@ -190,6 +190,46 @@ pub fn open_str(url: &str) -> Result<StoreLocation, StoreError> {
     open(&parsed)
 }
 
+/// The URL of the object `key` in `location`'s store (the form pieces of tabular batches carry).
+pub fn object_url(location: &StoreLocation, key: &Path) -> String {
+    let mut url = location.url.clone();
+    url.set_path(&format!("/{key}"));
+    url.set_query(None);
+    url.set_fragment(None);
+    url.to_string()
+}
+
+/// Opened stores by origin (`s3://bucket`, `file://`), so that many objects named by URL share
+/// one client and its connection pool.
+#[derive(Debug, Default)]
+pub struct StoreCache {
+    stores: std::sync::Mutex<std::collections::HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+impl StoreCache {
+    /// The store holding the object at `url`, and the object's key in it.
+    pub fn object(&self, url: &str) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
+        let parsed = Url::parse(url).map_err(|e| StoreError::InvalidLocation {
+            location: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let key = Path::from_url_path(parsed.path()).map_err(|e| StoreError::InvalidLocation {
+            location: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let origin = format!("{}://{}", parsed.scheme(), parsed.host_str().unwrap_or_default());
+        let mut stores = self.stores.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(store) = stores.get(&origin) {
+            return Ok((Arc::clone(store), key));
+        }
+        let mut root = parsed.clone();
+        root.set_path("/");
+        let store = Arc::clone(&open(&root)?.store);
+        stores.insert(origin, Arc::clone(&store));
+        Ok((store, key))
+    }
+}
+
 /// The local file-system path of a `file://` URL, if it is one.
 pub fn local_path(url: &Url) -> Option<std::path::PathBuf> {
     if url.scheme() == "file" {

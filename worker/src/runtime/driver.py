@@ -5,6 +5,11 @@ until `shutdown` or end of input. See docs/entry-protocol.md for the protocol.
 
 Usage: python driver.py <code dir> <entry script> [script args...]
 
+Tabular mini-batches (a `run` request with `table`) are read into one pandas DataFrame, which
+run() gets instead of a file list. With BATCHFLEET_TABULAR=1 in the environment pandas is
+imported before the entry script is loaded, so a missing pandas is an init error. pyarrow is
+imported only to read Parquet pieces. File-list jobs never import either.
+
 File descriptors: the protocol uses private duplicates of the original stdin and stdout.
 fd 0 is then pointed at /dev/null and fd 1 at fd 2 (stderr), so nothing the user's code
 prints or reads — from Python or from C — can touch the protocol.
@@ -14,6 +19,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import sys
 import traceback
 
@@ -78,6 +84,241 @@ class BadReturn(Exception):
     pass
 
 
+class InputError(Exception):
+    """A tabular mini-batch's data could not be read into a DataFrame; run() is not called.
+
+    `exception` names the underlying exception type (or None); `traceback` is kept only for
+    errors that are not plainly about the data.
+    """
+
+    def __init__(self, message, exception=None, traceback=None):
+        Exception.__init__(self, message)
+        self.exception = exception
+        self.traceback = traceback
+
+
+def tabular_job():
+    return os.environ.get("BATCHFLEET_TABULAR") == "1"
+
+
+def missing_package_message(package, why):
+    return ("this job reads %s; the worker's Python (%s) has no %s: pip install %s"
+            % (why, sys.executable, package, package))
+
+
+def import_pandas():
+    """pandas, or an InputError that says how to get it."""
+    try:
+        import pandas
+    except ImportError as exc:
+        raise InputError(missing_package_message("pandas", "tabular data (an mltable input)"),
+                         exception=type(exc).__name__)
+    return pandas
+
+
+def import_parquet():
+    try:
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise InputError(missing_package_message("pyarrow", "Parquet data (read_parquet)"),
+                         exception=type(exc).__name__)
+    return pyarrow.parquet
+
+
+def read_delimited(pd, table, piece):
+    path = piece["path"]
+    delimiter = table.get("delimiter") or ","
+    header = bool(table.get("header"))
+    options = {"encoding": table.get("encoding") or "utf-8",
+               "header": 0 if header else None,
+               "keep_default_na": False}
+    if len(delimiter) == 1:
+        options["sep"] = delimiter
+        # Infer each column's type from the whole piece, not chunk by chunk (which can leave a
+        # column with ints in one part and strings in another, with a DtypeWarning).
+        options["low_memory"] = False
+    else:  # pandas takes a longer separator for a regular expression
+        options["sep"] = re.escape(delimiter)
+        options["engine"] = "python"
+    if table.get("empty_as_string"):
+        options["na_filter"] = False
+    else:
+        options["na_values"] = [""]
+    if os.path.getsize(path) == 0:
+        return pd.DataFrame(), False
+    try:
+        df = pd.read_csv(path, **options)
+    except pd.errors.EmptyDataError:  # only blank lines
+        return pd.DataFrame(), False
+    if not header:
+        df.columns = ["Column%d" % (i + 1) for i in range(len(df.columns))]
+    return df, True
+
+
+def read_json_lines(pd, table, piece):
+    drop = table.get("invalid_lines") == "drop"
+    records = []
+    with open(piece["path"], "r", encoding=table.get("encoding") or "utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            elif not drop:
+                preview = line.strip()
+                if len(preview) > 80:
+                    preview = preview[:80] + "..."
+                raise InputError(
+                    "%s: line %d of this mini-batch's piece of the file is not a JSON object: "
+                    "%s (read_json_lines' invalid_lines: drop skips such lines)"
+                    % (piece.get("url"), number, preview),
+                    exception="ValueError")
+    if not records:
+        return pd.DataFrame(), False
+    return pd.DataFrame.from_records(records), True
+
+
+def read_parquet(pd, table, piece):
+    parquet = import_parquet()
+    source = parquet.ParquetFile(piece["path"])
+    row_groups = piece.get("row_groups")
+    if row_groups is None:
+        data = source.read()
+    else:
+        first, last = row_groups
+        data = source.read_row_groups(list(range(first, last)))
+    df = data.to_pandas()
+    if any(name is not None for name in df.index.names):
+        df = df.reset_index()  # a named index written by pandas is data
+    return df, True
+
+
+READERS = {"delimited": read_delimited, "json_lines": read_json_lines, "parquet": read_parquet}
+
+# Exceptions that say the data is bad (undecodable, rows pandas refuses, not Parquet): reported
+# without a traceback. pandas' ParserError and pyarrow's ArrowInvalid are ValueErrors, its IO
+# errors OSErrors.
+DATA_ERRORS = (ValueError, UnicodeError, OSError)
+
+
+def added_columns(table, piece):
+    """The columns batchfleet adds to a piece's rows, as (name, value), in order."""
+    added = list((piece.get("path_columns") or {}).items())
+    if table.get("include_path_column"):
+        added.append(("Path", piece.get("url")))
+    return added
+
+
+def read_piece(pd, table, piece, reader):
+    """One piece as a DataFrame: its rows (after skip / take), then its path columns and Path.
+
+    Returns (frame, known): `known` is False when the piece had nothing to say about its
+    columns (an empty file)."""
+    try:
+        df, known = reader(pd, table, piece)
+    except InputError:
+        raise
+    except Exception as exc:
+        url = piece.get("url") or piece.get("path")
+        message = ("reading %s (this mini-batch's piece of it) failed: %s: %s"
+                   % (url, type(exc).__name__, str(exc).strip()))
+        details = None if isinstance(exc, DATA_ERRORS) else traceback.format_exc()
+        raise InputError(message, exception=type(exc).__name__, traceback=details)
+    skip, take = piece.get("skip_rows") or 0, piece.get("take_rows")
+    added = added_columns(table, piece)
+    if skip or take is not None:
+        df = df.iloc[skip:] if take is None else df.iloc[skip:skip + take]
+        if added:
+            df = df.copy()  # a slice of the piece's frame; columns are added below
+    text = pd.Series(["text"]).dtype  # pandas' default for strings: str (3.x) or object
+    for column, value in added:
+        df[column] = pd.Series([value] * len(df), index=df.index, dtype=text)
+    return df, known
+
+
+def combine(pd, frames, added):
+    """Concatenate pieces, combining columns by name: the data columns in order of first
+    appearance, then the `added` ones (path columns, Path)."""
+    data, extra = [], []
+    seen = set()
+    for df in frames:
+        for column in df.columns:
+            if column not in seen:
+                seen.add(column)
+                (extra if column in added else data).append(column)
+    if "Path" in extra:
+        extra.remove("Path")
+        extra.append("Path")
+    columns = data + extra
+    filled = [df for df in frames if len(df)]
+    if not filled:
+        # No rows: each column keeps the type of the first piece that has it.
+        empty = {}
+        for df in frames:
+            for column in df.columns:
+                if column not in empty:
+                    empty[column] = df[column].iloc[0:0].reset_index(drop=True)
+        return pd.DataFrame({column: empty[column] for column in columns})
+    if len(filled) == 1:
+        df = filled[0].reset_index(drop=True)
+    else:
+        df = pd.concat(filled, ignore_index=True, sort=False)
+    if list(df.columns) != columns:
+        df = df.reindex(columns=columns)
+    return df
+
+
+def apply_column_steps(pd, df, steps, known):
+    """keep_columns / drop_columns in order. `known`: whether any piece said what its columns
+    are; when none did (no pieces, only empty files) missing columns are no error: keep adds
+    them empty, drop ignores them."""
+    for step in steps:
+        ((name, wanted),) = step.items()
+        wanted = list(wanted)
+        if name not in ("keep", "drop"):
+            raise InputError("unknown column step %r (expected keep or drop)" % (name,))
+        missing = [c for c in wanted if c not in df.columns]
+        if missing and known:
+            raise InputError(
+                "%s_columns: this mini-batch has no column %s; its columns are: %s"
+                % (name, ", ".join(repr(c) for c in missing),
+                   ", ".join(repr(c) for c in df.columns) or "(none)"),
+                exception="KeyError")
+        if name == "keep":
+            for column in missing:
+                df[column] = pd.Series(dtype=object)
+            keep = set(wanted)
+            df = df[[c for c in df.columns if c in keep]]
+        else:
+            df = df.drop(columns=[c for c in wanted if c not in missing])
+    return df
+
+
+def read_table(table):
+    """The tabular mini-batch `table` (a run request's `table`) as one pandas DataFrame."""
+    pd = import_pandas()
+    reader = READERS.get(table.get("format"))
+    if reader is None:
+        raise InputError("unknown table format %r (expected delimited, json_lines or parquet)"
+                         % (table.get("format"),))
+    frames = []
+    added = set()
+    known = False
+    for piece in table.get("pieces") or []:
+        df, piece_known = read_piece(pd, table, piece, reader)
+        frames.append(df)
+        added.update(name for name, _ in added_columns(table, piece))
+        known = known or piece_known
+    df = combine(pd, frames, added)
+    if not frames and table.get("include_path_column"):
+        df["Path"] = pd.Series(dtype=pd.Series(["text"]).dtype)
+    return apply_column_steps(pd, df, table.get("column_steps") or [], known)
+
+
 def exception_fields(exc):
     return {
         "exception": type(exc).__name__,
@@ -110,7 +351,7 @@ def wants_context(run):
 
 
 def is_dataframe(result):
-    # Duck-typed so that pandas is only imported by the user's own code.
+    # Duck-typed so that a file-list job never imports pandas (only its own code may).
     return (type(result).__module__.split(".")[0] == "pandas"
             and hasattr(result, "to_csv") and hasattr(result, "columns"))
 
@@ -139,31 +380,61 @@ def write_rows(result, output):
                     % ("None" if result is None else type(result).__name__))
 
 
+def load_table(protocol, batch_id, table):
+    """The DataFrame of a tabular mini-batch, or None after sending its input_error."""
+    try:
+        return read_table(table)
+    except InputError as exc:
+        sys.stderr.write("batchfleet: %s\n" % exc)
+        if exc.traceback:
+            sys.stderr.write(exc.traceback)
+        protocol.send("error", batch_id=batch_id, kind="input_error", exception=exc.exception,
+                      message=str(exc), traceback=exc.traceback)
+    except Exception as exc:  # not plainly about the data: keep the whole story
+        sys.stderr.write(traceback.format_exc())
+        fields = exception_fields(exc)
+        fields["message"] = "reading the mini-batch failed: %s" % fields["message"]
+        protocol.send("error", batch_id=batch_id, kind="input_error", **fields)
+    return None
+
+
 def serve_run(protocol, module, pass_context, request):
     batch_id = request.get("batch_id")
-    items = list(request.get("items") or [])
     context = MiniBatchContext(request.get("context") or {})
+    table = request.get("table")
+    # items_in only travels for tabular batches: a file list's answers stay as they were.
+    extra = {}
+    if table is not None:
+        mini_batch = load_table(protocol, batch_id, table)
+        if mini_batch is None:
+            return
+        extra["items_in"] = len(mini_batch)
+    else:
+        mini_batch = list(request.get("items") or [])
     try:
         if pass_context:
-            result = module.run(items, context)
+            result = module.run(mini_batch, context)
         else:
-            result = module.run(items)
+            result = module.run(mini_batch)
     except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail the batch
         sys.stderr.write(traceback.format_exc())
-        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc))
+        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc),
+                      **extra)
         return
     try:
         items_out, rows, header = write_rows(result, request["output"])
     except BadReturn as exc:
         sys.stderr.write("batchfleet: %s\n" % exc)
         protocol.send("error", batch_id=batch_id, kind="bad_return", exception=None,
-                      message=str(exc), traceback=None)
+                      message=str(exc), traceback=None, **extra)
         return
     except Exception as exc:
         sys.stderr.write(traceback.format_exc())
-        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc))
+        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc),
+                      **extra)
         return
-    protocol.send("done", batch_id=batch_id, items_out=items_out, rows=rows, header=header)
+    protocol.send("done", batch_id=batch_id, items_out=items_out, rows=rows, header=header,
+                  **extra)
 
 
 def serve_shutdown(protocol, module):
@@ -190,6 +461,21 @@ def main(argv):
     sys.argv = [entry_script] + script_args
     # The driver's own folder must not shadow the user's modules.
     sys.path[0] = code_dir
+
+    if tabular_job():
+        # Before the entry script, so a missing pandas reads as what it is, not as an
+        # ImportError deep inside the user's imports or a failure of every batch.
+        try:
+            import_pandas()
+        except InputError as exc:
+            sys.stderr.write("batchfleet: %s\n" % exc)
+            protocol.send("init_error", exception="ModuleNotFoundError", message=str(exc),
+                          traceback=None)
+            return 1
+        except BaseException as exc:  # pandas is there but broken (e.g. a numpy mismatch)
+            sys.stderr.write(traceback.format_exc())
+            protocol.send("init_error", **exception_fields(exc))
+            return 1
 
     try:
         module = load_entry_script(code_dir, entry_script)

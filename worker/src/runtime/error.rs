@@ -14,15 +14,23 @@ pub struct UserFailure {
     pub exception: Option<String>,
     pub message: String,
     pub traceback: Option<String>,
+    /// Tabular mini-batches: the rows read before `run()` failed; `None` for file lists, and
+    /// when the data itself could not be read ([`UserFailureKind::InputError`]).
+    pub items_in: Option<u64>,
 }
 
 impl UserFailure {
-    pub(crate) fn from_fields(kind: UserFailureKind, fields: ErrorFields) -> Self {
+    pub(crate) fn from_fields(
+        kind: UserFailureKind,
+        fields: ErrorFields,
+        items_in: Option<u64>,
+    ) -> Self {
         UserFailure {
             kind,
             exception: fields.exception,
             message: fields.message,
             traceback: fields.traceback,
+            items_in,
         }
     }
 }
@@ -30,8 +38,11 @@ impl UserFailure {
 impl std::fmt::Display for UserFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.exception {
-            Some(exception) => write!(f, "{exception}: {}", self.message),
-            None => f.write_str(&self.message),
+            // An input error's message already says what went wrong, and with which file.
+            Some(exception) if self.kind != UserFailureKind::InputError => {
+                write!(f, "{exception}: {}", self.message)
+            }
+            _ => f.write_str(&self.message),
         }
     }
 }
@@ -97,4 +108,33 @@ impl RuntimeError {
 /// A missing or non-executable interpreter: the worker's setup, not a passing condition.
 fn is_setup_problem(error: &std::io::Error) -> bool {
     matches!(error.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(kind: UserFailureKind, exception: Option<&str>, message: &str) -> UserFailure {
+        UserFailure {
+            kind,
+            exception: exception.map(str::to_string),
+            message: message.into(),
+            traceback: None,
+            items_in: None,
+        }
+    }
+
+    #[test]
+    fn failures_display_their_exception_unless_the_message_says_it_all() {
+        let raised = failure(UserFailureKind::UserError, Some("ValueError"), "bad pixel");
+        assert_eq!(raised.to_string(), "ValueError: bad pixel");
+        let returned = failure(UserFailureKind::BadReturn, None, "run() must return a list");
+        assert_eq!(returned.to_string(), "run() must return a list");
+        let input = failure(
+            UserFailureKind::InputError,
+            Some("ParserError"),
+            "reading s3://b/t.csv (this mini-batch's piece of it) failed: ParserError: …",
+        );
+        assert!(input.to_string().starts_with("reading s3://b/t.csv"), "{input}");
+    }
 }

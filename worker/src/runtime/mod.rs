@@ -16,13 +16,20 @@ use std::time::Duration;
 
 pub use error::{RuntimeError, UserFailure};
 pub use process::RuntimeProcess;
-pub use protocol::{MiniBatchContext, UserFailureKind};
+pub use protocol::{
+    MiniBatchContext, TablePieceRequest, TableRequest, TableRequestFormat, UserFailureKind,
+};
 
 /// The Python driver that loads an entry script and speaks the protocol.
 pub const PYTHON_DRIVER: &str = include_str!("driver.py");
 
 /// The file name the driver is installed under (versioned, so an old copy is never reused).
 pub const DRIVER_FILE_NAME: &str = "batchfleet_driver_v1.py";
+
+/// The environment variable (value `1`) that tells the driver the job reads tabular data, so
+/// it imports pandas before loading the entry script and reports a missing pandas as an init
+/// error instead of failing every batch.
+pub const TABULAR_ENV: &str = "BATCHFLEET_TABULAR";
 
 /// Lines of the runtime's stderr kept in memory for crash reports.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -68,11 +75,13 @@ pub struct RuntimeConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRequest {
     pub batch_id: String,
-    /// Local file paths.
+    /// Local file paths (empty for a tabular mini-batch).
     pub items: Vec<String>,
     pub context: MiniBatchContext,
     /// Local file the result rows are written to.
     pub output: PathBuf,
+    /// A tabular mini-batch: `run()` gets its pieces as one pandas DataFrame.
+    pub table: Option<TableRequest>,
 }
 
 /// How a `run()` call ended, when the process itself is still healthy.
@@ -92,4 +101,7 @@ pub struct RunSuccess {
     pub rows: u64,
     /// The DataFrame header line, when `run()` returned a DataFrame.
     pub header: Option<String>,
+    /// Tabular mini-batches: the rows of the DataFrame `run()` got (the batch's item count);
+    /// `None` for file lists.
+    pub items_in: Option<u64>,
 }

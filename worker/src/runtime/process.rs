@@ -57,6 +57,7 @@ impl RuntimeProcess {
                 Err(RuntimeError::InitFailed(UserFailure::from_fields(
                     UserFailureKind::UserError,
                     fields,
+                    None,
                 )))
             }
             Ok(Ok(None)) => Err(process.crashed().await),
@@ -84,6 +85,7 @@ impl RuntimeProcess {
             items: request.items,
             context: request.context,
             output: request.output,
+            table: request.table.map(Box::new),
         })
         .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         if self.send(&line).await.is_err() {
@@ -94,15 +96,19 @@ impl RuntimeProcess {
                 self.kill().await;
                 Err(RuntimeError::Timeout { secs: whole_secs(timeout) })
             }
-            Ok(Ok(Some(Response::Done { batch_id: answered, items_out, rows, header })))
-                if answered == batch_id =>
-            {
-                Ok(RunOutcome::Succeeded(RunSuccess { items_out, rows, header }))
+            Ok(Ok(Some(Response::Done {
+                batch_id: answered,
+                items_out,
+                rows,
+                header,
+                items_in,
+            }))) if answered == batch_id => {
+                Ok(RunOutcome::Succeeded(RunSuccess { items_out, rows, header, items_in }))
             }
-            Ok(Ok(Some(Response::Error { batch_id: answered, kind, error })))
+            Ok(Ok(Some(Response::Error { batch_id: answered, kind, error, items_in })))
                 if answered == batch_id =>
             {
-                Ok(RunOutcome::Failed(UserFailure::from_fields(kind, error)))
+                Ok(RunOutcome::Failed(UserFailure::from_fields(kind, error, items_in)))
             }
             Ok(Ok(None)) => Err(self.crashed().await),
             Ok(Ok(Some(other))) => Err(self

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use batchfleet_common::table::{ColumnStep, HeaderMode, InvalidLines, TableFormat, TableRead};
 use serde::{Deserialize, Serialize};
 
 /// The protocol version this worker speaks.
@@ -32,6 +33,140 @@ impl MiniBatchContext {
             global_row_index_lower_bound: 0,
         }
     }
+
+    /// The context of a tabular mini-batch: its partition's key values (empty unless the job
+    /// has `partition_keys`) and the index of its first row in the whole table.
+    pub fn for_table(
+        index: u64,
+        partition_key_value: &BTreeMap<String, String>,
+        global_row_index_lower_bound: u64,
+    ) -> Self {
+        MiniBatchContext {
+            minibatch_index: index,
+            partition_key_value: partition_key_value
+                .iter()
+                .map(|(key, value)| (key.clone(), serde_json::Value::String(value.clone())))
+                .collect(),
+            global_row_index_lower_bound,
+        }
+    }
+}
+
+/// A tabular mini-batch: the runtime reads its pieces (local files the worker wrote) into one
+/// pandas DataFrame and passes that to `run()` instead of a file list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableRequest {
+    pub format: TableRequestFormat,
+    /// Delimited: the field separator (any length; taken literally).
+    #[serde(default)]
+    pub delimiter: String,
+    /// Delimited and JSON Lines: the Python codec name of the local files (`utf-8`,
+    /// `utf-8-sig`, `latin-1`, `cp1252`, `ascii`, `utf-16`).
+    #[serde(default = "default_encoding")]
+    pub encoding: String,
+    /// Delimited: every piece's local file starts with the header line naming its columns;
+    /// without one the columns are `Column1`, `Column2`, ….
+    #[serde(default)]
+    pub header: bool,
+    /// Delimited: empty fields are `""` instead of missing values (NaN).
+    #[serde(default)]
+    pub empty_as_string: bool,
+    /// JSON Lines: what a line that is not a JSON object does (fail the batch, or is dropped).
+    #[serde(default = "default_invalid_lines")]
+    pub invalid_lines: InvalidLines,
+    /// Add a `Path` column holding each row's file URL.
+    #[serde(default)]
+    pub include_path_column: bool,
+    /// `keep_columns` / `drop_columns` (`{"keep": [...]}`, `{"drop": [...]}`), applied in order
+    /// to the whole mini-batch once its pieces are combined.
+    #[serde(default)]
+    pub column_steps: Vec<ColumnStep>,
+    /// The mini-batch's pieces in order; their rows are concatenated (columns by name).
+    #[serde(default)]
+    pub pieces: Vec<TablePieceRequest>,
+}
+
+/// How a [`TableRequest`]'s pieces are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TableRequestFormat {
+    /// `pandas.read_csv` with the request's delimiter, encoding and header.
+    Delimited,
+    /// One JSON object per line.
+    JsonLines,
+    /// `pyarrow.parquet` (whole file, or the piece's row groups).
+    Parquet,
+}
+
+/// One piece of a tabular mini-batch, as a local file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TablePieceRequest {
+    /// The local file holding the piece's records (delimited / JSON Lines: with the header line
+    /// first when [`TableRequest::header`] is set), or the whole Parquet file.
+    pub path: PathBuf,
+    /// The file's original URL: the `Path` column's value, and named in read errors.
+    pub url: String,
+    /// Partition-format columns added to every row of the piece (string values), after its
+    /// data columns.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub path_columns: BTreeMap<String, String>,
+    /// Parquet: read only the row groups `[first, last)`; `None` reads the whole file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_groups: Option<[u64; 2]>,
+    /// Rows dropped from the start of the piece, before `take_rows`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skip_rows: u64,
+    /// Rows kept after `skip_rows` (all when `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub take_rows: Option<u64>,
+}
+
+impl TableRequest {
+    /// The request for a table read the way `read` says, over `pieces`; `None` for an MLTable
+    /// without a read transformation (a file list). With a header mode other than `no_header`
+    /// the caller writes the header line at the top of every piece's local file (for
+    /// `from_first_file`, the first file's), so `header` is set for all of them.
+    pub fn from_read(read: &TableRead, pieces: Vec<TablePieceRequest>) -> Option<TableRequest> {
+        let mut request = TableRequest {
+            format: TableRequestFormat::Delimited,
+            delimiter: String::new(),
+            encoding: default_encoding(),
+            header: false,
+            empty_as_string: false,
+            invalid_lines: default_invalid_lines(),
+            include_path_column: read.include_path_column,
+            column_steps: read.column_steps.clone(),
+            pieces,
+        };
+        match &read.format {
+            TableFormat::FileList => return None,
+            TableFormat::Delimited { delimiter, encoding, header, empty_as_string, .. } => {
+                request.delimiter = delimiter.clone();
+                request.encoding = encoding.python_codec().to_string();
+                request.header = *header != HeaderMode::NoHeader;
+                request.empty_as_string = *empty_as_string;
+            }
+            TableFormat::JsonLines { encoding, invalid_lines } => {
+                request.format = TableRequestFormat::JsonLines;
+                request.encoding = encoding.python_codec().to_string();
+                request.invalid_lines = *invalid_lines;
+            }
+            TableFormat::Parquet => request.format = TableRequestFormat::Parquet,
+        }
+        Some(request)
+    }
+}
+
+fn default_encoding() -> String {
+    "utf-8".into()
+}
+
+fn default_invalid_lines() -> InvalidLines {
+    InvalidLines::Error
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Worker → runtime.
@@ -45,6 +180,9 @@ pub enum Request {
         context: MiniBatchContext,
         /// Local file the runtime writes the result rows to (created or truncated).
         output: PathBuf,
+        /// A tabular mini-batch (`items` is then empty): `run()` gets one DataFrame.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        table: Option<Box<TableRequest>>,
     },
     Shutdown,
 }
@@ -73,12 +211,18 @@ pub enum Response {
         rows: u64,
         /// The DataFrame header line, when `run()` returned a DataFrame.
         header: Option<String>,
+        /// Tabular mini-batches: the rows of the DataFrame passed to `run()`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        items_in: Option<u64>,
     },
     Error {
         batch_id: String,
         kind: UserFailureKind,
         #[serde(flatten)]
         error: ErrorFields,
+        /// Tabular mini-batches: the rows read, when reading succeeded before the failure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        items_in: Option<u64>,
     },
     /// Answer to `shutdown`; `error` is set when the script's `shutdown()` raised.
     Bye { error: Option<ErrorFields> },
@@ -94,6 +238,10 @@ pub enum UserFailureKind {
     UserError,
     /// `run()` returned something other than a list, tuple or DataFrame.
     BadReturn,
+    /// A tabular mini-batch's data could not be read into a DataFrame (undecodable text, rows
+    /// pandas refuses, an invalid JSON line, a missing column in `keep_columns` /
+    /// `drop_columns`, no pyarrow for Parquet); `run()` was not called.
+    InputError,
 }
 
 /// An exception, as the runtime reports it.
@@ -155,12 +303,15 @@ mod tests {
             items: vec!["/data/a.txt".into()],
             context: MiniBatchContext::for_files(2),
             output: PathBuf::from("/tmp/out"),
+            table: None,
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["v"], 1);
         assert_eq!(value["type"], "run");
         assert_eq!(value["context"]["minibatch_index"], 2);
+        // A file list's request is what it was before tabular batches existed.
+        assert!(value.get("table").is_none(), "{line}");
         assert!(line.ends_with('\n'));
         assert_eq!(encode(&Request::Shutdown).unwrap(), "{\"v\":1,\"type\":\"shutdown\"}\n");
     }
@@ -171,13 +322,140 @@ mod tests {
             decode(r#"{"v":1,"type":"done","batch_id":"7","items_out":3,"rows":3,"header":null}"#);
         assert_eq!(
             done,
-            Ok(Response::Done { batch_id: "7".into(), items_out: 3, rows: 3, header: None })
+            Ok(Response::Done {
+                batch_id: "7".into(),
+                items_out: 3,
+                rows: 3,
+                header: None,
+                items_in: None
+            })
         );
+        let done = decode(
+            r#"{"v":1,"type":"done","batch_id":"7","items_out":3,"rows":3,"header":"a b","items_in":5}"#,
+        );
+        assert!(matches!(done, Ok(Response::Done { items_in: Some(5), .. })), "{done:?}");
         let error = decode(
             r#"{"v":1,"type":"error","batch_id":"7","kind":"bad_return","exception":null,"message":"m","traceback":null}"#,
         )
         .unwrap();
-        assert!(matches!(error, Response::Error { kind: UserFailureKind::BadReturn, .. }));
+        assert!(matches!(
+            error,
+            Response::Error { kind: UserFailureKind::BadReturn, items_in: None, .. }
+        ));
+        let error = decode(
+            r#"{"v":1,"type":"error","batch_id":"7","kind":"input_error","exception":"ParserError","message":"m","traceback":null,"items_in":null}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            error,
+            Response::Error { kind: UserFailureKind::InputError, items_in: None, .. }
+        ));
+        let error = decode(
+            r#"{"v":1,"type":"error","batch_id":"7","kind":"user_error","exception":"E","message":"m","traceback":"t","items_in":4}"#,
+        )
+        .unwrap();
+        let Response::Error { items_in, error, .. } = error else { panic!("{error:?}") };
+        assert_eq!(items_in, Some(4));
+        assert_eq!(error.traceback.as_deref(), Some("t"));
+    }
+
+    fn read(format: TableFormat) -> TableRead {
+        TableRead {
+            format,
+            include_path_column: true,
+            partition_format: None,
+            column_steps: vec![ColumnStep::Keep(vec!["a".into()]), ColumnStep::Drop(vec![])],
+            row_steps: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn table_requests_encode_as_documented() {
+        use batchfleet_common::table::TextEncoding;
+        let piece = TablePieceRequest {
+            path: "/scratch/p0.csv".into(),
+            url: "s3://b/t/x.csv".into(),
+            path_columns: BTreeMap::from([("Store".into(), "S1".into())]),
+            row_groups: None,
+            skip_rows: 2,
+            take_rows: Some(10),
+        };
+        let table = TableRequest::from_read(
+            &read(TableFormat::Delimited {
+                delimiter: ";".into(),
+                encoding: TextEncoding::Windows1252,
+                header: HeaderMode::FromFirstFile,
+                empty_as_string: true,
+                support_multi_line: false,
+            }),
+            vec![piece],
+        )
+        .expect("a delimited read is a table");
+        let line = encode(&Request::Run {
+            batch_id: "00000001".into(),
+            items: Vec::new(),
+            context: MiniBatchContext::for_table(
+                1,
+                &BTreeMap::from([("Store".into(), "S1".into())]),
+                40,
+            ),
+            output: PathBuf::from("/tmp/out"),
+            table: Some(Box::new(table)),
+        })
+        .unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            value["table"],
+            serde_json::json!({
+                "format": "delimited", "delimiter": ";", "encoding": "cp1252", "header": true,
+                "empty_as_string": true, "invalid_lines": "error", "include_path_column": true,
+                "column_steps": [{"keep": ["a"]}, {"drop": []}],
+                "pieces": [{"path": "/scratch/p0.csv", "url": "s3://b/t/x.csv",
+                            "path_columns": {"Store": "S1"}, "skip_rows": 2, "take_rows": 10}]
+            })
+        );
+        assert_eq!(value["context"]["partition_key_value"], serde_json::json!({"Store": "S1"}));
+        assert_eq!(value["context"]["global_row_index_lower_bound"], 40);
+        // Optional fields may be left out.
+        let minimal: TableRequest = serde_json::from_value(serde_json::json!({
+            "format": "parquet", "pieces": [{"path": "/p", "url": "file:///p", "row_groups": [1, 3]}]
+        }))
+        .unwrap();
+        assert_eq!(minimal.encoding, "utf-8");
+        assert_eq!(minimal.invalid_lines, InvalidLines::Error);
+        assert_eq!(minimal.pieces[0].row_groups, Some([1, 3]));
+        assert_eq!((minimal.pieces[0].skip_rows, minimal.pieces[0].take_rows), (0, None));
+    }
+
+    #[test]
+    fn table_requests_follow_the_read_transformation() {
+        use batchfleet_common::table::TextEncoding;
+        assert_eq!(TableRequest::from_read(&read(TableFormat::FileList), Vec::new()), None);
+        let no_header = TableRequest::from_read(
+            &read(TableFormat::Delimited {
+                delimiter: ",".into(),
+                encoding: TextEncoding::Utf8bom,
+                header: HeaderMode::NoHeader,
+                empty_as_string: false,
+                support_multi_line: false,
+            }),
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!((no_header.header, no_header.encoding.as_str()), (false, "utf-8-sig"));
+        let json = TableRequest::from_read(
+            &read(TableFormat::JsonLines {
+                encoding: TextEncoding::Latin1,
+                invalid_lines: InvalidLines::Drop,
+            }),
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(json.format, TableRequestFormat::JsonLines);
+        assert_eq!((json.encoding.as_str(), json.invalid_lines), ("latin-1", InvalidLines::Drop));
+        let parquet = TableRequest::from_read(&read(TableFormat::Parquet), Vec::new()).unwrap();
+        assert_eq!(parquet.format, TableRequestFormat::Parquet);
+        assert!(parquet.include_path_column);
     }
 
     #[test]

@@ -1,0 +1,588 @@
+//! Planning tabular inputs (MLTable) and partitioned folders: files, then pieces, then batches.
+//!
+//! Nothing here reads table data to cut it: byte ranges come from object sizes, Parquet row
+//! groups from each file's footer, partitions from the files' paths. Only `skip` / `take`
+//! make the planner count records, and then only as far into the table as the window reaches.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+
+use batchfleet_common::job::{InputSpec, MiniBatchSize, ResolvedJob};
+use batchfleet_common::store::listing::list_in_key_order;
+use batchfleet_common::store::{self, object_url, StoreCache, StoreError};
+use batchfleet_common::table::mltable::parse_mltable;
+use batchfleet_common::table::parquet::row_groups;
+use batchfleet_common::table::partition::PartitionFormat;
+use batchfleet_common::table::pattern::PathPattern;
+use batchfleet_common::table::records::{count_records, read_records};
+use batchfleet_common::table::{
+    MlPath, MlTable, RowStep, TableBatch, TableFormat, TablePiece, TableRead,
+};
+
+use crate::error::ProducerError;
+use crate::plan::PlanWriter;
+
+/// The file an `mltable` input's folder must hold.
+pub const MLTABLE_FILE: &str = "MLTable";
+
+/// A file of the table, with the column values its path gives.
+#[derive(Debug, Clone)]
+struct TableFile {
+    url: String,
+    size: u64,
+    path_columns: BTreeMap<String, String>,
+}
+
+/// Plan an `mltable` input.
+pub(crate) async fn plan_table(
+    job: &ResolvedJob,
+    writer: &mut PlanWriter<'_>,
+) -> Result<(), ProducerError> {
+    let stores = StoreCache::default();
+    let table = load_mltable(&job.input).await?;
+    let mut files = list_table_files(&table, &stores).await?;
+    if files.is_empty() {
+        return Ok(());
+    }
+    if let Some(raw) = &table.read.partition_format {
+        let format = PartitionFormat::parse(raw).map_err(|e| {
+            ProducerError::Unsupported(format!("{}: partition format `{raw}`: {e}", table.file))
+        })?;
+        for file in &mut files {
+            file.path_columns = format.extract(&decoded_path(&file.url)).ok_or_else(|| {
+                ProducerError::Unsupported(format!(
+                    "{}: file `{}` does not fit the partition format `{raw}`",
+                    table.file, file.url
+                ))
+            })?;
+        }
+    }
+    let header_file = match &table.read.format {
+        TableFormat::Delimited {
+            header: batchfleet_common::table::HeaderMode::FromFirstFile,
+            ..
+        } => Some(files[0].url.clone()),
+        _ => None,
+    };
+    let mut planner = Planner {
+        read: table.read.clone(),
+        header_file,
+        stores: &stores,
+        window: RowWindow::new(&table.read.row_steps),
+        writer,
+    };
+    if !job.partition_keys.is_empty() {
+        let available = available_columns(&files);
+        let source = match &table.read.partition_format {
+            Some(format) => format!("the partition format `{format}` of {}", table.file),
+            None => format!("{} (it has no extract_columns_from_partition_format)", table.file),
+        };
+        check_partition_keys(&job.partition_keys, &available, &source)?;
+        return planner.by_partition(&job.partition_keys, files).await;
+    }
+    planner.by_size(job.mini_batch_size, files).await
+}
+
+/// Plan a `uri_folder` input with `partition_keys`: files grouped by the `key=value` folders of
+/// their paths (Hive-style), one batch per distinct key tuple.
+pub(crate) async fn plan_folder_partitions(
+    job: &ResolvedJob,
+    writer: &mut PlanWriter<'_>,
+) -> Result<(), ProducerError> {
+    let stores = StoreCache::default();
+    let input = store::open_str(&job.input.url)?;
+    let mut files = Vec::new();
+    let mut listing = list_in_key_order(&input);
+    while let Some(meta) = listing.try_next().await? {
+        let url = object_url(&input, &meta.location);
+        let rel = meta.location.as_ref().strip_prefix(input.prefix.as_ref()).unwrap_or_default();
+        files.push(TableFile { url, size: meta.size, path_columns: hive_columns(rel) });
+    }
+    if files.is_empty() {
+        return Ok(());
+    }
+    let available = available_columns(&files);
+    let source = format!(
+        "the `key=value` folders of input `{}` ({}); a uri_folder's partitions come from folder names such as `Store=S1/`",
+        job.input.name, job.input.url
+    );
+    check_partition_keys(&job.partition_keys, &available, &source)?;
+    let read = TableRead {
+        format: TableFormat::FileList,
+        include_path_column: false,
+        partition_format: None,
+        column_steps: Vec::new(),
+        row_steps: Vec::new(),
+    };
+    let mut planner =
+        Planner { read, header_file: None, stores: &stores, window: RowWindow::new(&[]), writer };
+    planner.by_partition(&job.partition_keys, files).await
+}
+
+/// Read and parse `<input>/MLTable`.
+async fn load_mltable(input: &InputSpec) -> Result<MlTable, ProducerError> {
+    let folder =
+        if input.url.ends_with('/') { input.url.clone() } else { format!("{}/", input.url) };
+    let folder_url = url::Url::parse(&folder).map_err(|e| StoreError::InvalidLocation {
+        location: folder.clone(),
+        reason: e.to_string(),
+    })?;
+    let file_url = folder_url.join(MLTABLE_FILE).map_err(|e| StoreError::InvalidLocation {
+        location: folder.clone(),
+        reason: e.to_string(),
+    })?;
+    let location = store::open(&file_url)?;
+    let bytes = match location.store.get(&location.prefix).await {
+        Ok(got) => got.bytes().await.map_err(|e| StoreError::io("read", &location.prefix, e))?,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(ProducerError::Unsupported(format!(
+                "input `{}` is an mltable, but `{file_url}` does not exist: an mltable input \
+                 points at a folder holding an `MLTable` file",
+                input.name
+            )))
+        }
+        Err(e) => return Err(StoreError::io("get", &location.prefix, e).into()),
+    };
+    let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
+        ProducerError::Unsupported(format!("{file_url}: the MLTable file is not UTF-8 text"))
+    })?;
+    Ok(parse_mltable(&text, &file_url)?)
+}
+
+/// The table's files, path by path, each path's files in key order.
+async fn list_table_files(
+    table: &MlTable,
+    stores: &StoreCache,
+) -> Result<Vec<TableFile>, ProducerError> {
+    let mut files = Vec::new();
+    for path in &table.paths {
+        let found = files.len();
+        match path {
+            MlPath::File(url) => {
+                let (store, key) = stores.object(url)?;
+                let meta = store.head(&key).await.map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => ProducerError::Unsupported(format!(
+                        "{}: paths: file `{url}` does not exist",
+                        table.file
+                    )),
+                    e => StoreError::io("head", &key, e).into(),
+                })?;
+                files.push(TableFile {
+                    url: url.clone(),
+                    size: meta.size,
+                    path_columns: BTreeMap::new(),
+                });
+            }
+            MlPath::Folder(url) => {
+                let location = store::open_str(url)?;
+                let mut listing = list_in_key_order(&location);
+                while let Some(meta) = listing.try_next().await? {
+                    files.push(TableFile {
+                        url: object_url(&location, &meta.location),
+                        size: meta.size,
+                        path_columns: BTreeMap::new(),
+                    });
+                }
+            }
+            MlPath::Pattern(raw) => {
+                let pattern = PathPattern::parse(raw).map_err(|mut e| {
+                    e.file.clone_from(&table.file);
+                    e
+                })?;
+                let location = store::open_str(&pattern.base)?;
+                let prefix = location.prefix.as_ref().to_string();
+                let mut listing = list_in_key_order(&location);
+                while let Some(meta) = listing.try_next().await? {
+                    let key = meta.location.as_ref();
+                    let rel = key.strip_prefix(&prefix).unwrap_or(key).trim_start_matches('/');
+                    if pattern.matches(rel) {
+                        files.push(TableFile {
+                            url: object_url(&location, &meta.location),
+                            size: meta.size,
+                            path_columns: BTreeMap::new(),
+                        });
+                    }
+                }
+            }
+        }
+        tracing::debug!(?path, files = files.len() - found, "MLTable path listed");
+    }
+    Ok(files)
+}
+
+/// The object path of a URL, percent-decoded (partition values are matched against it).
+fn decoded_path(url: &str) -> String {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| object_store::path::Path::from_url_path(u.path()).ok())
+        .map_or_else(|| url.to_string(), |p| p.to_string())
+}
+
+/// Column values from `key=value` folders of a relative key.
+fn hive_columns(rel: &str) -> BTreeMap<String, String> {
+    let folders = rel.rsplit_once('/').map_or("", |(folders, _)| folders);
+    folders
+        .split('/')
+        .filter_map(|part| part.split_once('='))
+        .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Columns every file's path gives.
+fn available_columns(files: &[TableFile]) -> BTreeSet<String> {
+    let mut files = files.iter();
+    let Some(first) = files.next() else { return BTreeSet::new() };
+    let mut common: BTreeSet<String> = first.path_columns.keys().cloned().collect();
+    for file in files {
+        common.retain(|k| file.path_columns.contains_key(k));
+    }
+    common
+}
+
+fn check_partition_keys(
+    keys: &[String],
+    available: &BTreeSet<String>,
+    source: &str,
+) -> Result<(), ProducerError> {
+    for key in keys {
+        if !available.contains(key) {
+            let names: Vec<&str> = available.iter().map(String::as_str).collect();
+            let names = if names.is_empty() { "none".to_string() } else { names.join(", ") };
+            return Err(ProducerError::Unsupported(format!(
+                "partition_keys: `{key}` is not a column of {source}; available: {names}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Cuts files into tabular batches and hands them to the plan writer.
+struct Planner<'w, 'a> {
+    read: TableRead,
+    header_file: Option<String>,
+    stores: &'a StoreCache,
+    window: RowWindow,
+    writer: &'a mut PlanWriter<'w>,
+}
+
+/// A piece, with its row count when it is known without reading data (Parquet).
+type Planned = (TablePiece, Option<u64>);
+
+impl Planner<'_, '_> {
+    /// One batch per distinct tuple of `keys`, whatever its size, in key order.
+    async fn by_partition(
+        &mut self,
+        keys: &[String],
+        files: Vec<TableFile>,
+    ) -> Result<(), ProducerError> {
+        let mut groups: BTreeMap<Vec<String>, Vec<TableFile>> = BTreeMap::new();
+        for file in files {
+            let tuple = keys.iter().map(|k| file.path_columns[k].clone()).collect();
+            groups.entry(tuple).or_default().push(file);
+        }
+        for (values, files) in groups {
+            let partition: BTreeMap<String, String> = keys.iter().cloned().zip(values).collect();
+            let pieces = files.into_iter().map(|f| (whole_file(f), None)).collect();
+            if self.emit(pieces, partition).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Byte ranges (line-oriented text), row groups (Parquet) or whole files, about `size`
+    /// each; a count groups that many whole files.
+    async fn by_size(
+        &mut self,
+        size: MiniBatchSize,
+        files: Vec<TableFile>,
+    ) -> Result<(), ProducerError> {
+        let limit = match size {
+            MiniBatchSize::Count(n) => return self.whole_files(files, n.max(1) as usize).await,
+            MiniBatchSize::Bytes(n) => n.max(1),
+        };
+        let format = self.read.format.clone();
+        for file in files {
+            let batches = match &format {
+                TableFormat::Parquet => self.row_group_pieces(file, limit).await?,
+                f if f.splits_by_bytes() => byte_ranges(file, limit),
+                _ => vec![vec![(whole_file(file), None)]],
+            };
+            for pieces in batches {
+                if self.emit(pieces, BTreeMap::new()).await? {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn whole_files(
+        &mut self,
+        files: Vec<TableFile>,
+        per_batch: usize,
+    ) -> Result<(), ProducerError> {
+        let mut files = files.into_iter().peekable();
+        while files.peek().is_some() {
+            let pieces = files.by_ref().take(per_batch).map(|f| (whole_file(f), None)).collect();
+            if self.emit(pieces, BTreeMap::new()).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Consecutive row groups of one file, cut once their compressed size reaches `limit`.
+    async fn row_group_pieces(
+        &self,
+        file: TableFile,
+        limit: u64,
+    ) -> Result<Vec<Vec<Planned>>, ProducerError> {
+        let (store, key) = self.stores.object(&file.url)?;
+        let groups = row_groups(store.as_ref(), &key, file.size).await?;
+        let mut batches = Vec::new();
+        let (mut first, mut bytes, mut rows) = (0usize, 0u64, 0u64);
+        for (i, group) in groups.iter().enumerate() {
+            bytes += group.bytes;
+            rows += group.rows;
+            if bytes >= limit || i + 1 == groups.len() {
+                let piece = TablePiece {
+                    row_groups: Some([first as u64, i as u64 + 1]),
+                    start: 0,
+                    end: bytes,
+                    ..whole_file(file.clone())
+                };
+                batches.push(vec![(piece, Some(rows))]);
+                (first, bytes, rows) = (i + 1, 0, 0);
+            }
+        }
+        if groups.is_empty() {
+            let piece = TablePiece { row_groups: Some([0, 0]), end: 0, ..whole_file(file) };
+            batches.push(vec![(piece, Some(0))]);
+        }
+        Ok(batches)
+    }
+
+    /// Apply the row window and publish the batch; returns true once the window is closed
+    /// (nothing later can hold rows of it).
+    async fn emit(
+        &mut self,
+        pieces: Vec<Planned>,
+        partition_key_value: BTreeMap<String, String>,
+    ) -> Result<bool, ProducerError> {
+        let mut kept = Vec::with_capacity(pieces.len());
+        for (piece, rows) in pieces {
+            if self.window.closed() {
+                break;
+            }
+            if !self.window.needs_counting() {
+                kept.push(piece);
+                continue;
+            }
+            let rows = match rows {
+                Some(rows) => rows,
+                None => self.count_rows(&piece).await?,
+            };
+            if let Some(piece) = self.window.cut(piece, rows) {
+                kept.push(piece);
+            }
+        }
+        if !kept.is_empty() {
+            let batch = TableBatch {
+                read: self.read.clone(),
+                pieces: kept,
+                partition_key_value,
+                header_file: self.header_file.clone(),
+            };
+            self.writer.push_table(batch).await?;
+        }
+        Ok(self.window.closed())
+    }
+
+    /// The data rows of a piece, read from the store (only for `skip` / `take`).
+    async fn count_rows(&self, piece: &TablePiece) -> Result<u64, ProducerError> {
+        match &self.read.format {
+            TableFormat::FileList => return Ok(1),
+            TableFormat::Delimited { support_multi_line: true, .. } => {
+                return Err(ProducerError::Unsupported(
+                    "skip / take on delimited files with support_multi_line: true is not \
+                     supported: their rows cannot be counted from line breaks"
+                        .into(),
+                ))
+            }
+            f if !f.splits_by_bytes() => {
+                return Err(ProducerError::Unsupported(
+                    "skip / take on UTF-16 text is not supported".into(),
+                ))
+            }
+            _ => {}
+        }
+        let (store, key) = self.stores.object(&piece.url)?;
+        let bytes = read_records(store.as_ref(), &key, piece.size, piece.start, piece.end).await?;
+        let records = count_records(&bytes);
+        let probe = TableBatch {
+            read: self.read.clone(),
+            pieces: Vec::new(),
+            partition_key_value: BTreeMap::new(),
+            header_file: self.header_file.clone(),
+        };
+        let header = u64::from(piece.start == 0 && probe.file_starts_with_header(piece));
+        Ok(records.saturating_sub(header))
+    }
+}
+
+fn whole_file(file: TableFile) -> TablePiece {
+    TablePiece {
+        url: file.url,
+        size: file.size,
+        start: 0,
+        end: file.size,
+        row_groups: None,
+        path_columns: file.path_columns,
+        skip_rows: 0,
+        take_rows: None,
+    }
+}
+
+/// `[0, s), [s, 2s), …` of one file, one batch each; an empty file is one empty range.
+fn byte_ranges(file: TableFile, limit: u64) -> Vec<Vec<Planned>> {
+    if file.size == 0 {
+        return vec![vec![(whole_file(file), None)]];
+    }
+    let mut batches = Vec::new();
+    let mut start = 0;
+    while start < file.size {
+        let end = start.saturating_add(limit).min(file.size);
+        batches.push(vec![(TablePiece { start, end, ..whole_file(file.clone()) }, None)]);
+        start = end;
+    }
+    batches
+}
+
+/// The global rows `[lo, hi)` that `skip` / `take` leave, and how far the plan has counted.
+#[derive(Debug)]
+struct RowWindow {
+    counting: bool,
+    lo: u64,
+    hi: Option<u64>,
+    /// Rows of the table before the next piece.
+    row: u64,
+}
+
+impl RowWindow {
+    fn new(steps: &[RowStep]) -> Self {
+        let (mut lo, mut hi): (u64, Option<u64>) = (0, None);
+        for step in steps {
+            match *step {
+                RowStep::Skip(n) => {
+                    lo = lo.saturating_add(n);
+                    if let Some(h) = hi {
+                        lo = lo.min(h);
+                    }
+                }
+                RowStep::Take(n) => {
+                    let end = lo.saturating_add(n);
+                    hi = Some(hi.map_or(end, |h| h.min(end)));
+                }
+            }
+        }
+        RowWindow { counting: !steps.is_empty(), lo, hi, row: 0 }
+    }
+
+    /// Whether the next piece's rows must be counted to place it.
+    fn needs_counting(&self) -> bool {
+        self.counting && (self.row < self.lo || self.hi.is_some())
+    }
+
+    /// Whether every row of the window has been placed.
+    fn closed(&self) -> bool {
+        self.hi.is_some_and(|hi| self.row >= hi)
+    }
+
+    /// The part of a piece of `rows` rows that falls in the window.
+    fn cut(&mut self, mut piece: TablePiece, rows: u64) -> Option<TablePiece> {
+        let (first, last) = (self.row, self.row + rows);
+        self.row = last;
+        let from = first.max(self.lo);
+        let to = self.hi.map_or(last, |hi| hi.min(last));
+        if from >= to {
+            return None;
+        }
+        piece.skip_rows = from - first;
+        piece.take_rows = (to < last).then_some(to - from);
+        Some(piece)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece() -> TablePiece {
+        whole_file(TableFile {
+            url: "file:///t.csv".into(),
+            size: 10,
+            path_columns: BTreeMap::new(),
+        })
+    }
+
+    fn rows_of(window: &mut RowWindow, counts: &[u64]) -> Vec<Option<(u64, Option<u64>)>> {
+        counts.iter().map(|n| window.cut(piece(), *n).map(|p| (p.skip_rows, p.take_rows))).collect()
+    }
+
+    #[test]
+    fn skip_then_take_keeps_the_rows_after_the_skipped_ones() {
+        let mut window = RowWindow::new(&[RowStep::Skip(3), RowStep::Take(4)]);
+        assert_eq!((window.lo, window.hi), (3, Some(7)));
+        let got = rows_of(&mut window, &[2, 2, 2, 2, 2]);
+        assert_eq!(got, [None, Some((1, None)), Some((0, None)), Some((0, Some(1))), None]);
+        assert!(window.closed());
+    }
+
+    #[test]
+    fn take_then_skip_skips_inside_the_taken_rows() {
+        let window = RowWindow::new(&[RowStep::Take(10), RowStep::Skip(4)]);
+        assert_eq!((window.lo, window.hi), (4, Some(10)));
+        let window = RowWindow::new(&[RowStep::Take(3), RowStep::Skip(5)]);
+        assert_eq!((window.lo, window.hi), (3, Some(3)));
+    }
+
+    #[test]
+    fn a_skip_alone_stops_counting_once_passed() {
+        let mut window = RowWindow::new(&[RowStep::Skip(3)]);
+        assert!(window.needs_counting());
+        assert_eq!(window.cut(piece(), 5).map(|p| p.skip_rows), Some(3));
+        assert!(!window.needs_counting());
+        assert!(!window.closed());
+    }
+
+    #[test]
+    fn byte_ranges_cover_the_file_once() {
+        let file =
+            TableFile { url: "file:///t.csv".into(), size: 10, path_columns: BTreeMap::new() };
+        let ranges: Vec<(u64, u64)> =
+            byte_ranges(file, 4).iter().map(|b| (b[0].0.start, b[0].0.end)).collect();
+        assert_eq!(ranges, [(0, 4), (4, 8), (8, 10)]);
+    }
+
+    #[test]
+    fn hive_folders_give_columns() {
+        let cols = hive_columns("Store=S1/Brand=B2/part-0.csv");
+        assert_eq!(cols.get("Store").map(String::as_str), Some("S1"));
+        assert_eq!(cols.get("Brand").map(String::as_str), Some("B2"));
+        assert!(hive_columns("a=b.csv").is_empty());
+    }
+
+    #[test]
+    fn unknown_partition_keys_name_the_available_ones() {
+        let available: BTreeSet<String> = ["Brand".into(), "Store".into()].into();
+        let err =
+            check_partition_keys(&["Region".into()], &available, "the format `{Store}/{Brand}`")
+                .unwrap_err()
+                .to_string();
+        assert!(err.contains("`Region`") && err.contains("Brand, Store"), "{err}");
+    }
+}

@@ -1,0 +1,201 @@
+//! Loading a tabular mini-batch: each piece's records are read from the store (ranged reads,
+//! only the piece's own bytes and the end of its last record) into a local file that the
+//! runtime hands to pandas in one call. No row ever crosses the worker–runtime pipe.
+//!
+//! Delimited files get their header line written at the top of every piece's file (the
+//! file's own first line, or the first file's for `from_first_file`), so every range is read
+//! with the same column names; the header line is read once per file and cached.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use object_store::ObjectStoreExt;
+use url::Url;
+
+use batchfleet_common::store::{self, StoreCache, StoreError};
+use batchfleet_common::table::records::{read_first_line, read_records};
+use batchfleet_common::table::{TableBatch, TableFormat, TablePiece};
+
+use crate::infra::{retrying, InfraError};
+use crate::materialize::{batch_folder, Materialized};
+use crate::runtime::protocol::{TablePieceRequest, TableRequest};
+
+/// Header lines kept per slot before the cache starts over.
+const HEADER_CACHE_ENTRIES: usize = 4096;
+
+/// What a slot keeps between tabular batches: open stores and header lines by file URL.
+#[derive(Debug, Default)]
+pub(crate) struct TableReaders {
+    stores: StoreCache,
+    headers: Mutex<HashMap<String, Bytes>>,
+}
+
+impl TableReaders {
+    /// The first line of the file at `url`, read once.
+    async fn header_line(&self, url: &str, size: u64) -> Result<Bytes, InfraError> {
+        if let Some(line) = self.lock_headers().get(url) {
+            return Ok(line.clone());
+        }
+        let (store, key) = self.stores.object(url)?;
+        let line = retrying("read a header line", || async {
+            read_first_line(store.as_ref(), &key, size).await.map_err(InfraError::from)
+        })
+        .await?;
+        let mut headers = self.lock_headers();
+        if headers.len() >= HEADER_CACHE_ENTRIES {
+            headers.clear();
+        }
+        headers.insert(url.to_string(), line.clone());
+        Ok(line)
+    }
+
+    fn lock_headers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Bytes>> {
+        self.headers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Make a tabular batch's pieces local files in a fresh folder under `scratch` (removed when
+/// the returned value is dropped). An MLTable with no read transformation is a file list: its
+/// files are passed as paths, like a `uri_folder`'s.
+pub(crate) async fn prepare(
+    batch: &TableBatch,
+    readers: &TableReaders,
+    scratch: &Path,
+) -> Result<Materialized, InfraError> {
+    let folder = batch_folder(scratch, "table-")?;
+    let mut paths = Vec::new();
+    let mut pieces = Vec::new();
+    for (i, piece) in batch.pieces.iter().enumerate() {
+        let local = match &batch.read.format {
+            TableFormat::FileList | TableFormat::Parquet => {
+                whole_file(
+                    readers,
+                    piece,
+                    &folder.path().join(format!("{i}-{}", file_name(&piece.url))),
+                )
+                .await?
+            }
+            _ => {
+                records_file(batch, readers, piece, &folder.path().join(format!("piece-{i}")))
+                    .await?
+            }
+        };
+        paths.push(local.to_string_lossy().into_owned());
+        pieces.push(TablePieceRequest {
+            path: local,
+            url: piece.url.clone(),
+            path_columns: piece.path_columns.clone(),
+            row_groups: piece.row_groups,
+            skip_rows: piece.skip_rows,
+            take_rows: piece.take_rows,
+        });
+    }
+    let table = TableRequest::from_read(&batch.read, pieces);
+    if table.is_some() {
+        paths.clear();
+    }
+    Ok(Materialized { paths, table, _downloads: Some(folder) })
+}
+
+/// The piece's records (with the header line first, when the format has one) in `local`.
+async fn records_file(
+    batch: &TableBatch,
+    readers: &TableReaders,
+    piece: &TablePiece,
+    local: &Path,
+) -> Result<PathBuf, InfraError> {
+    let (store, key) = readers.stores.object(&piece.url)?;
+    let whole = !batch.read.format.splits_by_bytes();
+    let (start, end) = if whole { (0, piece.size) } else { (piece.start, piece.end) };
+    let mut records = retrying("read a piece of the table", || async {
+        read_records(store.as_ref(), &key, piece.size, start, end).await.map_err(InfraError::from)
+    })
+    .await?;
+    if start == 0 && batch.file_starts_with_header(piece) {
+        records = after_first_line(records);
+    }
+    let mut contents = Vec::with_capacity(records.len() + 256);
+    if let Some(source) = batch.header_source(piece) {
+        let size =
+            if source == piece.url { piece.size } else { head_size(readers, source).await? };
+        contents.extend_from_slice(&readers.header_line(source, size).await?);
+        contents.push(b'\n');
+    }
+    contents.extend_from_slice(&records);
+    tokio::fs::write(local, &contents)
+        .await
+        .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))?;
+    Ok(local.to_path_buf())
+}
+
+/// The whole file: where it is for a local file, else downloaded to `local`.
+async fn whole_file(
+    readers: &TableReaders,
+    piece: &TablePiece,
+    local: &Path,
+) -> Result<PathBuf, InfraError> {
+    if let Some(path) = Url::parse(&piece.url).ok().as_ref().and_then(store::local_path) {
+        return Ok(path);
+    }
+    let (store, key) = readers.stores.object(&piece.url)?;
+    let bytes = retrying("download a table file", || async {
+        let got = store.get(&key).await.map_err(|e| StoreError::io("get", &key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(StoreError::io("read", &key, e)))
+    })
+    .await?;
+    tokio::fs::write(local, &bytes)
+        .await
+        .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))?;
+    Ok(local.to_path_buf())
+}
+
+/// The size of the file at `url` (for a header read from another file than the piece's).
+async fn head_size(readers: &TableReaders, url: &str) -> Result<u64, InfraError> {
+    let (store, key) = readers.stores.object(url)?;
+    retrying("read a file's size", || async {
+        store.head(&key).await.map(|m| m.size).map_err(|e| StoreError::io("head", &key, e).into())
+    })
+    .await
+}
+
+/// `records` without its first line (the header, which is not data).
+fn after_first_line(records: Bytes) -> Bytes {
+    match records.iter().position(|b| *b == b'\n') {
+        Some(i) => records.slice(i + 1..),
+        None => Bytes::new(),
+    }
+}
+
+/// A file name for a downloaded copy: the URL's last segment, made safe for a local path.
+fn file_name(url: &str) -> String {
+    let last = url.rsplit('/').next().unwrap_or_default();
+    let safe: String = last
+        .chars()
+        .map(|c| if c.is_alphanumeric() || ".-_".contains(c) { c } else { '_' })
+        .collect();
+    if safe.is_empty() || safe.starts_with('.') {
+        format!("file{safe}")
+    } else {
+        safe
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_line_is_dropped_with_its_line_break() {
+        assert_eq!(after_first_line(Bytes::from_static(b"a,b\r\n1,2\n")), &b"1,2\n"[..]);
+        assert_eq!(after_first_line(Bytes::from_static(b"a,b")), &b""[..]);
+    }
+
+    #[test]
+    fn downloaded_names_stay_in_their_folder() {
+        assert_eq!(file_name("s3://b/x/data.csv"), "data.csv");
+        assert_eq!(file_name("s3://b/x/.."), "file..");
+        assert_eq!(file_name("s3://b/x/a b%2F.csv"), "a_b_2F.csv");
+    }
+}

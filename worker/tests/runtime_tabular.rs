@@ -1,0 +1,683 @@
+//! Tabular mini-batches in the entry-script runtime, against real Python processes with pandas
+//! (and pyarrow) from `target/pyenv` (`infra/python-env`).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use batchfleet_common::table::{ColumnStep, InvalidLines};
+use batchfleet_worker::runtime::{
+    MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
+    RuntimeProcess, TablePieceRequest, TableRequest, TableRequestFormat, UserFailure,
+    UserFailureKind, TABULAR_ENV,
+};
+use serde_json::{json, Value};
+use support::{pandas_python, Scratch};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Describes the DataFrame it gets: its length, its columns, its rows as JSON records.
+const DESCRIBE: &str = r#"
+import json
+def init(): pass
+def run(mini_batch):
+    df = mini_batch
+    return [len(df), json.dumps(list(df.columns)), df.to_json(orient="records")]
+"#;
+
+fn tabular_config(scratch: &Scratch, name: &str, source: &str) -> RuntimeConfig {
+    let mut config = scratch.script(name, source);
+    config.python = pandas_python();
+    config.env.insert(TABULAR_ENV.into(), "1".into());
+    config
+}
+
+async fn start(scratch: &Scratch, name: &str, source: &str) -> RuntimeProcess {
+    RuntimeProcess::start(&tabular_config(scratch, name, source)).await.expect("start")
+}
+
+fn write(scratch: &Scratch, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+    let path = scratch.path().join("data").join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+fn piece(path: &Path, url: &str) -> TablePieceRequest {
+    TablePieceRequest {
+        path: path.to_path_buf(),
+        url: url.into(),
+        path_columns: BTreeMap::new(),
+        row_groups: None,
+        skip_rows: 0,
+        take_rows: None,
+    }
+}
+
+fn table(format: TableRequestFormat, pieces: Vec<TablePieceRequest>) -> TableRequest {
+    TableRequest {
+        format,
+        delimiter: ",".into(),
+        encoding: "utf-8".into(),
+        header: true,
+        empty_as_string: false,
+        invalid_lines: InvalidLines::Error,
+        include_path_column: false,
+        column_steps: Vec::new(),
+        pieces,
+    }
+}
+
+fn csv(pieces: Vec<TablePieceRequest>) -> TableRequest {
+    table(TableRequestFormat::Delimited, pieces)
+}
+
+fn request(scratch: &Scratch, index: u64, table: TableRequest) -> RunRequest {
+    RunRequest {
+        batch_id: format!("{index:08}"),
+        items: Vec::new(),
+        context: MiniBatchContext::for_table(index, &BTreeMap::new(), 0),
+        output: scratch.path().join(format!("out-{index}.txt")),
+        table: Some(table),
+    }
+}
+
+async fn run_ok(process: &mut RuntimeProcess, request: RunRequest) -> (RunSuccess, String) {
+    let output = request.output.clone();
+    match process.run(request, RUN_TIMEOUT).await.expect("run") {
+        RunOutcome::Succeeded(success) => {
+            (success, std::fs::read_to_string(&output).expect("output file"))
+        }
+        RunOutcome::Failed(failure) => panic!("run failed: {failure:?}"),
+    }
+}
+
+async fn run_failed(process: &mut RuntimeProcess, request: RunRequest) -> UserFailure {
+    match process.run(request, RUN_TIMEOUT).await.expect("run") {
+        RunOutcome::Failed(failure) => failure,
+        RunOutcome::Succeeded(success) => panic!("run succeeded unexpectedly: {success:?}"),
+    }
+}
+
+/// What the DESCRIBE script saw.
+#[derive(Debug)]
+struct Seen {
+    rows: u64,
+    columns: Vec<String>,
+    records: Value,
+    items_in: Option<u64>,
+}
+
+async fn describe(process: &mut RuntimeProcess, request: RunRequest) -> Seen {
+    let (success, text) = run_ok(process, request).await;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    Seen {
+        rows: lines[0].parse().unwrap(),
+        columns: serde_json::from_str(lines[1]).unwrap(),
+        records: serde_json::from_str(lines[2]).unwrap(),
+        items_in: success.items_in,
+    }
+}
+
+fn columns(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn csv_pieces_with_a_header_become_one_dataframe() {
+    let scratch = Scratch::new();
+    // Two pieces of one file: the worker writes the header line at the top of each.
+    let first = write(&scratch, "p0.csv", "id,name,score\n1,\"Smith, Anna\",0.5\n2,,\n");
+    let second = write(&scratch, "p1.csv", "id,name,score\n3,\"say \"\"hi\"\"\",2\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let seen = describe(
+        &mut process,
+        request(
+            &scratch,
+            0,
+            csv(vec![piece(&first, "s3://b/t.csv"), piece(&second, "s3://b/t.csv")]),
+        ),
+    )
+    .await;
+    assert_eq!(seen.rows, 3);
+    assert_eq!(seen.items_in, Some(3));
+    assert_eq!(seen.columns, columns(&["id", "name", "score"]));
+    assert_eq!(
+        seen.records,
+        json!([
+            {"id": 1, "name": "Smith, Anna", "score": 0.5},
+            {"id": 2, "name": null, "score": null},
+            {"id": 3, "name": "say \"hi\"", "score": 2.0},
+        ])
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn csv_without_a_header_names_columns_column1_column2() {
+    let scratch = Scratch::new();
+    let data = write(&scratch, "p.tsv", "a\t1\tNA\nb\t2\tx\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = csv(vec![piece(&data, "file:///p.tsv")]);
+    table.header = false;
+    table.delimiter = "\t".into();
+    let seen = describe(&mut process, request(&scratch, 0, table)).await;
+    assert_eq!(seen.columns, columns(&["Column1", "Column2", "Column3"]));
+    // Only empty fields are missing values: "NA" is text.
+    assert_eq!(
+        seen.records,
+        json!([
+            {"Column1": "a", "Column2": 1, "Column3": "NA"},
+            {"Column1": "b", "Column2": 2, "Column3": "x"},
+        ])
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn empty_as_string_keeps_empty_fields_as_text() {
+    let scratch = Scratch::new();
+    let data = write(&scratch, "p.csv", "a||b\nx||\n||y\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = csv(vec![piece(&data, "file:///p.csv")]);
+    table.empty_as_string = true;
+    table.delimiter = "||".into(); // longer separators are literal, not regular expressions
+    let seen = describe(&mut process, request(&scratch, 0, table)).await;
+    assert_eq!(seen.records, json!([{"a": "x", "b": ""}, {"a": "", "b": "y"}]));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn pieces_with_different_headers_are_combined_by_name() {
+    let scratch = Scratch::new();
+    let first = write(&scratch, "a.csv", "id,x\n1,10\n");
+    let second = write(&scratch, "b.csv", "y,id\nfoo,2\n");
+    let only_header = write(&scratch, "c.csv", "id,z\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let seen = describe(
+        &mut process,
+        request(
+            &scratch,
+            0,
+            csv(vec![
+                piece(&first, "s3://b/a.csv"),
+                piece(&only_header, "s3://b/c.csv"),
+                piece(&second, "s3://b/b.csv"),
+            ]),
+        ),
+    )
+    .await;
+    assert_eq!(seen.columns, columns(&["id", "x", "z", "y"]));
+    assert_eq!(
+        seen.records,
+        json!([
+            {"id": 1, "x": 10.0, "z": null, "y": null},
+            {"id": 2, "x": null, "z": null, "y": "foo"},
+        ])
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn path_columns_and_the_path_column_follow_the_data_columns() {
+    let scratch = Scratch::new();
+    let first = write(&scratch, "s1.csv", "item,qty\napple,3\npear,1\n");
+    let second = write(&scratch, "s2.csv", "item,qty\nfig,7\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut one = piece(&first, "s3://b/sales/S1/2024/data.csv");
+    one.path_columns =
+        BTreeMap::from([("Store".into(), "S1".into()), ("Year".into(), "2024".into())]);
+    let mut two = piece(&second, "s3://b/sales/S2/2025/data.csv");
+    two.path_columns =
+        BTreeMap::from([("Store".into(), "S2".into()), ("Year".into(), "2025".into())]);
+    let mut table = csv(vec![one, two]);
+    table.include_path_column = true;
+    let seen = describe(&mut process, request(&scratch, 0, table)).await;
+    assert_eq!(seen.columns, columns(&["item", "qty", "Store", "Year", "Path"]));
+    assert_eq!(
+        seen.records,
+        json!([
+            {"item": "apple", "qty": 3, "Store": "S1", "Year": "2024",
+             "Path": "s3://b/sales/S1/2024/data.csv"},
+            {"item": "pear", "qty": 1, "Store": "S1", "Year": "2024",
+             "Path": "s3://b/sales/S1/2024/data.csv"},
+            {"item": "fig", "qty": 7, "Store": "S2", "Year": "2025",
+             "Path": "s3://b/sales/S2/2025/data.csv"},
+        ])
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn keep_and_drop_columns_apply_in_order_and_name_missing_columns() {
+    let scratch = Scratch::new();
+    let data = write(&scratch, "p.csv", "a,b,c,d\n1,2,3,4\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = csv(vec![piece(&data, "s3://b/p.csv")]);
+    table.include_path_column = true;
+    table.column_steps = vec![
+        ColumnStep::Keep(columns(&["d", "b", "a", "Path"])),
+        ColumnStep::Drop(columns(&["b", "Path"])),
+    ];
+    let seen = describe(&mut process, request(&scratch, 0, table.clone())).await;
+    // keep keeps the table's own column order.
+    assert_eq!(seen.columns, columns(&["a", "d"]));
+    assert_eq!(seen.records, json!([{"a": 1, "d": 4}]));
+
+    table.column_steps = vec![ColumnStep::Keep(columns(&["a", "nope"]))];
+    let failure = run_failed(&mut process, request(&scratch, 1, table.clone())).await;
+    assert_eq!(failure.kind, UserFailureKind::InputError);
+    assert_eq!(failure.items_in, None);
+    assert_eq!(
+        failure.message,
+        "keep_columns: this mini-batch has no column 'nope'; \
+         its columns are: 'a', 'b', 'c', 'd', 'Path'"
+    );
+    table.column_steps =
+        vec![ColumnStep::Drop(columns(&["a"])), ColumnStep::Drop(columns(&["a", "b"]))];
+    let failure = run_failed(&mut process, request(&scratch, 2, table)).await;
+    assert_eq!(
+        failure.message,
+        "drop_columns: this mini-batch has no column 'a'; its columns are: 'b', 'c', 'd', 'Path'"
+    );
+    // An input error leaves the process serving requests.
+    assert!(process.is_alive());
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn skip_and_take_rows_cut_each_piece() {
+    let scratch = Scratch::new();
+    let first = write(&scratch, "a.csv", "n\n1\n2\n3\n4\n5\n");
+    let second = write(&scratch, "b.csv", "n\n6\n7\n8\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut one = piece(&first, "s3://b/a.csv");
+    one.skip_rows = 1;
+    one.take_rows = Some(2);
+    let mut two = piece(&second, "s3://b/b.csv");
+    two.skip_rows = 2;
+    let seen = describe(&mut process, request(&scratch, 0, csv(vec![one, two]))).await;
+    assert_eq!(seen.records, json!([{"n": 2}, {"n": 3}, {"n": 8}]));
+    assert_eq!(seen.items_in, Some(3));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn zero_pieces_and_zero_rows_still_call_run_with_the_columns() {
+    let scratch = Scratch::new();
+    let only_header = write(&scratch, "h.csv", "a,b\n");
+    let empty = write(&scratch, "e.csv", "");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = csv(vec![piece(&only_header, "s3://b/h.csv"), piece(&empty, "s3://b/e.csv")]);
+    table.include_path_column = true;
+    let seen = describe(&mut process, request(&scratch, 0, table.clone())).await;
+    assert_eq!((seen.rows, seen.items_in), (0, Some(0)));
+    assert_eq!(seen.columns, columns(&["a", "b", "Path"]));
+
+    table.pieces.clear();
+    table.column_steps = vec![ColumnStep::Keep(columns(&["a", "Path"]))];
+    let seen = describe(&mut process, request(&scratch, 1, table)).await;
+    assert_eq!((seen.rows, seen.items_in), (0, Some(0)));
+    assert_eq!(seen.columns, columns(&["Path", "a"]));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn unreadable_text_is_an_input_error_naming_the_file() {
+    let scratch = Scratch::new();
+    let latin = write(&scratch, "latin.csv", b"name\ncaf\xe9\n");
+    let ragged = write(&scratch, "ragged.csv", "a,b\n1,2\n1,2,3\n");
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+
+    let failure = run_failed(
+        &mut process,
+        request(&scratch, 0, csv(vec![piece(&latin, "s3://b/latin.csv")])),
+    )
+    .await;
+    assert_eq!(failure.kind, UserFailureKind::InputError);
+    assert_eq!(failure.exception.as_deref(), Some("UnicodeDecodeError"));
+    assert!(failure.message.starts_with("reading s3://b/latin.csv"), "{}", failure.message);
+    assert_eq!(failure.traceback, None);
+
+    // The same bytes in the file's declared encoding read fine.
+    let mut table = csv(vec![piece(&latin, "s3://b/latin.csv")]);
+    table.encoding = "latin-1".into();
+    let seen = describe(&mut process, request(&scratch, 1, table)).await;
+    assert_eq!(seen.records, json!([{"name": "café"}]));
+
+    let failure = run_failed(
+        &mut process,
+        request(&scratch, 2, csv(vec![piece(&ragged, "s3://b/ragged.csv")])),
+    )
+    .await;
+    assert_eq!(failure.kind, UserFailureKind::InputError);
+    assert_eq!(failure.exception.as_deref(), Some("ParserError"));
+    assert!(
+        failure.message.contains("s3://b/ragged.csv") && failure.message.contains("line 3"),
+        "{}",
+        failure.message
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn utf16_files_are_read_whole() {
+    let scratch = Scratch::new();
+    let text: Vec<u8> =
+        "\u{feff}k;v\nä;1\n".encode_utf16().flat_map(|unit| unit.to_le_bytes()).collect();
+    let data = write(&scratch, "u.csv", text);
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = csv(vec![piece(&data, "s3://b/u.csv")]);
+    table.encoding = "utf-16".into();
+    table.delimiter = ";".into();
+    let seen = describe(&mut process, request(&scratch, 0, table)).await;
+    assert_eq!(seen.records, json!([{"k": "ä", "v": 1}]));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn json_lines_drop_or_refuse_invalid_lines() {
+    let scratch = Scratch::new();
+    let data = write(
+        &scratch,
+        "p.jsonl",
+        "{\"a\": 1, \"b\": \"x\"}\nnot json at all\n\n[1, 2]\n{\"a\": 2, \"c\": {\"n\": true}}\n",
+    );
+    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let mut table = table(TableRequestFormat::JsonLines, vec![piece(&data, "s3://b/p.jsonl")]);
+    table.invalid_lines = InvalidLines::Drop;
+    table.include_path_column = true;
+    let seen = describe(&mut process, request(&scratch, 0, table.clone())).await;
+    assert_eq!(seen.columns, columns(&["a", "b", "c", "Path"]));
+    assert_eq!(
+        seen.records,
+        json!([
+            {"a": 1, "b": "x", "c": null, "Path": "s3://b/p.jsonl"},
+            {"a": 2, "b": null, "c": {"n": true}, "Path": "s3://b/p.jsonl"},
+        ])
+    );
+
+    table.invalid_lines = InvalidLines::Error;
+    let failure = run_failed(&mut process, request(&scratch, 1, table)).await;
+    assert_eq!(failure.kind, UserFailureKind::InputError);
+    assert!(
+        failure.message.starts_with("s3://b/p.jsonl: line 2 of this mini-batch's piece")
+            && failure.message.contains("not a JSON object: not json at all"),
+        "{}",
+        failure.message
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+/// Write a Parquet file of `rows` rows (`n` = 0.., `label` = "r<n>") in row groups of `group`.
+fn write_parquet(path: &Path, rows: u64, group: u64) {
+    let output = Command::new(pandas_python())
+        .arg("-c")
+        .arg(
+            "import sys, pandas as pd\n\
+             n = int(sys.argv[2])\n\
+             df = pd.DataFrame({'n': range(n), 'label': ['r%d' % i for i in range(n)]})\n\
+             df.to_parquet(sys.argv[1], row_group_size=int(sys.argv[3]), index=False)\n",
+        )
+        .arg(path)
+        .arg(rows.to_string())
+        .arg(group.to_string())
+        .output()
+        .expect("start python");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[tokio::test]
+async fn parquet_pieces_read_their_row_groups() {
+    let scratch = Scratch::new();
+    let path = scratch.path().join("t.parquet");
+    write_parquet(&path, 100, 30); // row groups: 0-29, 30-59, 60-89, 90-99
+    let mut process = start(
+        &scratch,
+        "parquet.py",
+        r#"
+def init(): pass
+def run(df):
+    return [len(df), list(df.columns), int(df["n"].min()), int(df["n"].max()), df["label"].iloc[0]]
+"#,
+    )
+    .await;
+    let mut middle = piece(&path, "s3://b/t.parquet");
+    middle.row_groups = Some([1, 3]);
+    let mut last = piece(&path, "s3://b/t.parquet");
+    last.row_groups = Some([3, 4]);
+    last.take_rows = Some(5);
+    let (success, text) = run_ok(
+        &mut process,
+        request(&scratch, 0, table(TableRequestFormat::Parquet, vec![middle, last])),
+    )
+    .await;
+    assert_eq!(success.items_in, Some(65));
+    assert_eq!(text, "65\n['n', 'label']\n30\n94\nr30\n");
+
+    let whole = piece(&path, "s3://b/t.parquet");
+    let (success, _) =
+        run_ok(&mut process, request(&scratch, 1, table(TableRequestFormat::Parquet, vec![whole])))
+            .await;
+    assert_eq!(success.items_in, Some(100));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn parquet_without_pyarrow_says_to_install_it() {
+    let scratch = Scratch::new();
+    let path = scratch.path().join("t.parquet");
+    write_parquet(&path, 3, 10);
+    let mut process = start(
+        &scratch,
+        "nopyarrow.py",
+        r#"
+import sys
+def init():
+    # As if pyarrow were not installed: `import pyarrow...` now raises ImportError.
+    for name in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
+        del sys.modules[name]
+    sys.modules["pyarrow"] = None
+def run(df): return [len(df)]
+"#,
+    )
+    .await;
+    let failure = run_failed(
+        &mut process,
+        request(
+            &scratch,
+            0,
+            table(TableRequestFormat::Parquet, vec![piece(&path, "s3://b/t.parquet")]),
+        ),
+    )
+    .await;
+    assert_eq!(failure.kind, UserFailureKind::InputError);
+    assert!(failure.message.contains("pip install pyarrow"), "{}", failure.message);
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn run_with_a_context_sees_the_partition_key_values() {
+    let scratch = Scratch::new();
+    let data = write(&scratch, "p.csv", "v\n1\n2\n");
+    let mut process = start(
+        &scratch,
+        "ctx.py",
+        r#"
+import json
+def init(): pass
+def run(mini_batch, mini_batch_context):
+    c = mini_batch_context
+    return [type(mini_batch).__name__, c.minibatch_index,
+            json.dumps(c.partition_key_value, sort_keys=True), c.global_row_index_lower_bound]
+"#,
+    )
+    .await;
+    assert!(process.passes_context());
+    let mut request = request(&scratch, 4, csv(vec![piece(&data, "s3://b/p.csv")]));
+    request.context = MiniBatchContext::for_table(
+        4,
+        &BTreeMap::from([("Store".into(), "S1".into()), ("Brand".into(), "B 2".into())]),
+        120,
+    );
+    let (success, text) = run_ok(&mut process, request).await;
+    assert_eq!(text, "DataFrame\n4\n{\"Brand\": \"B 2\", \"Store\": \"S1\"}\n120\n");
+    assert_eq!(success.items_in, Some(2));
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn returning_the_dataframe_writes_its_rows_and_counts_rows_in_and_out() {
+    let scratch = Scratch::new();
+    let data = write(&scratch, "p.csv", "name,score\nbig dog,1\ncat,2\nemu,3\n");
+    let mut process = start(
+        &scratch,
+        "filter.py",
+        r#"
+def init(): pass
+def run(df):
+    if len(df) == 1:
+        raise ValueError("one row is not enough")
+    return df[df["score"] >= 2]
+"#,
+    )
+    .await;
+    let (success, text) =
+        run_ok(&mut process, request(&scratch, 0, csv(vec![piece(&data, "s3://b/p.csv")]))).await;
+    assert_eq!(
+        success,
+        RunSuccess { items_out: 2, rows: 2, header: Some("name score".into()), items_in: Some(3) }
+    );
+    assert_eq!(text, "cat 2\nemu 3\n");
+
+    // run() fails after the data was read: the rows read are still reported.
+    let mut one = piece(&data, "s3://b/p.csv");
+    one.take_rows = Some(1);
+    let failure = run_failed(&mut process, request(&scratch, 1, csv(vec![one]))).await;
+    assert_eq!(failure.kind, UserFailureKind::UserError);
+    assert_eq!(failure.items_in, Some(1));
+    assert_eq!(failure.message, "one row is not enough");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn file_list_batches_report_no_items_in() {
+    let scratch = Scratch::new();
+    let mut process = start(&scratch, "files.py", "def run(mini_batch): return mini_batch\n").await;
+    let request = RunRequest {
+        batch_id: "00000000".into(),
+        items: vec!["/in/a".into(), "/in/b".into()],
+        context: MiniBatchContext::for_files(0),
+        output: scratch.path().join("out.txt"),
+        table: None,
+    };
+    let (success, text) = run_ok(&mut process, request).await;
+    assert_eq!((success.items_out, success.items_in), (2, None));
+    assert_eq!(text, "/in/a\n/in/b\n");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+/// A Python without pandas: the system `python3` when it has none, else a fresh venv.
+fn python_without_pandas(scratch: &Scratch) -> PathBuf {
+    let system = PathBuf::from("python3");
+    let has_pandas = Command::new(&system)
+        .args(["-c", "import pandas"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !has_pandas {
+        return system;
+    }
+    let venv = scratch.path().join("bare-venv");
+    let made = Command::new(&system)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .output()
+        .expect("python3 -m venv");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    venv.join("bin").join("python")
+}
+
+#[tokio::test]
+async fn a_tabular_job_without_pandas_fails_init_saying_so() {
+    let scratch = Scratch::new();
+    let marker = scratch.path().join("loaded");
+    let mut config = tabular_config(
+        &scratch,
+        "entry.py",
+        "import os\nopen(os.environ['MARKER'], 'w').close()\ndef run(df): return [len(df)]\n",
+    );
+    config.python = python_without_pandas(&scratch);
+    config.env.insert("MARKER".into(), marker.display().to_string());
+    let error = RuntimeProcess::start(&config).await.err().expect("init must fail");
+    let RuntimeError::InitFailed(failure) = &error else { panic!("{error:?}") };
+    assert_eq!(failure.exception.as_deref(), Some("ModuleNotFoundError"));
+    assert!(
+        failure.message.starts_with("this job reads tabular data (an mltable input)")
+            && failure.message.ends_with("has no pandas: pip install pandas"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(failure.traceback, None);
+    assert!(!marker.exists(), "the entry script was loaded before pandas was checked");
+
+    // Without the tabular flag the same Python serves file lists as before.
+    config.env.remove(TABULAR_ENV);
+    let process = RuntimeProcess::start(&config).await.expect("a file-list job starts");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+/// Throughput of one large CSV piece: `cargo test -p batchfleet-worker --test runtime_tabular
+/// -- --ignored --nocapture one_large_csv_piece`.
+#[tokio::test]
+#[ignore = "a measurement: generates a 100 MB CSV"]
+async fn one_large_csv_piece_throughput() {
+    let scratch = Scratch::new();
+    let rows: u64 = 1_000_000;
+    let path = scratch.path().join("big.csv");
+    {
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        writeln!(out, "id,customer,amount,category,comment").unwrap();
+        let mut seed: u64 = 42;
+        for id in 0..rows {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let amount = (seed >> 33) % 1_000_000;
+            writeln!(
+                out,
+                "{id},customer-{:010},{}.{:02},category-{},\"note {:016x}, row {id} of the whole table\"",
+                (seed >> 20) % 100_000_000,
+                amount / 100,
+                amount % 100,
+                (seed >> 40) % 50,
+                seed
+            )
+            .unwrap();
+        }
+    }
+    let bytes = std::fs::metadata(&path).unwrap().len();
+    for (name, source) in [
+        ("count.py", "def run(df): return [len(df)]\n"),
+        ("identity.py", "def run(df): return df\n"),
+    ] {
+        let mut process = start(&scratch, name, source).await;
+        let started = Instant::now();
+        let (success, _) =
+            run_ok(&mut process, request(&scratch, 0, csv(vec![piece(&path, "s3://b/big.csv")])))
+                .await;
+        let secs = started.elapsed().as_secs_f64();
+        assert_eq!(success.items_in, Some(rows));
+        println!(
+            "{name}: {rows} rows, {:.1} MB in {secs:.2} s: {:.0} rows/s, {:.1} MB/s",
+            bytes as f64 / 1e6,
+            rows as f64 / secs,
+            bytes as f64 / 1e6 / secs
+        );
+        process.shutdown(GRACE).await.expect("shutdown");
+    }
+}

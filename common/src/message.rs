@@ -47,6 +47,20 @@ impl MiniBatchMessage {
     }
 }
 
+impl MiniBatchMessage {
+    /// Put back what a claim check stored: the item list, or the tabular batch.
+    pub fn restore_claimed(&mut self, stored: &[u8]) -> Result<(), serde_json::Error> {
+        match self.items_ref.take() {
+            Some(items_ref) if items_ref.table => {
+                self.table = Some(serde_json::from_slice(stored)?)
+            }
+            Some(_) => self.items = serde_json::from_slice(stored)?,
+            None => {}
+        }
+        Ok(())
+    }
+}
+
 /// Where a claim-checked batch's items are: a JSON array of strings under the job root.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,6 +68,9 @@ pub struct ItemsRef {
     /// The key relative to the job root (`plan/items/<batch id>.json`).
     pub key: String,
     pub count: u64,
+    /// The stored JSON is the batch's [`TableBatch`] rather than its item list.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub table: bool,
 }
 
 /// Largest message published with its items inline.
@@ -65,6 +82,9 @@ pub const CLAIM_CHECK_BYTES: usize = 64 * 1024;
 pub enum JobEvent {
     /// A batch reached a final state (its status is already in the store).
     BatchEnded { job_id: String, status: BatchStatus },
+    /// Several batches reached a final state: a worker coalesces the events of the batches it
+    /// finished within a few milliseconds into one message (statuses already in the store).
+    BatchesEnded { job_id: String, statuses: Vec<BatchStatus> },
     /// An entry-script runtime of this job finished `init()`: the job can make progress.
     RuntimeReady { job_id: String, worker: String },
     /// Starting an entry-script runtime of this job failed; the worker keeps trying while it
@@ -77,6 +97,7 @@ impl JobEvent {
     pub fn job_id(&self) -> &str {
         match self {
             JobEvent::BatchEnded { job_id, .. }
+            | JobEvent::BatchesEnded { job_id, .. }
             | JobEvent::RuntimeReady { job_id, .. }
             | JobEvent::InitFailed { job_id, .. } => job_id,
         }
@@ -143,6 +164,14 @@ mod tests {
         let event = JobEvent::RuntimeReady { job_id: "j".into(), worker: "w".into() };
         let json = serde_json::to_string(&event).unwrap();
         assert_eq!(json, r#"{"event":"runtime_ready","job_id":"j","worker":"w"}"#);
+        assert_eq!(serde_json::from_str::<JobEvent>(&json).unwrap(), event);
+    }
+
+    #[test]
+    fn coalesced_batch_events_are_tagged_json() {
+        let event = JobEvent::BatchesEnded { job_id: "j".into(), statuses: Vec::new() };
+        let json = serde_json::to_string(&event).unwrap();
+        assert_eq!(json, r#"{"event":"batches_ended","job_id":"j","statuses":[]}"#);
         assert_eq!(serde_json::from_str::<JobEvent>(&json).unwrap(), event);
     }
 

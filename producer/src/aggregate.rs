@@ -3,8 +3,10 @@
 //! The output is written as a multipart upload and completed only after the last part, so a
 //! failed aggregation leaves nothing at the final key (object stores show nothing until the
 //! upload completes; the local store writes a staging file and renames it). Memory is bounded
-//! by the upload buffer, whatever the output's size.
+//! by the upload buffer and the parts read ahead (at most `READ_AHEAD` × `SMALL_PART`),
+//! whatever the output's size.
 
+use bytes::Bytes;
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, WriteMultipart};
 use url::Url;
@@ -55,6 +57,10 @@ pub fn output_location(job: &ResolvedJob, root: &JobRoot) -> Result<StoreLocatio
 }
 
 /// Stream every succeeded batch's result part into `output`, in batch order.
+///
+/// Parts are fetched [`READ_AHEAD`] at a time (one part after another was the job's tail
+/// for many small batches: a round trip per part); a part up to [`SMALL_PART`] bytes is read
+/// whole, a larger one streamed when its turn comes, so memory stays bounded.
 pub async fn aggregate(
     root: &JobRoot,
     tracker: &Tracker,
@@ -73,9 +79,21 @@ pub async fn aggregate(
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
-    for (index, part) in tracker.succeeded() {
+    let fetches = tracker.succeeded().map(|(index, part)| {
         let key = root.layout.result_part(&batch_id(index), part);
-        if let Err(error) = copy_part(root, &key, &mut writer, &mut totals).await {
+        async move {
+            let fetched = fetch_part(root, &key).await;
+            (key, fetched)
+        }
+    });
+    let mut parts = futures::stream::iter(fetches).buffered(READ_AHEAD);
+    while let Some((key, fetched)) = parts.next().await {
+        let copied = match fetched {
+            Ok(part) => copy_part(part, &key, &mut writer, &mut totals).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = copied {
+            drop(parts);
             let _ = writer.abort().await;
             return Err(failed(error.to_string()));
         }
@@ -87,25 +105,57 @@ pub async fn aggregate(
     Ok(totals)
 }
 
+/// Result parts fetched ahead of the one being written.
+const READ_AHEAD: usize = 16;
+/// A part up to this size is read whole while it waits for its turn.
+const SMALL_PART: u64 = 1 << 20;
+
+/// A fetched result part: its bytes, or (a large one) its stream.
+enum Part {
+    Small(Bytes),
+    Large(object_store::GetResult),
+}
+
+async fn fetch_part(root: &JobRoot, key: &object_store::path::Path) -> Result<Part, StoreError> {
+    let got = root.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+    if got.meta.size > SMALL_PART {
+        return Ok(Part::Large(got));
+    }
+    got.bytes().await.map(Part::Small).map_err(|e| StoreError::io("get", key, e))
+}
+
 async fn copy_part(
-    root: &JobRoot,
+    part: Part,
     key: &object_store::path::Path,
     writer: &mut WriteMultipart,
     totals: &mut Aggregated,
 ) -> Result<(), StoreError> {
-    let result = root.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
-    let mut stream = result.into_stream();
     let mut last_byte = b'\n';
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| StoreError::io("get", key, e))?;
-        if let Some(last) = chunk.last() {
-            last_byte = *last;
+    match part {
+        Part::Small(bytes) => {
+            if let Some(last) = bytes.last() {
+                last_byte = *last;
+            }
+            writer
+                .wait_for_capacity(UPLOAD_CONCURRENCY)
+                .await
+                .map_err(|e| StoreError::io("upload", key, e))?;
+            write_chunk(writer, totals, &bytes);
         }
-        writer
-            .wait_for_capacity(UPLOAD_CONCURRENCY)
-            .await
-            .map_err(|e| StoreError::io("upload", key, e))?;
-        write_chunk(writer, totals, &chunk);
+        Part::Large(got) => {
+            let mut stream = got.into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| StoreError::io("get", key, e))?;
+                if let Some(last) = chunk.last() {
+                    last_byte = *last;
+                }
+                writer
+                    .wait_for_capacity(UPLOAD_CONCURRENCY)
+                    .await
+                    .map_err(|e| StoreError::io("upload", key, e))?;
+                write_chunk(writer, totals, &chunk);
+            }
+        }
     }
     if last_byte != b'\n' {
         write_chunk(writer, totals, b"\n");

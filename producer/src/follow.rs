@@ -176,6 +176,12 @@ impl Follow<'_> {
                 ended_a_batch = tracker.record(&status);
                 startup.ready();
             }
+            Ok(JobEvent::BatchesEnded { statuses, .. }) => {
+                for status in &statuses {
+                    ended_a_batch |= tracker.record(status);
+                }
+                startup.ready();
+            }
             Ok(JobEvent::RuntimeReady { .. }) => startup.ready(),
             Ok(JobEvent::InitFailed { worker, error, .. }) => {
                 tracing::warn!(%worker, message = %error.message, "an entry-script runtime failed to start");
@@ -352,7 +358,7 @@ mod tests {
             root: &root,
             reconcile_after: Duration::from_millis(200),
         };
-        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false });
         let mut progress = Progress::new(2, false);
         let end = tokio::time::timeout(
             Duration::from_secs(30),

@@ -52,6 +52,8 @@ pub struct Tracker {
     counts: Counts,
     header: Option<String>,
     first_error: Option<FirstError>,
+    /// Items are rows known only once read (see `PlanSummary::tabular`).
+    tabular: bool,
 }
 
 impl Tracker {
@@ -60,9 +62,11 @@ impl Tracker {
             ended: vec![None; plan.batches as usize],
             counts: Counts {
                 batches_total: plan.batches,
-                items_total: plan.items,
+                // A tabular plan's rows are counted as its batches end.
+                items_total: if plan.tabular { 0 } else { plan.items },
                 ..Counts::default()
             },
+            tabular: plan.tabular,
             header: None,
             first_error: None,
         }
@@ -84,6 +88,9 @@ impl Tracker {
             items_out: status.items_out.min(status.items_in),
             part: status.result_part.as_deref().map(Box::from),
         };
+        if self.tabular {
+            self.counts.items_total += new.items_in;
+        }
         Self::count(&mut self.counts, &new);
         *slot = Some(new);
         if status.header.is_some() && self.header.is_none() {
@@ -197,7 +204,7 @@ mod tests {
 
     #[test]
     fn counts_batches_and_items_once() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 3, items: 7 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 3, items: 7, tabular: false });
         assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
         assert!(
             !tracker.record(&status(0, BatchState::Succeeded, 3, 3)),
@@ -217,7 +224,7 @@ mod tests {
 
     #[test]
     fn the_first_final_state_stands() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false });
         tracker.record(&status(0, BatchState::Failed, 2, 0));
         assert!(!tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
@@ -229,7 +236,7 @@ mod tests {
 
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false });
         let mut ok = status(1, BatchState::Succeeded, 1, 1);
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
@@ -239,14 +246,28 @@ mod tests {
 
     #[test]
     fn items_out_is_capped_at_items_in() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false });
         tracker.record(&status(0, BatchState::Succeeded, 2, 5));
         assert_eq!(tracker.counts().items_succeeded, 2);
     }
 
     #[test]
+    fn a_tabular_plan_counts_rows_as_its_batches_end() {
+        // Planned as 2 pieces; the batches turn out to hold 1,000 and 500 rows.
+        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: true });
+        assert_eq!(tracker.counts().items_total, 0);
+        tracker.record(&status(0, BatchState::Succeeded, 1000, 990));
+        tracker.record(&status(1, BatchState::Succeeded, 500, 500));
+        let counts = tracker.counts();
+        assert_eq!(
+            (counts.items_total, counts.items_succeeded, counts.items_failed),
+            (1500, 1490, 10)
+        );
+    }
+
+    #[test]
     fn statuses_outside_the_plan_are_ignored() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 1 });
+        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false });
         assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
     }
 }

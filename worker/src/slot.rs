@@ -21,12 +21,16 @@ use crate::infra::{retrying, InfraError};
 use crate::jobs::{JobLoadError, LoadedJob};
 use crate::materialize::materialize;
 use crate::output::{self, StatusWrite};
+use crate::output_folder::{OutputFolder, OUTPUT_PATH_ENV};
+use crate::runtime::TABULAR_ENV;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
-    RuntimeProcess, UserFailure,
+    RuntimeProcess, UserFailure, UserFailureKind,
 };
+use crate::table_input::{self, TableReaders};
 use crate::worker::Shared;
 use crate::{WorkerError, WorkerSummary};
+use batchfleet_common::table::TableFormat;
 
 /// How long a receive waits for a message, so that a shutdown is noticed quickly.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
@@ -41,6 +45,8 @@ const MAX_INIT_RETRY_DELAY: Duration = Duration::from_secs(30);
 struct ActiveRuntime {
     process: RuntimeProcess,
     job: Arc<LoadedJob>,
+    /// `AZUREML_BI_OUTPUT_PATH` of this runtime.
+    output_folder: OutputFolder,
     log_path: PathBuf,
     log_name: String,
 }
@@ -63,9 +69,13 @@ impl AttemptFailure {
     }
 
     fn user(failure: UserFailure) -> Self {
+        let during = match failure.kind {
+            UserFailureKind::InputError => "reading the mini-batch failed",
+            _ => "run() failed",
+        };
         AttemptFailure {
             kind: FailureKind::UserError,
-            message: format!("run() failed: {failure}"),
+            message: format!("{during}: {failure}"),
             detail: failure.traceback,
         }
     }
@@ -117,6 +127,8 @@ pub(crate) struct Slot {
     shared: Arc<Shared>,
     dir: PathBuf,
     runtime: Option<ActiveRuntime>,
+    /// Open stores and header lines for tabular batches.
+    tables: TableReaders,
     /// Runtimes started by this slot, for unique log names.
     seq: u64,
     summary: WorkerSummary,
@@ -138,6 +150,7 @@ impl Slot {
             shared,
             dir,
             runtime: None,
+            tables: TableReaders::default(),
             seq: 0,
             summary: WorkerSummary::default(),
             fatal: None,
@@ -321,21 +334,27 @@ impl Slot {
     ) -> Result<BatchStatus, AttemptEnd> {
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
-        self.ensure_runtime(job, attempt, stop).await?;
-        let inputs = tokio::time::timeout(
-            job.overhead_timeout(),
-            materialize(&job.input, &message.items, &self.dir.join("inputs")),
-        )
-        .await
-        .map_err(|_| AttemptFailure {
-            kind: FailureKind::Timeout,
-            message: format!(
-                "loading the mini-batch took longer than task_overhead_timeout ({} s)",
-                job.overhead_timeout().as_secs()
-            ),
-            detail: None,
-        })?
-        .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
+        let tabular =
+            message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
+        self.ensure_runtime(job, tabular, attempt, stop).await?;
+        let scratch = self.dir.join("inputs");
+        let load = async {
+            match &message.table {
+                Some(table) => table_input::prepare(table, &self.tables, &scratch).await,
+                None => materialize(&job.input, &message.items, &scratch).await,
+            }
+        };
+        let inputs = tokio::time::timeout(job.overhead_timeout(), load)
+            .await
+            .map_err(|_| AttemptFailure {
+                kind: FailureKind::Timeout,
+                message: format!(
+                    "loading the mini-batch took longer than task_overhead_timeout ({} s)",
+                    job.overhead_timeout().as_secs()
+                ),
+                detail: None,
+            })?
+            .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
         let out_dir = self.dir.join("out");
         tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
             AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
@@ -344,11 +363,13 @@ impl Slot {
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
             items: inputs.paths.clone(),
-            context: MiniBatchContext::for_files(message.index),
+            context: batch_context(message),
             output: output.clone(),
+            table: inputs.table.clone(),
         };
         let result = match self.run(request, job.run_timeout()).await {
             Ok(success) => {
+                self.publish_output_folder().await?;
                 let part = format!("{attempt}-{}-s{}", self.shared.config.worker_id, self.index);
                 let status =
                     succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
@@ -415,10 +436,12 @@ impl Slot {
     ) -> Result<(), AttemptFailure> {
         let part = status.result_part.as_deref().unwrap_or_default();
         let written = async {
-            output::write_result_part(job, &message.batch_id, part, output).await?;
-            match output::write_status(job, status).await? {
+            match output::write_part_and_status(job, part, output, status).await? {
                 StatusWrite::Won => {
-                    output::publish_event(self.shared.broker.as_ref(), job, status).await
+                    // Coalesced and published in the background: the status is in the store,
+                    // so the ack need not wait for the event (see `output::BatchEvents`).
+                    self.shared.events.batch_ended(&job.job_id, status.clone());
+                    Ok(())
                 }
                 StatusWrite::AlreadyFinal(existing) => {
                     // Another attempt finished this batch first: its part counts, ours goes.
@@ -434,6 +457,20 @@ impl Slot {
             .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
     }
 
+    /// Store the files the script wrote under its output folder (object-store outputs).
+    async fn publish_output_folder(&self) -> Result<(), AttemptEnd> {
+        let Some(active) = &self.runtime else { return Ok(()) };
+        let uploaded = active
+            .output_folder
+            .publish()
+            .await
+            .map_err(|e| AttemptFailure::infra("uploading the output folder's files", e))?;
+        if uploaded > 0 {
+            tracing::debug!(files = uploaded, "output folder files uploaded");
+        }
+        Ok(())
+    }
+
     /// Make sure the slot's runtime serves `job`, starting one when needed.
     ///
     /// A runtime that fails to start (init() raised, hung or crashed) is not the batch's
@@ -443,6 +480,7 @@ impl Slot {
     async fn ensure_runtime(
         &mut self,
         job: &Arc<LoadedJob>,
+        tabular: bool,
         attempt: u32,
         stop: &CancellationToken,
     ) -> Result<(), AttemptEnd> {
@@ -460,7 +498,7 @@ impl Slot {
             .build();
         loop {
             let started = Instant::now();
-            let error = match self.start_runtime(job).await {
+            let error = match self.start_runtime(job, tabular).await {
                 Ok(()) => {
                     let ready = JobEvent::RuntimeReady {
                         job_id: job.job_id.clone(),
@@ -512,17 +550,32 @@ impl Slot {
         }
     }
 
-    async fn start_runtime(&mut self, job: &Arc<LoadedJob>) -> Result<(), RuntimeError> {
+    async fn start_runtime(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        tabular: bool,
+    ) -> Result<(), RuntimeError> {
         self.seq += 1;
         let log_name = format!("slot-{}-{}.txt", self.index, self.seq);
         let log_path = self.dir.join("logs").join(&log_name);
+        let output_folder = OutputFolder::for_job(job, &self.dir.join("outputs")).map_err(|e| {
+            RuntimeError::Io { what: "output folder", source: std::io::Error::other(e.to_string()) }
+        })?;
+        let mut env = job.job.environment_variables.clone();
+        env.insert(
+            OUTPUT_PATH_ENV.into(),
+            output_folder.local_path().to_string_lossy().into_owned(),
+        );
+        if tabular {
+            env.insert(TABULAR_ENV.into(), "1".into());
+        }
         let config = RuntimeConfig {
             python: self.shared.config.python.clone(),
             driver: self.shared.driver.clone(),
             code_dir: job.code_dir.clone(),
             entry_script: job.job.task.entry_script.clone(),
             script_args: job.job.task.script_args.clone(),
-            env: job.job.environment_variables.clone(),
+            env,
             work_dir: self.dir.join("work"),
             log_path: log_path.clone(),
             init_timeout: Duration::from_secs(
@@ -535,8 +588,13 @@ impl Slot {
                 tracing::info!(pid = process.pid(), init_ms = elapsed_ms(started),
                     log = %log_name, "entry script initialised");
                 self.summary.runtimes_started += 1;
-                self.runtime =
-                    Some(ActiveRuntime { process, job: Arc::clone(job), log_path, log_name });
+                self.runtime = Some(ActiveRuntime {
+                    process,
+                    job: Arc::clone(job),
+                    output_folder,
+                    log_path,
+                    log_name,
+                });
                 Ok(())
             }
             Err(error) => {
@@ -639,7 +697,7 @@ fn succeeded_status(
     shared: &Shared,
     started_ms: u64,
 ) -> BatchStatus {
-    let items_in = message.items.len() as u64;
+    let items_in = success.items_in.unwrap_or_else(|| message.item_count());
     BatchStatus {
         batch_id: message.batch_id.clone(),
         index: message.index,
@@ -654,6 +712,14 @@ fn succeeded_status(
         started_at_ms: started_ms,
         ended_at_ms: now_ms(),
         error: None,
+    }
+}
+
+/// What `run(mini_batch, mini_batch_context)` sees: the index, and a partition's key values.
+fn batch_context(message: &MiniBatchMessage) -> MiniBatchContext {
+    match &message.table {
+        Some(table) => MiniBatchContext::for_table(message.index, &table.partition_key_value, 0),
+        None => MiniBatchContext::for_files(message.index),
     }
 }
 

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::jobs::JobCache;
+use crate::output::BatchEvents;
 use crate::runtime::install_driver;
 use crate::slot::Slot;
 
@@ -142,6 +143,8 @@ pub(crate) struct Shared {
     pub hard_stop: CancellationToken,
     /// The lease deliveries are held under (heartbeat every third of it).
     pub lease: Duration,
+    /// Batch events on their way to the jobs' producers (coalesced).
+    pub events: BatchEvents,
 }
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
@@ -196,6 +199,7 @@ impl Worker {
             tracing::warn!(%error, "could not declare the pool's queues yet");
         }
         let hard_stop = CancellationToken::new();
+        let events = BatchEvents::start(Arc::clone(&self.broker));
         let shared = Arc::new(Shared {
             broker: self.broker,
             config: self.config,
@@ -204,6 +208,7 @@ impl Worker {
             activity: Activity::new(),
             hard_stop: hard_stop.clone(),
             lease: self.lease,
+            events,
         });
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();
@@ -264,6 +269,7 @@ impl Worker {
         if let Some(drain) = drain {
             drain.abort();
         }
+        shared.events.close(EVENTS_FLUSH_LIMIT).await;
         tracing::info!(?summary, "worker stopped");
         failure.map_or(Ok(summary), Err)
     }
@@ -271,6 +277,8 @@ impl Worker {
 
 /// How long slots get to give their batches back after the hard stop before they are dropped.
 const ABANDON_AFTER: Duration = Duration::from_secs(15);
+/// How long a stopping worker waits for its last batch events to be published.
+const EVENTS_FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 /// Cancels `hard_stop` once `grace` has passed since `shutdown` was cancelled; the handle ends
 /// at that moment.

@@ -225,6 +225,34 @@ pub async fn extend_lease_keeps_the_message_invisible(broker: Arc<dyn Broker>, p
     delete(b, &[&queue]).await;
 }
 
+/// Leases run out one by one, each on its own clock: a short lease taken while a long one is
+/// held runs out first (and the long one does not), and a lease extended to something shorter
+/// runs out at its new end.
+pub async fn leases_run_out_each_at_its_own_end(broker: Arc<dyn Broker>, prefix: &str) {
+    let b = broker.as_ref();
+    let queue = declare_plain(b, prefix, "work").await;
+    ok(b.publish(&queue, payloads(prefix, 2)).await, "publish 2 messages");
+    let long = receive_one(b, &queue, LONG_LEASE, "the first message, on a long lease").await;
+    let (short, leased_from) =
+        receive_one_timed(b, &queue, SHORT_LEASE, "the second message, on a short lease").await;
+
+    let again = receive_one(b, &queue, LONG_LEASE, "the short-leased message again").await;
+    assert_not_before(leased_from, Instant::now(), SHORT_LEASE, "a leased message came back");
+    assert_eq!(again.payload, short.payload, "the short lease must run out first");
+    assert_eq!(again.delivery_count, 2, "a lease that ran out counts a delivery");
+
+    let shortened_from = Instant::now();
+    ok(b.extend_lease(&long.handle, SHORT_LEASE).await, "shorten the long lease to 1 s");
+    let back = receive_one(b, &queue, LONG_LEASE, "the message whose lease was shortened").await;
+    assert_not_before(shortened_from, Instant::now(), SHORT_LEASE, "a shortened lease ended");
+    assert_eq!(back.payload, long.payload, "the shortened lease must run out");
+    assert_eq!(back.delivery_count, 2, "a lease that ran out counts a delivery");
+    expect_stale(b.ack(&long.handle).await, "ack with the handle whose lease ran out");
+    ok(b.ack(&again.handle).await, "ack");
+    ok(b.ack(&back.handle).await, "ack");
+    delete(b, &[&queue]).await;
+}
+
 /// With `max_deliveries = 3`, a message nacked on each of its 3 deliveries lands in the
 /// dead-letter queue with reason `delivery_limit`, and is never delivered a 4th time.
 pub async fn delivery_limit_moves_the_message_to_the_dead_letter_queue(
@@ -674,6 +702,7 @@ macro_rules! broker_conformance_tests {
             nack_redelivers_with_incremented_count,
             nack_with_delay_hides_the_message_until_the_delay_ends,
             extend_lease_keeps_the_message_invisible,
+            leases_run_out_each_at_its_own_end,
             delivery_limit_moves_the_message_to_the_dead_letter_queue,
             explicit_dead_letter_records_the_reason,
             concurrent_receivers_never_share_a_message,

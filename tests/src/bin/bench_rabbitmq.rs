@@ -10,6 +10,16 @@
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]`.
 //! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery).
+//!
+//! The job root and the scratch folders are local folders (`--dir`, `target/bench-tmp` by
+//! default), so batchfleet's figure includes creating three files per mini-batch (result
+//! part, its folder, status); Celery's and raw lapin's touch no file. What that costs depends
+//! on the file system and its recent past: on an ext4 without a journal, creating a file skips
+//! every inode of its block group freed in the last minute (the last six while that part of
+//! the inode table is not yet written back), one lookup each. After the previous run removed
+//! its files, or a build removed its own, a create can cost 0.5 ms of CPU instead of 15 µs.
+//! The benchmark prints what a create costs in `--dir` before it starts: compare runs only at
+//! similar costs (or use a tmpfs `--dir`, and say so).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,6 +83,14 @@ fn main() -> Result<()> {
         work.display()
     );
 
+    let create = file_create_cost(&work)?;
+    println!(
+        "file system: creating a file under {} takes {:.0} µs (batchfleet creates 3 per \
+         mini-batch here; a tmpfs takes about 15 µs)",
+        options.dir.display(),
+        create.as_secs_f64() * 1e6
+    );
+
     let fleet = batchfleet(&work, &options)?;
     print_figure("batchfleet", n, fleet);
     println!(
@@ -102,6 +120,19 @@ fn main() -> Result<()> {
     println!("batchfleet / raw lapin: {:.1} % (target >= 30 %)", 100.0 * rate(fleet) / rate(raw));
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
+}
+
+/// The mean time to create a small file in a new folder under `work` (the files stay until
+/// the benchmark removes `work`: removing them now would slow the creates that follow).
+fn file_create_cost(work: &Path) -> Result<Duration> {
+    const FILES: u32 = 200;
+    let probe = work.join("fs-probe");
+    std::fs::create_dir_all(&probe)?;
+    let started = Instant::now();
+    for i in 0..FILES {
+        std::fs::write(probe.join(format!("p{i:04}")), b"x")?;
+    }
+    Ok(started.elapsed() / FILES)
 }
 
 fn shown_url() -> String {

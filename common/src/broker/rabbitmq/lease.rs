@@ -3,9 +3,11 @@
 //! RabbitMQ has no visibility timeout: a delivery stays with its channel until it is settled or
 //! the channel closes. The lease is therefore kept here. Each entry holds the delivery's
 //! [`Acker`] and a clone of its channel (lapin closes a channel when its last clone drops, and
-//! closing a channel gives its unsettled messages back). A watcher task per lease nacks the
-//! delivery with `requeue = true` when the lease runs out — which makes a quorum queue count a
-//! delivery, exactly as a crash would — and from that moment the handle is stale.
+//! closing a channel gives its unsettled messages back). One watcher task per table nacks a
+//! delivery with `requeue = true` when its lease runs out — which makes a quorum queue count a
+//! delivery, exactly as a crash would — and from that moment the handle is stale. The watcher
+//! sleeps until the earliest end and is woken only when a lease could end before that (a
+//! shorter lease or extension), so granting and settling a lease spawn and wake nothing.
 //!
 //! A handle is `"{broker instance}/{lease id}"`: unique per delivery across broker instances,
 //! so a handle from another broker (or another process) is refused rather than mistaken.
@@ -32,8 +34,6 @@ pub(super) struct Lease {
     /// Keeps the delivery's channel open while the lease lives.
     _channel: Channel,
     expires: Instant,
-    /// Wakes the watcher when `expires` moves.
-    moved: Arc<Notify>,
 }
 
 impl Lease {
@@ -47,12 +47,24 @@ impl Lease {
     }
 }
 
-/// The lease table. Shared by the broker and the watcher tasks (which hold it weakly, so
-/// dropping the broker ends them and closes the channels).
+/// The held leases and when the watcher looks at them next.
+struct Table {
+    held: HashMap<u64, Lease>,
+    /// When the watcher wakes up next (`None`: it waits for a lease to be granted).
+    wake_at: Option<Instant>,
+    /// The watcher, started by the first grant in the runtime of its caller (and again by the
+    /// next grant, should that runtime have ended).
+    watcher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The lease table. Shared by the broker and its watcher task (which holds it weakly, so
+/// dropping the broker ends it and closes the channels).
 pub(super) struct Leases {
     instance: String,
     next_id: AtomicU64,
-    held: Mutex<HashMap<u64, Lease>>,
+    table: Mutex<Table>,
+    /// Wakes the watcher: a lease may end before `wake_at`, or the table is gone.
+    wake: Arc<Notify>,
 }
 
 /// What [`Leases::peek`] copies out of a lease.
@@ -63,15 +75,20 @@ pub(super) struct Held {
 
 impl Leases {
     pub(super) fn new(instance: String) -> Arc<Self> {
-        Arc::new(Leases { instance, next_id: AtomicU64::new(0), held: Mutex::new(HashMap::new()) })
+        Arc::new(Leases {
+            instance,
+            next_id: AtomicU64::new(0),
+            table: Mutex::new(Table { held: HashMap::new(), wake_at: None, watcher: None }),
+            wake: Arc::new(Notify::new()),
+        })
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Lease>> {
-        // Every critical section inserts, removes or updates one entry and cannot panic half-way.
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Every critical section inserts, removes or updates entries and cannot panic half-way.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hold a delivery for `lease` from now; returns its handle.
+    /// Hold a delivery for `lease` from now; returns its handle. Call inside a tokio runtime.
     pub(super) fn grant(
         self: &Arc<Self>,
         queue: &str,
@@ -81,24 +98,30 @@ impl Leases {
         lease: Duration,
     ) -> DeliveryHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let moved = Arc::new(Notify::new());
-        let entry = Lease {
-            queue: queue.to_owned(),
-            payload,
-            acker,
-            _channel: channel,
-            expires: after(Instant::now(), lease),
-            moved: Arc::clone(&moved),
-        };
-        self.lock().insert(id, entry);
-        tokio::spawn(watch(Arc::downgrade(self), id, moved));
+        let expires = after(Instant::now(), lease);
+        let entry = Lease { queue: queue.to_owned(), payload, acker, _channel: channel, expires };
+        let mut table = self.lock();
+        table.held.insert(id, entry);
+        if table.watcher.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {
+            let watcher = watch(Arc::downgrade(self), Arc::clone(&self.wake));
+            table.watcher = Some(tokio::spawn(watcher));
+        }
+        self.wake_by(&mut table, expires);
         DeliveryHandle::for_lease(&self.instance, id)
+    }
+
+    /// Make sure the watcher looks at the table by `expires`.
+    fn wake_by(&self, table: &mut Table, expires: Instant) {
+        if table.wake_at.is_none_or(|at| expires < at) {
+            table.wake_at = Some(expires);
+            self.wake.notify_one();
+        }
     }
 
     /// Take the lease out of the table (to settle it): the handle is stale from now on.
     pub(super) fn take(&self, handle: &DeliveryHandle) -> Result<Lease, BrokerError> {
         let id = self.parse(handle)?;
-        let lease = self.lock().remove(&id).ok_or_else(|| stale(handle))?;
+        let lease = self.lock().held.remove(&id).ok_or_else(|| stale(handle))?;
         if lease.acker.usable() {
             Ok(lease)
         } else {
@@ -111,9 +134,12 @@ impl Leases {
     /// What a lease holds, leaving it in place.
     pub(super) fn peek(&self, handle: &DeliveryHandle) -> Result<Held, BrokerError> {
         let id = self.parse(handle)?;
-        let held = self.lock();
-        let lease =
-            held.get(&id).filter(|lease| lease.acker.usable()).ok_or_else(|| stale(handle))?;
+        let table = self.lock();
+        let lease = table
+            .held
+            .get(&id)
+            .filter(|lease| lease.acker.usable())
+            .ok_or_else(|| stale(handle))?;
         Ok(Held { queue: lease.queue.clone(), payload: lease.payload.clone() })
     }
 
@@ -124,33 +150,38 @@ impl Leases {
         lease: Duration,
     ) -> Result<(), BrokerError> {
         let id = self.parse(handle)?;
-        let mut held = self.lock();
-        match held.get_mut(&id) {
+        let mut table = self.lock();
+        match table.held.get_mut(&id) {
             Some(entry) if entry.acker.usable() => {
-                entry.expires = after(Instant::now(), lease);
+                let expires = after(Instant::now(), lease);
+                entry.expires = expires;
                 // The new end may be earlier than the one the watcher sleeps until.
-                entry.moved.notify_one();
+                self.wake_by(&mut table, expires);
                 Ok(())
             }
             Some(_) => {
-                held.remove(&id);
+                table.held.remove(&id);
                 Err(stale(handle))
             }
             None => Err(stale(handle)),
         }
     }
 
-    fn expiry(&self, id: u64) -> Option<Instant> {
-        self.lock().get(&id).map(|lease| lease.expires)
-    }
-
-    /// The lease, if it has run out by `now`.
-    fn take_expired(&self, id: u64, now: Instant) -> Option<Lease> {
-        let mut held = self.lock();
-        if held.get(&id)?.expires > now {
-            return None;
-        }
-        held.remove(&id)
+    /// Take out the leases that ran out by `now`; note when to look next.
+    fn take_expired(&self, now: Instant) -> Vec<(u64, Lease)> {
+        let mut table = self.lock();
+        let ended: Vec<u64> = table
+            .held
+            .iter()
+            .filter(|(_, lease)| lease.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        let expired = ended
+            .into_iter()
+            .filter_map(|id| table.held.remove(&id).map(|lease| (id, lease)))
+            .collect();
+        table.wake_at = table.held.values().map(|lease| lease.expires).min();
+        expired
     }
 
     fn parse(&self, handle: &DeliveryHandle) -> Result<u64, BrokerError> {
@@ -158,29 +189,43 @@ impl Leases {
     }
 }
 
-/// Requeue the delivery when its lease runs out, following extensions.
-async fn watch(leases: Weak<Leases>, id: u64, moved: Arc<Notify>) {
+impl Drop for Leases {
+    fn drop(&mut self) {
+        // Let the watcher see that the table is gone.
+        self.wake.notify_one();
+    }
+}
+
+/// Requeue deliveries whose lease ran out, following grants and extensions.
+async fn watch(leases: Weak<Leases>, wake: Arc<Notify>) {
     loop {
-        let Some(expires) = leases.upgrade().and_then(|l| l.expiry(id)) else {
-            return; // settled, or the broker is gone
+        let (expired, wake_at) = {
+            let Some(leases) = leases.upgrade() else {
+                return; // the broker is gone
+            };
+            let expired = leases.take_expired(Instant::now());
+            let wake_at = leases.lock().wake_at;
+            (expired, wake_at)
         };
-        tokio::select! {
-            () = tokio::time::sleep_until(expires) => {}
-            () = moved.notified() => continue,
+        for (id, lease) in expired {
+            match lease.requeue().await {
+                Ok(true) => tracing::debug!(queue = %lease.queue, lease_id = id,
+                    "lease ran out; message requeued"),
+                Ok(false) => tracing::debug!(queue = %lease.queue, lease_id = id,
+                    "lease ran out after its channel closed; RabbitMQ requeued the message"),
+                Err(error) => tracing::warn!(queue = %lease.queue, lease_id = id, %error,
+                    "lease ran out but the requeue failed; RabbitMQ requeues it when the channel closes"),
+            }
         }
-        let Some(expired) = leases.upgrade().and_then(|l| l.take_expired(id, Instant::now()))
-        else {
-            continue; // extended meanwhile (or settled: the next look returns)
-        };
-        match expired.requeue().await {
-            Ok(true) => tracing::debug!(queue = %expired.queue, lease_id = id,
-                "lease ran out; message requeued"),
-            Ok(false) => tracing::debug!(queue = %expired.queue, lease_id = id,
-                "lease ran out after its channel closed; RabbitMQ requeued the message"),
-            Err(error) => tracing::warn!(queue = %expired.queue, lease_id = id, %error,
-                "lease ran out but the requeue failed; RabbitMQ requeues it when the channel closes"),
+        match wake_at {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = wake.notified() => {}
+                }
+            }
+            None => wake.notified().await,
         }
-        return;
     }
 }
 

@@ -139,6 +139,7 @@ fn move_into_place(source: &Path, destination: &Path) -> std::io::Result<()> {
 fn create_only(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
     use std::io::Write;
     let mut suffix = 1_u32;
+    let mut folder_made = false;
     let (staging, mut file) = loop {
         let mut staging = path.as_os_str().to_owned();
         staging.push(format!("#{suffix}"));
@@ -146,11 +147,13 @@ fn create_only(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
         match std::fs::OpenOptions::new().write(true).create_new(true).open(&staging) {
             Ok(file) => break (staging, file),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => suffix += 1,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                let Some(folder) = path.parent().filter(|folder| !folder.exists()) else {
+            // The folder is missing (or another writer is making it right now): make it, once.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound && !folder_made => {
+                let Some(folder) = path.parent() else {
                     return Err(error);
                 };
                 std::fs::create_dir_all(folder)?;
+                folder_made = true;
             }
             Err(error) => return Err(error),
         }
@@ -478,22 +481,27 @@ mod tests {
 
     #[test]
     fn one_of_eight_racing_writers_creates_the_status() {
+        // Twenty races, each into a folder that does not exist yet (the writers make it).
         let dir = tempfile::tempdir().unwrap();
-        let path = Arc::new(dir.path().join("status/00000002.json"));
-        let start = Arc::new(Barrier::new(8));
-        let writers: Vec<_> = (0..8)
-            .map(|i| {
-                let (path, start) = (Arc::clone(&path), Arc::clone(&start));
-                std::thread::spawn(move || {
-                    start.wait();
-                    create_only(&path, format!("writer {i}").as_bytes()).unwrap()
+        for round in 0..20 {
+            let folder = dir.path().join(format!("round-{round}/status"));
+            let path = Arc::new(folder.join("00000002.json"));
+            let start = Arc::new(Barrier::new(8));
+            let writers: Vec<_> = (0..8)
+                .map(|i| {
+                    let (path, start) = (Arc::clone(&path), Arc::clone(&start));
+                    std::thread::spawn(move || {
+                        start.wait();
+                        create_only(&path, format!("writer {i}").as_bytes()).unwrap()
+                    })
                 })
-            })
-            .collect();
-        let won = writers.into_iter().map(|w| w.join().unwrap()).filter(|won| *won).count();
-        assert_eq!(won, 1);
-        assert!(String::from_utf8(std::fs::read(&*path).unwrap()).unwrap().starts_with("writer "));
-        assert_eq!(names(&dir.path().join("status")), ["00000002.json"]);
+                .collect();
+            let won = writers.into_iter().map(|w| w.join().unwrap()).filter(|won| *won).count();
+            assert_eq!(won, 1, "round {round}");
+            let text = String::from_utf8(std::fs::read(&*path).unwrap()).unwrap();
+            assert!(text.starts_with("writer "), "{text}");
+            assert_eq!(names(&folder), ["00000002.json"], "no staging file left");
+        }
     }
 
     /// The key of an absolute local path in `LocalFileSystem::new()`.

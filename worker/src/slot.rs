@@ -129,6 +129,8 @@ pub(crate) struct Slot {
     runtime: Option<ActiveRuntime>,
     /// Open stores and header lines for tabular batches.
     tables: TableReaders,
+    /// The slot's local output folder exists (created once, not per batch).
+    out_dir_ready: bool,
     /// Runtimes started by this slot, for unique log names.
     seq: u64,
     summary: WorkerSummary,
@@ -151,6 +153,7 @@ impl Slot {
             dir,
             runtime: None,
             tables: TableReaders::default(),
+            out_dir_ready: false,
             seq: 0,
             summary: WorkerSummary::default(),
             fatal: None,
@@ -356,9 +359,12 @@ impl Slot {
             })?
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
         let out_dir = self.dir.join("out");
-        tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
-            AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
-        })?;
+        if !self.out_dir_ready {
+            tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
+                AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
+            })?;
+            self.out_dir_ready = true;
+        }
         let output = out_dir.join(format!("{}.txt", message.batch_id));
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
@@ -381,7 +387,9 @@ impl Slot {
             Err(end) => Err(end),
         };
         drop(inputs);
-        if let Err(error) = tokio::fs::remove_file(&output).await {
+        // One unlink, done in place: a trip to the blocking pool costs more than the syscall
+        // (and on a local job root the file was already moved into place as the result part).
+        if let Err(error) = std::fs::remove_file(&output) {
             if error.kind() != std::io::ErrorKind::NotFound {
                 tracing::debug!(%error, "removing the local output file");
             }

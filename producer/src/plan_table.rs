@@ -175,41 +175,42 @@ async fn list_table_files(
                     path_columns: BTreeMap::new(),
                 });
             }
-            MlPath::Folder(url) => {
-                let location = store::open_str(url)?;
-                let mut listing = list_in_key_order(&location);
-                while let Some(meta) = listing.try_next().await? {
-                    files.push(TableFile {
-                        url: object_url(&location, &meta.location),
-                        size: meta.size,
-                        path_columns: BTreeMap::new(),
-                    });
-                }
-            }
+            MlPath::Folder(url) => list_folder(url, |_| true, &mut files).await?,
             MlPath::Pattern(raw) => {
                 let pattern = PathPattern::parse(raw).map_err(|mut e| {
                     e.file.clone_from(&table.file);
                     e
                 })?;
-                let location = store::open_str(&pattern.base)?;
-                let prefix = location.prefix.as_ref().to_string();
-                let mut listing = list_in_key_order(&location);
-                while let Some(meta) = listing.try_next().await? {
-                    let key = meta.location.as_ref();
-                    let rel = key.strip_prefix(&prefix).unwrap_or(key).trim_start_matches('/');
-                    if pattern.matches(rel) {
-                        files.push(TableFile {
-                            url: object_url(&location, &meta.location),
-                            size: meta.size,
-                            path_columns: BTreeMap::new(),
-                        });
-                    }
-                }
+                list_folder(&pattern.base, |rel| pattern.matches(rel), &mut files).await?;
             }
         }
         tracing::debug!(?path, files = files.len() - found, "MLTable path listed");
     }
     Ok(files)
+}
+
+/// Append the objects under the folder `url` whose key relative to it `keep` accepts, in key
+/// order.
+async fn list_folder(
+    url: &str,
+    keep: impl Fn(&str) -> bool,
+    files: &mut Vec<TableFile>,
+) -> Result<(), ProducerError> {
+    let location = store::open_str(url)?;
+    let prefix = location.prefix.as_ref().to_string();
+    let mut listing = list_in_key_order(&location);
+    while let Some(meta) = listing.try_next().await? {
+        let key = meta.location.as_ref();
+        let rel = key.strip_prefix(&prefix).unwrap_or(key).trim_start_matches('/');
+        if keep(rel) {
+            files.push(TableFile {
+                url: object_url(&location, &meta.location),
+                size: meta.size,
+                path_columns: BTreeMap::new(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The object path of a URL, percent-decoded (partition values are matched against it).
@@ -423,13 +424,9 @@ impl Planner<'_, '_> {
         let (store, key) = self.stores.object(&piece.url)?;
         let bytes = read_records(store.as_ref(), &key, piece.size, piece.start, piece.end).await?;
         let records = count_records(&bytes);
-        let probe = TableBatch {
-            read: self.read.clone(),
-            pieces: Vec::new(),
-            partition_key_value: BTreeMap::new(),
-            header_file: self.header_file.clone(),
-        };
-        let header = u64::from(piece.start == 0 && probe.file_starts_with_header(piece));
+        let starts_with_header =
+            self.read.format.file_starts_with_header(&piece.url, self.header_file.as_deref());
+        let header = u64::from(piece.start == 0 && starts_with_header);
         Ok(records.saturating_sub(header))
     }
 }

@@ -83,6 +83,21 @@ impl TableFormat {
     }
 }
 
+impl TableFormat {
+    /// Whether the file at `url` begins with a header line that is not data; `header_file` is
+    /// the file that names the columns under `header: from_first_file`.
+    pub fn file_starts_with_header(&self, url: &str, header_file: Option<&str>) -> bool {
+        match self {
+            TableFormat::Delimited { header: HeaderMode::NoHeader, .. } => false,
+            TableFormat::Delimited { header: HeaderMode::FromFirstFile, .. } => {
+                header_file == Some(url)
+            }
+            TableFormat::Delimited { .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// MLTable's text encodings (its spelling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -185,14 +200,7 @@ impl TableBatch {
 
     /// Whether `piece`'s file begins with a header line that is not data.
     pub fn file_starts_with_header(&self, piece: &TablePiece) -> bool {
-        match &self.read.format {
-            TableFormat::Delimited { header: HeaderMode::NoHeader, .. } => false,
-            TableFormat::Delimited { header: HeaderMode::FromFirstFile, .. } => {
-                self.header_file.as_deref() == Some(piece.url.as_str())
-            }
-            TableFormat::Delimited { .. } => true,
-            _ => false,
-        }
+        self.read.format.file_starts_with_header(&piece.url, self.header_file.as_deref())
     }
 
     /// Bytes this batch covers (planned sizes; rows are known only once read).

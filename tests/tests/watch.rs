@@ -25,6 +25,19 @@ fn bucket() -> String {
     })
 }
 
+/// `<dir>/code/entry.py` holding `script`.
+fn write_entry_script(dir: &std::path::Path, script: impl AsRef<str>) {
+    std::fs::create_dir_all(dir.join("code")).unwrap();
+    std::fs::write(dir.join("code/entry.py"), script.as_ref()).unwrap();
+}
+
+/// A fresh `s3://<bucket>/<tag>-<pid>-<nanos>/` prefix.
+fn unique_prefix(tag: &str) -> String {
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("s3://{}/{tag}-{}-{nanos}/", bucket(), std::process::id())
+}
+
 fn manifest(dir: &std::path::Path, i: usize) -> String {
     let data = dir.join(format!("data-{i}"));
     std::fs::create_dir_all(&data).unwrap();
@@ -60,15 +73,11 @@ async fn get_json(location: &StoreLocation, rel: &str) -> serde_json::Value {
 fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one() {
     let pool = Pool::new("watch");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("code")).unwrap();
-    std::fs::write(
-        dir.path().join("code/entry.py"),
+    write_entry_script(
+        dir.path(),
         "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
-    )
-    .unwrap();
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("s3://{}/watch-{}-{nanos}/manifests/", bucket(), std::process::id());
+    );
+    let prefix = format!("{}manifests/", unique_prefix("watch"));
     let manifests = open_str(&prefix).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -137,16 +146,12 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
 fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
     let pool = Pool::new("watch-restart");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("code")).unwrap();
-    std::fs::write(
-        dir.path().join("code/entry.py"),
+    write_entry_script(
+        dir.path(),
         "import os, time\ndef init(): pass\ndef run(mini_batch):\n    time.sleep(0.3)\n    \
          return [os.path.basename(p) for p in mini_batch]\n",
-    )
-    .unwrap();
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("s3://{}/watch-restart-{}-{nanos}/", bucket(), std::process::id());
+    );
+    let prefix = unique_prefix("watch-restart");
     let manifests = open_str(&prefix).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let spec = manifest(dir.path(), 0)
@@ -203,15 +208,11 @@ fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
 fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
     let pool = Pool::new("watch-wake");
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("code")).unwrap();
-    std::fs::write(
-        dir.path().join("code/entry.py"),
+    write_entry_script(
+        dir.path(),
         "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
-    )
-    .unwrap();
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    let prefix = format!("s3://{}/watch-wake-{}-{nanos}/", bucket(), std::process::id());
+    );
+    let prefix = unique_prefix("watch-wake");
     let manifests = open_str(&prefix).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(put(&manifests, "first.yaml", manifest(dir.path(), 0)));
@@ -344,10 +345,9 @@ struct GatedJob {
 impl GatedJob {
     fn new(tag: &str) -> GatedJob {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("code")).unwrap();
         let gate = dir.path().join("gate");
-        std::fs::write(
-            dir.path().join("code/entry.py"),
+        write_entry_script(
+            dir.path(),
             format!(
                 "import os, time\nGATE = {gate:?}\ndef init(): pass\ndef run(mini_batch):\n    \
                  deadline = time.time() + 240\n    while not os.path.exists(GATE):\n        \
@@ -355,11 +355,8 @@ impl GatedJob {
                  time.sleep(0.05)\n    return [os.path.basename(p) for p in mini_batch]\n",
                 gate = gate.display().to_string(),
             ),
-        )
-        .unwrap();
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        let prefix = format!("s3://{}/{tag}-{}-{nanos}/", bucket(), std::process::id());
+        );
+        let prefix = unique_prefix(tag);
         let manifests = open_str(&prefix).unwrap();
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let spec = manifest(dir.path(), 0)

@@ -97,7 +97,14 @@ pub async fn plan(
     queues: &QueueNames,
 ) -> Result<PlanSummary, ProducerError> {
     let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
+    let started = std::time::Instant::now();
     let plan = plan_and_publish(job, &target).await?;
+    tracing::info!(
+        batches = plan.batches,
+        items = plan.items,
+        duration_ms = elapsed_ms(started),
+        "plan published"
+    );
     if plan.tabular {
         eprintln!("planned {} mini-batches of {} table pieces", plan.batches, plan.items);
     } else {
@@ -139,8 +146,15 @@ pub async fn follow_from(
     }
     let mut progress = Progress::new(plan.batches, interactive);
     let follow = Follow { job, broker, queues, root, reconcile_after: RECONCILE_AFTER };
+    let started = std::time::Instant::now();
     let end = follow.until_done(&mut tracker, &mut progress, fleet_gone).await?;
     progress.finish();
+    let counts = tracker.counts();
+    tracing::info!(
+        batches_ended = counts.batches_ended(),
+        duration_ms = elapsed_ms(started),
+        "batches followed to their end"
+    );
     Ok((tracker, end))
 }
 
@@ -167,7 +181,14 @@ pub async fn finish(
     let output_at = output_location(job, root)?;
     let header =
         if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
+    let started = std::time::Instant::now();
     let output = aggregate(root, tracker, header, &output_at).await?;
+    tracing::info!(
+        rows = output.rows,
+        bytes = output.bytes,
+        duration_ms = elapsed_ms(started),
+        "output aggregated"
+    );
     let verdict = match end.failure() {
         None => verdict(job, &tracker.counts(), output.rows),
         Some(reason) => Verdict::Failed(reason.to_string()),
@@ -181,4 +202,8 @@ pub async fn finish(
         job_result_url: root.key_url(&root.layout.job_result()),
         output: Some(output),
     })
+}
+
+fn elapsed_ms(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }

@@ -5,7 +5,11 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = batchfleet_producer::cli::Cli::parse();
     batchfleet_common::logging::init("warn");
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One thread: the producer lists, publishes, follows events and copies result parts, all
+    // I/O; a multi-threaded runtime paid cross-thread wake-ups for every published message.
+    // Blocking file work goes to tokio's blocking pool.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

@@ -48,6 +48,13 @@ struct Args {
     #[arg(long, env = "BATCHFLEET_CONCURRENCY", default_value_t = 1,
         value_parser = clap::value_parser!(u32).range(1..=1024))]
     concurrency: u32,
+    /// Messages this worker holds from the work queue at most (RabbitMQ's prefetch); default:
+    /// `--concurrency`, one per slot. More keep short mini-batches flowing without a broker
+    /// round trip between two of them, but a message held beyond the slots waits for a slot,
+    /// and that wait counts towards RabbitMQ's `consumer_timeout` (see the README). SQS: unused.
+    #[arg(long, env = "BATCHFLEET_PREFETCH",
+        value_parser = clap::value_parser!(u32).range(1..=65_535))]
+    prefetch: Option<u32>,
     /// Exit (code 0) after this many seconds with nothing to do: scale to zero.
     #[arg(long, env = "BATCHFLEET_IDLE_EXIT")]
     idle_exit: Option<u64>,
@@ -74,7 +81,11 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     batchfleet_common::logging::init("info");
-    let runtime = match tokio::runtime::Runtime::new() {
+    // One thread: the worker's own work is I/O orchestration (the entry scripts do the
+    // computing, in their own processes), and on a multi-threaded runtime every message cost
+    // several cross-thread wake-ups. Blocking file work goes to tokio's blocking pool.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -109,7 +120,19 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let queues = QueueNames::for_pool(&args.pool);
     let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
     // The work queue's consumer holds at most one message per slot (see the RabbitMQ backend).
-    let prefetch = u16::try_from(args.concurrency).unwrap_or(u16::MAX);
+    let prefetch = match args.prefetch {
+        None => args.concurrency,
+        Some(prefetch) if prefetch >= args.concurrency => prefetch,
+        Some(prefetch) => {
+            eprintln!(
+                "error: --prefetch ({prefetch}) must be at least --concurrency ({}): every slot \
+                 holds one message",
+                args.concurrency
+            );
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
     let broker = match connect_with_prefetch(&args.broker, options, Some(prefetch)).await {
         Ok(broker) => broker,
         Err(error) => {

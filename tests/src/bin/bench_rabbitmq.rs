@@ -41,6 +41,8 @@ struct Options {
     n: usize,
     workers: usize,
     concurrency: u32,
+    /// The workers' `--prefetch` (default: theirs, the concurrency).
+    prefetch: Option<u32>,
     skip_celery: bool,
     /// Where the inputs, job roots and scratch folders go.
     dir: PathBuf,
@@ -51,6 +53,7 @@ fn options() -> Result<Options> {
         n: 5000,
         workers: 2,
         concurrency: 4,
+        prefetch: None,
         skip_celery: false,
         dir: repo_root().join("target/bench-tmp"),
     };
@@ -61,10 +64,12 @@ fn options() -> Result<Options> {
             "--n" => options.n = value()?.parse()?,
             "--workers" => options.workers = value()?.parse()?,
             "--concurrency" => options.concurrency = value()?.parse()?,
+            "--prefetch" => options.prefetch = Some(value()?.parse()?),
             "--skip-celery" => options.skip_celery = true,
             "--dir" => options.dir = PathBuf::from(value()?),
             other => bail!(
-                "unknown option `{other}` (--n, --workers, --concurrency, --skip-celery, --dir)"
+                "unknown option `{other}` (--n, --workers, --concurrency, --prefetch, --skip-celery, \
+                 --dir)"
             ),
         }
     }
@@ -211,9 +216,14 @@ fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
     let pool = guard.name.clone();
     let mut workers = Vec::new();
     for w in 0..options.workers {
-        let child = Command::new(release_binary("batchfleet-worker")?)
+        let mut command = Command::new(release_binary("batchfleet-worker")?);
+        command
             .args(["--broker", &amqp_url(), "--pool", &pool, "--worker-id", &format!("w{w}")])
-            .args(["--concurrency", &options.concurrency.to_string()])
+            .args(["--concurrency", &options.concurrency.to_string()]);
+        if let Some(prefetch) = options.prefetch {
+            command.args(["--prefetch", &prefetch.to_string()]);
+        }
+        let child = command
             .arg("--scratch-dir")
             .arg(dir.join("scratch"))
             .arg("--python")

@@ -58,11 +58,12 @@ impl JobLayout {
         self.key("plan/summary.json")
     }
 
-    /// One attempt's output rows: `results/<batch id>/<part>`. Every attempt writes its own
+    /// One attempt's output rows: `results/<batch id>.<part>`. Every attempt writes its own
     /// part; the batch's status (written create-only, so the first successful attempt wins)
-    /// names the one that counts, and the others are deleted.
+    /// names the one that counts, and the others are deleted. One flat folder, not a folder
+    /// per batch: on a local job root a folder per batch cost a `mkdir` per mini-batch.
     pub fn result_part(&self, batch_id: &str, part: &str) -> Path {
-        self.key(&format!("results/{batch_id}/{part}"))
+        self.key(&format!("results/{batch_id}.{part}"))
     }
 
     pub fn status(&self, batch_id: &str) -> Path {

@@ -77,7 +77,7 @@ pub struct BatchStatus {
     pub items_out: u64,
     /// Rows written to the result part.
     pub rows: u64,
-    /// The winning attempt's result part: its name under `results/<batch id>/`.
+    /// The winning attempt's result part: `<part>` in `results/<batch id>.<part>`.
     #[serde(default)]
     pub result_part: Option<String>,
     /// The DataFrame header line, when `run()` returned a DataFrame.

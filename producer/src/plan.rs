@@ -21,10 +21,14 @@ use crate::error::ProducerError;
 use crate::job_root::JobRoot;
 use batchfleet_common::store::listing::list_in_key_order;
 
-/// Batches per plan chunk (one `plan/batches-*.jsonl` object).
+/// Batches per plan chunk (one `plan/batches-*.jsonl` object, published in one go).
 const BATCHES_PER_CHUNK: usize = 1000;
-/// Messages per `publish` call.
-const PUBLISH_GROUP: usize = 100;
+/// Batches in the first chunk: small, so that workers start their runtimes (and `init()`)
+/// while the rest of the input is still being listed and planned.
+const FIRST_CHUNK_BATCHES: usize = 32;
+/// Messages per `publish` call: the broker pipelines its confirms within one call (RabbitMQ),
+/// so one call per chunk waits for one round of confirms instead of one per group.
+const PUBLISH_GROUP: usize = BATCHES_PER_CHUNK;
 
 /// What planning produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -129,7 +133,8 @@ impl<'a> PlanWriter<'a> {
     async fn push(&mut self, message: MiniBatchMessage) -> Result<(), ProducerError> {
         self.summary.batches += 1;
         self.chunk.push(message);
-        if self.chunk.len() >= BATCHES_PER_CHUNK {
+        let limit = if self.chunk_no == 0 { FIRST_CHUNK_BATCHES } else { BATCHES_PER_CHUNK };
+        if self.chunk.len() >= limit {
             flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
             self.chunk_no += 1;
         }

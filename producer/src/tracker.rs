@@ -13,7 +13,7 @@ struct Ended {
     state: BatchState,
     items_in: u64,
     items_out: u64,
-    /// The winning result part of a succeeded batch (its name under `results/<batch>/`).
+    /// The winning result part of a succeeded batch (its name under `results/<batch>.<part>`).
     part: Option<Box<str>>,
 }
 

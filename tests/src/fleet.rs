@@ -109,11 +109,19 @@ impl Pool {
     }
 
     /// Start a worker serving this pool. `id` names it (and is `TEST_WORKER` in the entry
-    /// script's environment); `extra` are further arguments.
+    /// script's environment); `extra` are further arguments. The scratch folder is
+    /// `<dir>/scratch` unless `extra` names one, which is then taken relative to `dir` (the
+    /// worker's working folder in that case).
     pub fn worker(&self, dir: &Path, id: &str, concurrency: u32, extra: &[&str]) -> WorkerProcess {
         let log = dir.join(format!("worker-{id}.log"));
         let file = std::fs::File::create(&log).expect("worker log file");
-        let child = Command::new(binary("batchfleet-worker"))
+        let mut command = Command::new(binary("batchfleet-worker"));
+        if extra.contains(&"--scratch-dir") {
+            command.current_dir(dir);
+        } else {
+            command.arg("--scratch-dir").arg(dir.join("scratch"));
+        }
+        let child = command
             .arg("--broker")
             .arg(self.broker_url())
             .arg("--pool")
@@ -122,8 +130,6 @@ impl Pool {
             .arg(concurrency.to_string())
             .arg("--worker-id")
             .arg(id)
-            .arg("--scratch-dir")
-            .arg(dir.join("scratch"))
             .arg("--python")
             .arg(python())
             .args(extra)

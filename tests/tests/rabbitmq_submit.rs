@@ -16,6 +16,41 @@ fn submit_with_two_workers_scores_every_file_exactly_once() {
 }
 
 #[test]
+fn workers_with_a_prefetch_and_a_relative_scratch_folder_run_the_job() {
+    let pool = Pool::new("prefetch");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 60);
+    // A relative scratch folder used to reach Python as a relative driver path, which names
+    // nothing in the runtime's own working folder: every init() failed.
+    let extra = ["--prefetch", "6", "--scratch-dir", "relative-scratch"];
+    let mut worker = pool.worker(dir.path(), "p", 2, &extra);
+    let output = run_bounded(
+        &mut pool.submit(&dir.path().join("job.yaml"), &dir.path().join("jobs")),
+        JOB_LIMIT,
+    );
+    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
+    let scores = std::fs::read_to_string(dir.path().join("output/scores.txt")).unwrap();
+    assert_eq!(scores.lines().count(), 60, "{scores}");
+    assert!(dir.path().join("relative-scratch/p").is_dir(), "scratch under the working folder");
+    let status = worker.stop();
+    assert!(status.success(), "worker exit: {status:?}\n{}", worker.log());
+}
+
+#[test]
+fn a_prefetch_below_the_concurrency_is_refused() {
+    let pool = Pool::new("prefetch-low");
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = pool.worker(dir.path(), "low", 4, &["--prefetch", "2"]);
+    let status = worker.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(2), "a usage error: {}", worker.log());
+    assert!(
+        worker.log().contains("--prefetch (2) must be at least --concurrency (4)"),
+        "{}",
+        worker.log()
+    );
+}
+
+#[test]
 fn a_detached_job_is_published_and_its_progress_read_by_status() {
     let pool = Pool::new("detach");
     let dir = tempfile::tempdir().unwrap();

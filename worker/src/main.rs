@@ -145,15 +145,23 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     tracing::info!(broker = %redact(&args.broker), pool = %args.pool, %worker_id,
         concurrency = args.concurrency, "connected");
 
+    // Absolute: runtimes run in their own working folders, where a relative driver path given
+    // to Python would name nothing (every init() then failed with exit status 2).
+    let scratch_dir =
+        args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
+    let scratch_dir = match std::path::absolute(&scratch_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            eprintln!("error: --scratch-dir {}: {error}", scratch_dir.display());
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
     let config = WorkerConfig {
         worker_id,
         concurrency: args.concurrency as usize,
         queues,
         python: args.python.clone(),
-        scratch_dir: args
-            .scratch_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker")),
+        scratch_dir,
         idle_exit: args.idle_exit.map(Duration::from_secs),
     };
     let shutdown = CancellationToken::new();

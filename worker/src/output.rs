@@ -2,7 +2,7 @@
 //! batch event, and the user logs of the runtimes that served the job.
 //!
 //! Exactly-once output: every attempt uploads its rows to its own part
-//! (`results/<batch>/<part>`), then writes the batch's status *create-only*. The first
+//! (`results/<batch>.<part>`), then writes the batch's status *create-only*. The first
 //! successful attempt to create the status wins and its part is the batch's output; a later
 //! attempt finds the status there, deletes its own part and settles the message. A crash
 //! between the two writes leaves only an unreferenced part, never a duplicated row.
@@ -53,7 +53,7 @@ async fn upload(job: &LoadedJob, local: &Path, key: &Key) -> Result<(), InfraErr
     put(job, key, Bytes::from(bytes)).await
 }
 
-/// `results/<batch>/<part>` from the runtime's output file, uploaded.
+/// `results/<batch>.<part>` from the runtime's output file, uploaded.
 async fn write_result_part(
     job: &LoadedJob,
     batch_id: &str,
@@ -64,7 +64,7 @@ async fn write_result_part(
 }
 
 /// A successful attempt's outputs, in the order that makes output exactly-once: the result
-/// part `results/<batch>/<part>` from the runtime's output file, then the batch's status,
+/// part `results/<batch>.<part>` from the runtime's output file, then the batch's status,
 /// create-only: the first final status stands.
 ///
 /// A job root in a local folder gets both in one go on a blocking thread: the output file is
@@ -536,7 +536,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("out.txt");
         std::fs::write(&source, "row\n").unwrap();
-        let destination = dir.path().join("results/00000003/1-w-s0");
+        let destination = dir.path().join("results/00000003.1-w-s0");
         move_into_place(&source, &destination).unwrap();
         assert_eq!(std::fs::read_to_string(&destination).unwrap(), "row\n");
         assert!(!source.exists());

@@ -165,7 +165,7 @@ impl Fleet {
     /// The rows of a batch's winning result part (the one its status names).
     fn result(&self, batch: &str) -> Option<String> {
         let part = self.status(batch)?.result_part?;
-        self.read(&format!("results/{batch}/{part}"))
+        self.read(&format!("results/{batch}.{part}"))
     }
 
     fn status(&self, batch: &str) -> Option<BatchStatus> {
@@ -260,8 +260,13 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
     fleet.broker.set_ack_probe(move |payload| {
         let message: MiniBatchMessage = serde_json::from_slice(payload).unwrap();
         let status = root.join(format!("status/{}.json", message.batch_id));
-        let parts = std::fs::read_dir(root.join(format!("results/{}", message.batch_id)))
-            .map(|dir| dir.count())
+        let prefix = format!("{}.", message.batch_id);
+        let parts = std::fs::read_dir(root.join("results"))
+            .map(|dir| {
+                dir.filter_map(Result::ok)
+                    .filter(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+                    .count()
+            })
             .unwrap_or(0);
         format!("{} status={} result={}", message.batch_id, status.exists(), parts == 1)
     });
@@ -614,11 +619,12 @@ def run(mini_batch):
     assert_eq!(summary.batches_succeeded, 2, "both attempts ran to the end");
 
     let status = fleet.status("00000000").expect("one status");
-    let parts: Vec<String> = std::fs::read_dir(fleet.path("root/results/00000000"))
+    let parts: Vec<String> = std::fs::read_dir(fleet.path("root/results"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(parts, [status.result_part.clone().unwrap()], "only the winner's part remains");
+    let winner = format!("00000000.{}", status.result_part.clone().unwrap());
+    assert_eq!(parts, [winner], "only the winner's part remains");
     assert_eq!(fleet.result("00000000").unwrap(), "a.txt\nb.txt\n");
     let events = fleet.batch_events().await;
     assert_eq!(events.len(), 1, "only the winner tells the producer: {events:?}");

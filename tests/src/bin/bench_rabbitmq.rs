@@ -8,12 +8,14 @@
 //!    and acked concurrently: the broker's ceiling for this message flow.
 //!
 //! Build and run in release (not part of the test command):
-//! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]`.
+//! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]
+//! [--prefetch 16]` (the workers' `--prefetch`; default: their concurrency).
 //! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery).
 //!
 //! The job root and the scratch folders are local folders (`--dir`, `target/bench-tmp` by
-//! default), so batchfleet's figure includes creating three files per mini-batch (result
-//! part, its folder, status); Celery's and raw lapin's touch no file. What that costs depends
+//! default), so batchfleet's figure includes creating two files per mini-batch (the result
+//! part, which `run()`'s output file is renamed to, and the status, a staging file
+//! hard-linked into place); Celery's and raw lapin's touch no file. What that costs depends
 //! on the file system and its recent past: on an ext4 without a journal, creating a file skips
 //! every inode of its block group freed in the last minute (the last six while that part of
 //! the inode table is not yet written back), one lookup each. After the previous run removed
@@ -90,12 +92,18 @@ fn main() -> Result<()> {
 
     let create = file_create_cost(&work)?;
     println!(
-        "file system: creating a file under {} takes {:.0} µs (batchfleet creates 3 per \
+        "file system: creating a file under {} takes {:.0} µs (batchfleet creates 2 per \
          mini-batch here; a tmpfs takes about 15 µs)",
         options.dir.display(),
         create.as_secs_f64() * 1e6
     );
 
+    println!(
+        "batchfleet: {} workers x {} slots, prefetch {}",
+        options.workers,
+        options.concurrency,
+        options.prefetch.unwrap_or(options.concurrency)
+    );
     let fleet = batchfleet(&work, &options)?;
     print_figure("batchfleet", n, fleet);
     println!(

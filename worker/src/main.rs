@@ -119,7 +119,19 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     let queues = QueueNames::for_pool(&args.pool);
     let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
-    // The work queue's consumer holds at most one message per slot (see the RabbitMQ backend).
+    // Absolute: runtimes run in their own working folders, where a relative driver path given
+    // to Python would name nothing (every init() then failed with exit status 2).
+    let scratch_dir =
+        args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
+    let scratch_dir = match std::path::absolute(&scratch_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            eprintln!("error: --scratch-dir {}: {error}", scratch_dir.display());
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    // The work queue's consumer holds at most `prefetch` messages (see the RabbitMQ backend):
+    // by default one per slot.
     let prefetch = match args.prefetch {
         None => args.concurrency,
         Some(prefetch) if prefetch >= args.concurrency => prefetch,
@@ -143,19 +155,8 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     tracing::info!(broker = %redact(&args.broker), pool = %args.pool, %worker_id,
-        concurrency = args.concurrency, "connected");
+        concurrency = args.concurrency, prefetch, "connected");
 
-    // Absolute: runtimes run in their own working folders, where a relative driver path given
-    // to Python would name nothing (every init() then failed with exit status 2).
-    let scratch_dir =
-        args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
-    let scratch_dir = match std::path::absolute(&scratch_dir) {
-        Ok(dir) => dir,
-        Err(error) => {
-            eprintln!("error: --scratch-dir {}: {error}", scratch_dir.display());
-            return Ok(ExitCode::from(EXIT_CONFIG));
-        }
-    };
     let config = WorkerConfig {
         worker_id,
         concurrency: args.concurrency as usize,

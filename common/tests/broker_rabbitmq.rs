@@ -103,6 +103,72 @@ async fn a_message_held_by_a_consumer_that_goes_away_is_redelivered_counting_two
     cleanup(&survivor, &[&queue]).await;
 }
 
+/// Acks are held back for a moment and sent together, the run below the oldest delivery still
+/// in hand as one `multiple` ack: that ack must never settle the delivery still in hand.
+#[tokio::test]
+async fn held_acks_never_settle_a_message_still_in_hand() {
+    let prefix = unique_prefix("acks");
+    let queue = format!("{prefix}-work");
+    let broker =
+        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { prefetch: 8, ..options() })
+            .await
+            .unwrap();
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let payloads: Vec<Bytes> = ["a", "b", "c", "d"].into_iter().map(Bytes::from).collect();
+    broker.publish(&queue, payloads).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + EVENTUALLY;
+    while got.len() < 4 && Instant::now() < deadline {
+        got.extend(
+            broker.receive(&queue, 4 - got.len(), LONG, Duration::from_millis(500)).await.unwrap(),
+        );
+    }
+    assert_eq!(got.len(), 4, "4 published messages received within {EVENTUALLY:?}");
+    let in_hand = got.iter().position(|d| d.payload == "b").unwrap();
+    for (i, delivery) in got.iter().enumerate() {
+        if i != in_hand {
+            broker.ack(&delivery.handle).await.unwrap();
+        }
+    }
+    broker.flush().await;
+    broker.nack(&got[in_hand].handle, Duration::ZERO).await.unwrap();
+    let back = receive_one(&broker, &queue, LONG).await;
+    assert_eq!((back.payload.clone(), back.delivery_count), (Bytes::from("b"), 2));
+    broker.ack(&back.handle).await.unwrap();
+    broker.flush().await;
+    let again = broker.receive(&queue, 4, LONG, Duration::from_secs(2)).await.unwrap();
+    let again: Vec<_> = again.iter().map(|d| d.payload.clone()).collect();
+    assert!(again.is_empty(), "acked messages came back: {again:?}");
+    cleanup(&broker, &[&queue]).await;
+}
+
+/// `flush` sends the acks held back: a process that flushes and exits at once (its runtime and
+/// every task in it gone) gets nothing back.
+#[test]
+fn flushed_acks_reach_rabbitmq_before_the_process_exits() {
+    let prefix = unique_prefix("flush");
+    let queue = format!("{prefix}-work");
+    let exiting = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    exiting.block_on(async {
+        let broker = rabbitmq().await;
+        broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+        broker.publish(&queue, vec![Bytes::from("done")]).await.unwrap();
+        let delivery = receive_one(&broker, &queue, LONG).await;
+        broker.ack(&delivery.handle).await.unwrap();
+        broker.flush().await;
+    });
+    // The exit: the runtime goes with whatever it still had to do.
+    drop(exiting);
+
+    let next = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    next.block_on(async {
+        let broker = rabbitmq().await;
+        let got = broker.receive(&queue, 1, LONG, Duration::from_secs(2)).await.unwrap();
+        assert!(got.is_empty(), "a flushed ack was lost: the message came back");
+        cleanup(&broker, &[&queue]).await;
+    });
+}
+
 #[tokio::test]
 async fn a_connection_closed_by_rabbitmq_is_reopened_and_its_leases_are_stale() {
     let prefix = unique_prefix("reconnect");

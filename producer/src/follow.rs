@@ -77,6 +77,18 @@ impl Follow<'_> {
         &self,
         tracker: &mut Tracker,
         progress: &mut Progress,
+        fleet_gone: impl FnMut() -> Option<String>,
+    ) -> Result<FollowEnd, ProducerError> {
+        let end = self.consume_events(tracker, progress, fleet_gone).await;
+        // The acks of the last events and dead letters, which the broker may hold back.
+        self.broker.flush().await;
+        end
+    }
+
+    async fn consume_events(
+        &self,
+        tracker: &mut Tracker,
+        progress: &mut Progress,
         mut fleet_gone: impl FnMut() -> Option<String>,
     ) -> Result<FollowEnd, ProducerError> {
         let events_queue = QueueNames::events(&self.root.job_id);

@@ -97,6 +97,10 @@ impl Broker for SteadyBroker {
         forgive_stale(steadily("ack", || self.inner.ack(delivery)).await)
     }
 
+    async fn flush(&self) {
+        self.inner.flush().await;
+    }
+
     async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
         forgive_stale(steadily("nack", || self.inner.nack(delivery, delay)).await)
     }

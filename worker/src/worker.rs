@@ -269,6 +269,8 @@ impl Worker {
         if let Some(drain) = drain {
             drain.abort();
         }
+        // Acks the broker holds back for a few milliseconds (to send them together) go now.
+        shared.broker.flush().await;
         shared.events.close(EVENTS_FLUSH_LIMIT).await;
         tracing::info!(?summary, "worker stopped");
         failure.map_or(Ok(summary), Err)

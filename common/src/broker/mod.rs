@@ -159,8 +159,14 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError>;
 
-    /// Done with the message: remove it.
+    /// Done with the message: remove it. A backend may hold the ack back for a few
+    /// milliseconds to send it with others ([`Broker::flush`] sends it at once); a held ack that
+    /// never reaches the broker (the connection broke) makes the message come back, as any ack
+    /// lost in transit does.
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError>;
+
+    /// Send the settlements held back now; call before the process exits.
+    async fn flush(&self) {}
 
     /// Give the message back, to be delivered again after `delay` (its delivery count goes up);
     /// when this was its last allowed delivery it goes to the dead-letter queue instead.

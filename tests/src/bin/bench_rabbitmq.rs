@@ -104,8 +104,10 @@ fn main() -> Result<()> {
         options.concurrency,
         options.prefetch.unwrap_or(options.concurrency)
     );
+    let broker = BrokerCpu::start();
     let fleet = batchfleet(&work, &options)?;
     print_figure("batchfleet", n, fleet);
+    broker.print(n);
     println!(
         "  per mini-batch: {:.3} ms wall; {:.2} ms of slot time ({} workers x {} slots)",
         fleet.as_secs_f64() * 1e3 / n as f64,
@@ -114,17 +116,17 @@ fn main() -> Result<()> {
         options.workers,
         options.concurrency
     );
+    let broker = BrokerCpu::start();
     let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
     if let Some(celery) = celery {
         print_figure("celery", n, celery);
+        broker.print(n);
     }
     let runtime = tokio::runtime::Runtime::new()?;
+    let broker = BrokerCpu::start();
     let raw = runtime.block_on(raw_lapin(n))?;
     print_figure("raw lapin", n, raw);
-    // Not one of the three figures: what one message costs on the path batchfleet's RabbitMQ
-    // receive takes (basic.get on a quorum queue), for the analysis.
-    let polled = runtime.block_on(raw_get(n))?;
-    print_figure("(raw get)", n, polled);
+    broker.print(n);
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     if let Some(celery) = celery {
@@ -146,6 +148,49 @@ fn file_create_cost(work: &Path) -> Result<Duration> {
         std::fs::write(probe.join(format!("p{i:04}")), b"x")?;
     }
     Ok(started.elapsed() / FILES)
+}
+
+/// The CPU time RabbitMQ's Erlang VM (`beam.smp`, on this machine) spent between `start` and
+/// `print`: each way's cost on the broker, which shares the machine's cores with the rest.
+/// Prints nothing when the broker is not a local process (e.g. another host or a container).
+struct BrokerCpu {
+    pid: Option<u32>,
+    before: Duration,
+}
+
+impl BrokerCpu {
+    fn start() -> Self {
+        let pid = beam_pid();
+        let before = pid.and_then(process_cpu).unwrap_or_default();
+        BrokerCpu { pid, before }
+    }
+
+    fn print(&self, n: usize) {
+        let Some(after) = self.pid.and_then(process_cpu) else { return };
+        let spent = after.saturating_sub(self.before);
+        println!(
+            "  broker CPU: {:.2} s, {:.0} µs per message",
+            spent.as_secs_f64(),
+            spent.as_secs_f64() * 1e6 / n as f64
+        );
+    }
+}
+
+fn beam_pid() -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+        (comm.trim() == "beam.smp").then_some(pid)
+    })
+}
+
+/// User + system CPU time of `pid`, from `/proc/<pid>/stat` (in clock ticks of 1/100 s).
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 fn shown_url() -> String {
@@ -395,48 +440,6 @@ async fn raw_lapin(n: usize) -> Result<Duration> {
         confirm.await?;
     }
     consuming.await??;
-    let took = started.elapsed();
-    channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
-    Ok(took)
-}
-
-/// `n` messages already in a quorum queue, taken one by one with `basic.get` and acked.
-async fn raw_get(n: usize) -> Result<Duration> {
-    let queue = format!("bench-get-{}", std::process::id());
-    let connection = Connection::connect(&amqp_url(), ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    let mut arguments = FieldTable::default();
-    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
-    let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
-    channel.queue_declare(queue.as_str().into(), durable, arguments).await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
-    let payload = vec![b'x'; 200];
-    let mut confirms = Vec::with_capacity(n);
-    for _ in 0..n {
-        confirms.push(
-            channel
-                .basic_publish(
-                    "".into(),
-                    queue.as_str().into(),
-                    BasicPublishOptions::default(),
-                    &payload,
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await?,
-        );
-    }
-    for confirm in confirms {
-        confirm.await?;
-    }
-    let getter = connection.create_channel().await?;
-    let started = Instant::now();
-    for _ in 0..n {
-        let got = getter
-            .basic_get(queue.as_str().into(), lapin::options::BasicGetOptions { no_ack: false })
-            .await?
-            .context("the queue ran dry")?;
-        got.delivery.ack(BasicAckOptions::default()).await?;
-    }
     let took = started.elapsed();
     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
     Ok(took)

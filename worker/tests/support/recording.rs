@@ -101,6 +101,10 @@ impl Broker for RecordingBroker {
         Ok(())
     }
 
+    async fn flush(&self) {
+        self.inner.flush().await;
+    }
+
     async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
         self.inner.nack(delivery, delay).await?;
         self.record(Op::Nack(delivery.0.clone(), delay));

@@ -32,10 +32,11 @@ use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Consumer};
+use lapin::Consumer;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::acks::AckWindow;
 use super::error;
 use super::topology::short;
 use crate::broker::BrokerError;
@@ -46,7 +47,8 @@ pub(super) const IDLE: Duration = Duration::from_secs(5);
 /// One queue's consumer and what it pushed that nobody took yet.
 pub(super) struct Feed {
     queue: String,
-    channel: Channel,
+    /// The channel's deliveries and held acks (it holds the channel).
+    acks: Arc<AckWindow>,
     state: Mutex<State>,
     /// Wakes waiting receives when a message arrived or the feed ended.
     arrived: Notify,
@@ -102,7 +104,7 @@ impl Feed {
             .map_err(|e| error::on_queue(&e, queue))?;
         let feed = Arc::new(Feed {
             queue: queue.to_owned(),
-            channel,
+            acks: AckWindow::new(channel),
             state: Mutex::new(State {
                 buffer: VecDeque::new(),
                 ended: false,
@@ -121,9 +123,9 @@ impl Feed {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The channel the feed's deliveries are settled on (leases keep a clone).
-    pub(super) fn channel(&self) -> &Channel {
-        &self.channel
+    /// Where the feed's deliveries are acked (leases keep a clone, which keeps the channel).
+    pub(super) fn acks(&self) -> &Arc<AckWindow> {
+        &self.acks
     }
 
     pub(super) fn is_ended(&self) -> bool {
@@ -167,6 +169,7 @@ async fn run(feed: std::sync::Weak<Feed>, mut consumer: Consumer) {
                 let Some(feed) = feed.upgrade() else { return };
                 match next {
                     Some(Ok(delivery)) => {
+                        feed.acks.delivered(delivery.delivery_tag);
                         feed.lock().buffer.push_back(delivery);
                         feed.arrived.notify_waiters();
                     }
@@ -197,7 +200,7 @@ async fn run(feed: std::sync::Weak<Feed>, mut consumer: Consumer) {
                         std::mem::take(&mut state.buffer)
                     };
                     feed.arrived.notify_waiters();
-                    give_back(&feed.queue, unsent).await;
+                    give_back(&feed.queue, &feed.acks, unsent).await;
                     tracing::debug!(queue = %feed.queue, "idle consumer cancelled");
                     return;
                 }
@@ -212,16 +215,17 @@ fn end(feed: &Feed) {
 }
 
 /// Requeue messages that were pushed but never handed out (their delivery count goes up).
-pub(super) async fn give_back(queue: &str, unsent: VecDeque<Delivery>) {
+async fn give_back(queue: &str, acks: &AckWindow, unsent: VecDeque<Delivery>) {
     if unsent.is_empty() {
         return;
     }
     let count = unsent.len();
     for delivery in unsent {
         let requeue = BasicNackOptions { multiple: false, requeue: true };
-        if let Err(error) = delivery.acker.nack(requeue).await {
-            tracing::debug!(queue, %error,
-                "giving back a buffered message failed; RabbitMQ requeues it when the channel closes");
+        match delivery.acker.nack(requeue).await {
+            Ok(_) => acks.settled(delivery.delivery_tag),
+            Err(error) => tracing::debug!(queue, %error,
+                "giving back a buffered message failed; RabbitMQ requeues it when the channel closes"),
         }
     }
     tracing::debug!(queue, count, "buffered messages given back");

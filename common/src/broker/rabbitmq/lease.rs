@@ -2,8 +2,8 @@
 //!
 //! RabbitMQ has no visibility timeout: a delivery stays with its channel until it is settled or
 //! the channel closes. The lease is therefore kept here. Each entry holds the delivery's
-//! [`Acker`] and a clone of its channel (lapin closes a channel when its last clone drops, and
-//! closing a channel gives its unsettled messages back). One watcher task per table nacks a
+//! [`Acker`] and its channel's [`AckWindow`], which holds a clone of the channel (lapin closes a
+//! channel when its last clone drops, and closing a channel gives its unsettled messages back). One watcher task per table nacks a
 //! delivery with `requeue = true` when its lease runs out — which makes a quorum queue count a
 //! delivery, exactly as a crash would — and from that moment the handle is stale. The watcher
 //! sleeps until the earliest end and is woken only when a lease could end before that (a
@@ -19,10 +19,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use lapin::options::BasicNackOptions;
-use lapin::{Acker, Channel};
+use lapin::Acker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::acks::AckWindow;
 use super::error;
 use crate::broker::{BrokerError, DeliveryHandle};
 
@@ -31,8 +32,10 @@ pub(super) struct Lease {
     pub(super) queue: String,
     pub(super) payload: Bytes,
     pub(super) acker: Acker,
-    /// Keeps the delivery's channel open while the lease lives.
-    _channel: Channel,
+    /// The delivery's tag on its channel.
+    pub(super) tag: u64,
+    /// Where the delivery is acked; keeps its channel open while the lease lives.
+    pub(super) acks: Arc<AckWindow>,
     expires: Instant,
 }
 
@@ -40,10 +43,19 @@ impl Lease {
     /// Give the message back to its queue now (its delivery count goes up). `Ok(false)`: the
     /// channel is gone, and with it the delivery, which RabbitMQ has requeued already.
     pub(super) async fn requeue(&self) -> Result<bool, BrokerError> {
-        self.acker
+        let sent = self
+            .acker
             .nack(BasicNackOptions { multiple: false, requeue: true })
             .await
-            .map_err(|e| error::transport(&e))
+            .map_err(|e| error::transport(&e))?;
+        // The nack frame is on its way: a `multiple` ack sent from now on cannot cover it.
+        self.acks.settled(self.tag);
+        Ok(sent)
+    }
+
+    /// Ack within the channel's ack window (see the `acks` module).
+    pub(super) fn ack(&self) {
+        self.acks.ack(self.tag);
     }
 }
 
@@ -92,14 +104,21 @@ impl Leases {
     pub(super) fn grant(
         self: &Arc<Self>,
         queue: &str,
+        delivery: lapin::message::Delivery,
         payload: Bytes,
-        acker: Acker,
-        channel: Channel,
+        acks: Arc<AckWindow>,
         lease: Duration,
     ) -> DeliveryHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let expires = after(Instant::now(), lease);
-        let entry = Lease { queue: queue.to_owned(), payload, acker, _channel: channel, expires };
+        let entry = Lease {
+            queue: queue.to_owned(),
+            payload,
+            acker: delivery.acker,
+            tag: delivery.delivery_tag,
+            acks,
+            expires,
+        };
         let mut table = self.lock();
         table.held.insert(id, entry);
         if table.watcher.as_ref().is_none_or(tokio::task::JoinHandle::is_finished) {

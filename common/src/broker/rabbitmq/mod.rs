@@ -64,6 +64,7 @@
 //! - `delete_queue` also deletes the queue's dead-letter exchange. A receiver waiting on a
 //!   queue that is deleted gets `QueueNotFound`.
 
+mod acks;
 mod error;
 mod feed;
 mod headers;
@@ -73,21 +74,21 @@ mod session;
 mod topology;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::ExponentialBuilder;
 use bytes::Bytes;
 use lapin::options::{
-    BasicAckOptions, BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
+use lapin::{BasicProperties, Confirmation, ExchangeKind};
 use tokio::time::Instant;
 
+use self::acks::AckWindow;
 use self::lease::{after, Lease, Leases};
 use self::management::Management;
 use self::session::{Endpoint, Session, Sessions};
@@ -141,6 +142,8 @@ pub struct RabbitMqBroker {
 struct Inner {
     sessions: Sessions,
     leases: Arc<Leases>,
+    /// The ack windows of the feeds started so far (for [`Broker::flush`]).
+    ack_windows: std::sync::Mutex<Vec<std::sync::Weak<AckWindow>>>,
     management: Management,
     connection_name: String,
     prefetch: u16,
@@ -181,11 +184,19 @@ impl RabbitMqBroker {
             inner: Arc::new(Inner {
                 sessions,
                 leases: Leases::new(instance),
+                ack_windows: std::sync::Mutex::new(Vec::new()),
                 management,
                 connection_name,
                 prefetch: options.prefetch.max(1),
             }),
         })
+    }
+
+    /// Remember a new feed's ack window, forgetting those whose channel is gone.
+    fn track_acks(&self, acks: &Arc<AckWindow>) {
+        let mut windows = self.inner.ack_windows.lock().unwrap_or_else(PoisonError::into_inner);
+        windows.retain(|window| window.strong_count() > 0);
+        windows.push(Arc::downgrade(acks));
     }
 
     /// The name this broker's connection has in RabbitMQ (management UI, `list_connections`).
@@ -211,15 +222,15 @@ impl RabbitMqBroker {
     fn lease(
         &self,
         queue: &str,
-        channel: &Channel,
-        delivery: lapin::message::Delivery,
+        acks: &Arc<AckWindow>,
+        mut delivery: lapin::message::Delivery,
         lease: Duration,
     ) -> Delivery {
         let delivery_count = headers::delivery_count(&delivery.properties);
         let dead_letter_reason = headers::dead_letter_reason(&delivery.properties);
-        let payload = Bytes::from(delivery.data);
+        let payload = Bytes::from(std::mem::take(&mut delivery.data));
         let handle =
-            self.inner.leases.grant(queue, payload.clone(), delivery.acker, channel.clone(), lease);
+            self.inner.leases.grant(queue, delivery, payload.clone(), Arc::clone(acks), lease);
         tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
         Delivery { handle, payload, delivery_count, dead_letter_reason }
     }
@@ -392,6 +403,7 @@ impl Broker for RabbitMqBroker {
         loop {
             let (feed, fresh) = session.feed(queue, prefetch).await?;
             if fresh {
+                self.track_acks(feed.acks());
                 started += 1;
                 deadline = deadline.max(Instant::now() + FIRST_PUSH);
             }
@@ -403,7 +415,7 @@ impl Broker for RabbitMqBroker {
                 feed::Taken::Some(taken) => {
                     return Ok(taken
                         .into_iter()
-                        .map(|delivery| self.lease(queue, feed.channel(), delivery, lease))
+                        .map(|delivery| self.lease(queue, feed.acks(), delivery, lease))
                         .collect());
                 }
                 feed::Taken::Ended if started >= RESTARTS => {
@@ -412,7 +424,12 @@ impl Broker for RabbitMqBroker {
                     )));
                 }
                 feed::Taken::Ended => continue, // the next turn starts a new consumer
-                feed::Taken::Empty => {}
+                feed::Taken::Empty => {
+                    // Held acks keep prefetch slots taken: send them rather than starve.
+                    if feed.acks().holds_acks() {
+                        feed.acks().flush().await;
+                    }
+                }
             }
             if Instant::now() >= deadline {
                 return Ok(Vec::new());
@@ -426,7 +443,7 @@ impl Broker for RabbitMqBroker {
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
         let lease = self.inner.leases.take(delivery)?;
-        settled(lease.acker.ack(BasicAckOptions::default()).await, delivery)?;
+        lease.ack();
         tracing::trace!(queue = %lease.queue, handle = %delivery.0, "acked");
         Ok(())
     }
@@ -443,6 +460,16 @@ impl Broker for RabbitMqBroker {
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "holding before requeue");
         tokio::spawn(requeue_after(lease, delay));
         Ok(())
+    }
+
+    async fn flush(&self) {
+        let windows: Vec<Arc<AckWindow>> = {
+            let windows = self.inner.ack_windows.lock().unwrap_or_else(PoisonError::into_inner);
+            windows.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for window in windows {
+            window.flush().await;
+        }
     }
 
     async fn extend_lease(
@@ -465,11 +492,12 @@ impl Broker for RabbitMqBroker {
             self.publish_dead_letter_copy(&session, &held.queue, &held.payload, reason).await?;
         let lease = self.inner.leases.take(delivery)?;
         if copied {
-            settled(lease.acker.ack(BasicAckOptions::default()).await, delivery)?;
+            lease.ack();
             tracing::info!(queue = %lease.queue, reason, "message dead-lettered");
         } else {
             let drop_it = BasicRejectOptions { requeue: false };
             settled(lease.acker.reject(drop_it).await, delivery)?;
+            lease.acks.settled(lease.tag);
             tracing::warn!(queue = %lease.queue, reason,
                 "message dropped: its queue has no dead-letter queue");
         }
@@ -498,7 +526,7 @@ async fn requeue_after(lease: Lease, delay: Duration) {
     }
 }
 
-/// An ack / reject outcome: `Ok(false)` means lapin did not send it because the channel is
+/// A reject outcome: `Ok(false)` means lapin did not send it because the channel is
 /// gone (the message is back in its queue), which makes the handle stale.
 fn settled(outcome: lapin::Result<bool>, handle: &DeliveryHandle) -> Result<(), BrokerError> {
     match outcome {

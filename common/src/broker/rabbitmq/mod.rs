@@ -85,7 +85,7 @@ use lapin::options::{
     ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Confirmation, ExchangeKind};
+use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind, PublisherConfirm};
 use tokio::time::Instant;
 
 use self::acks::AckWindow;
@@ -353,16 +353,9 @@ impl Broker for RabbitMqBroker {
             return self.ready_count(&session, queue).await.map(drop);
         }
         let channel = session.publisher().await?;
-        let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
-        let mut confirms = Vec::with_capacity(payloads.len());
-        for payload in &payloads {
-            let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
-            let confirm = channel
-                .basic_publish("".into(), routing_key.clone(), mandatory, payload, properties)
-                .await
-                .map_err(|e| error::transport(&e))?;
-            confirms.push(confirm);
-        }
+        let confirms = publish_together(&channel, &routing_key, &payloads)
+            .await
+            .map_err(|e| error::transport(&e))?;
         let (mut unroutable, mut refused) = (0_usize, 0_usize);
         for confirm in confirms {
             match confirm.await.map_err(|e| error::transport(&e))? {
@@ -512,6 +505,55 @@ impl Broker for RabbitMqBroker {
             None => Ok(QueueDepth { ready, in_flight: 0 }),
         }
     }
+}
+
+/// Publish `payloads` in their order, all started before any is awaited.
+///
+/// A `basic_publish` queues its frames when first polled, then waits until lapin's I/O thread
+/// has written them. Awaited one after another, every message costs a round trip between the
+/// two threads and a `sendto` of its own (planning 10,000 mini-batches made 10,000 `sendto` and
+/// 31,000 futex calls). Polled together, in order, the frames of all of them are queued before
+/// the I/O thread wakes, and it writes them in a few calls.
+async fn publish_together(
+    channel: &Channel,
+    routing_key: &lapin::types::ShortString,
+    payloads: &[Bytes],
+) -> lapin::Result<Vec<PublisherConfirm>> {
+    let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
+    let mut publishes: Vec<_> = payloads
+        .iter()
+        .map(|payload| {
+            let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
+            Box::pin(channel.basic_publish(
+                "".into(),
+                routing_key.clone(),
+                mandatory,
+                payload,
+                properties,
+            ))
+        })
+        .collect();
+    let mut published: Vec<Option<lapin::Result<PublisherConfirm>>> =
+        publishes.iter().map(|_| None).collect();
+    // Poll every unfinished publish in order (the first pass queues all the frames, in order).
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (publish, outcome) in publishes.iter_mut().zip(published.iter_mut()) {
+            if outcome.is_none() {
+                match std::future::Future::poll(publish.as_mut(), cx) {
+                    std::task::Poll::Ready(done) => *outcome = Some(done),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    published.into_iter().flatten().collect()
 }
 
 /// The delayed half of a nack: hold the delivery for `delay`, then requeue it.

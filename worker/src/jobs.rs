@@ -38,6 +38,8 @@ pub(crate) struct LoadedJob {
     cancelled: AtomicBool,
     /// When the cancel marker was last looked for.
     cancel_checked: std::sync::Mutex<Option<Instant>>,
+    /// The local job root's `results/` folder exists (see `output::local_part_file`).
+    pub local_results_ready: AtomicBool,
 }
 
 impl LoadedJob {
@@ -147,6 +149,7 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         input,
         cancelled: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
+        local_results_ready: AtomicBool::new(false),
     })
 }
 

@@ -8,7 +8,7 @@
 //! between the two writes leaves only an unreferenced part, never a duplicated row.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,7 +90,8 @@ pub(crate) async fn write_part_and_status(
     {
         // On the runtime's own thread: a handful of metadata syscalls on a local disk cost less
         // than the hop to the blocking pool and back (two thread wake-ups per batch).
-        let written = move_into_place(local, &part_file).map(|()| create_only(&status_file, &json));
+        let moved = if local == part_file { Ok(()) } else { move_into_place(local, &part_file) };
+        let written = moved.map(|()| create_only(&status_file, &json));
         match written {
             Ok(Ok(true)) => return Ok(StatusWrite::Won),
             Ok(Ok(false)) => return already_there(job, &status_key, status).await,
@@ -105,6 +106,18 @@ pub(crate) async fn write_part_and_status(
     }
     write_result_part(job, batch_id, part, local).await?;
     create_status(job, &status_key, status, json).await
+}
+
+/// The file of a result part when the job root is a local folder, its folder made: `run()`
+/// writes its rows there directly. A crashed or failed attempt leaves at most a part no status
+/// names, which is never aggregated (the same as a crash between part and status).
+pub(crate) fn local_part_file(job: &LoadedJob, batch_id: &str, part: &str) -> Option<PathBuf> {
+    let file = local_file(job, &job.layout.result_part(batch_id, part))?;
+    if !job.local_results_ready.load(std::sync::atomic::Ordering::Relaxed) {
+        std::fs::create_dir_all(file.parent()?).ok()?;
+        job.local_results_ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    Some(file)
 }
 
 /// Where the store keeps `key` when the job root is a local folder.

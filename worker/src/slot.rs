@@ -133,6 +133,8 @@ pub(crate) struct Slot {
     out_dir_ready: bool,
     /// Runtimes started by this slot, for unique log names.
     seq: u64,
+    /// Attempts made by this slot, for unique result part names.
+    attempts: u64,
     summary: WorkerSummary,
     /// Set when this worker cannot run any batch (e.g. no Python interpreter): the slot gives
     /// its message back without burning a delivery on it and the worker stops.
@@ -155,6 +157,7 @@ impl Slot {
             tables: TableReaders::default(),
             out_dir_ready: false,
             seq: 0,
+            attempts: 0,
             summary: WorkerSummary::default(),
             fatal: None,
         }
@@ -358,14 +361,14 @@ impl Slot {
                 detail: None,
             })?
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
-        let out_dir = self.dir.join("out");
-        if !self.out_dir_ready {
-            tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
-                AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
-            })?;
-            self.out_dir_ready = true;
-        }
-        let output = out_dir.join(format!("{}.txt", message.batch_id));
+        let part = self.part_name(attempt);
+        // A local job root gets the rows where they stay (no rename afterwards); an object
+        // store gets them uploaded from the slot's folder.
+        let in_place = output::local_part_file(job, &message.batch_id, &part);
+        let output = match &in_place {
+            Some(file) => file.clone(),
+            None => self.local_output_file(&message.batch_id).await?,
+        };
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
             items: inputs.paths.clone(),
@@ -376,7 +379,6 @@ impl Slot {
         let result = match self.run(request, job.run_timeout()).await {
             Ok(success) => {
                 self.publish_output_folder().await?;
-                let part = format!("{attempt}-{}-s{}", self.shared.config.worker_id, self.index);
                 let status =
                     succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
                 self.write_success(job, message, &output, &status)
@@ -387,14 +389,39 @@ impl Slot {
             Err(end) => Err(end),
         };
         drop(inputs);
-        // One unlink, done in place: a trip to the blocking pool costs more than the syscall
-        // (and on a local job root the file was already moved into place as the result part).
-        if let Err(error) = std::fs::remove_file(&output) {
-            if error.kind() != std::io::ErrorKind::NotFound {
-                tracing::debug!(%error, "removing the local output file");
+        // The rows stay only as the result part of a success written in place; elsewhere they
+        // are uploaded or moved by now, or belong to a failed attempt. One unlink, done in
+        // place: a trip to the blocking pool costs more than the syscall.
+        if in_place.is_none() || result.is_err() {
+            if let Err(error) = std::fs::remove_file(&output) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!(%error, "removing the local output file");
+                }
             }
         }
         result
+    }
+
+    /// This attempt's result part: `<attempt>-<worker>-s<slot>-<process><n>`. The attempt
+    /// alone does not make it unique: a batch published twice (a resumed job) is delivered
+    /// twice with the same count, possibly to the same slot, and a part that another attempt's
+    /// status already names must never be overwritten or deleted.
+    fn part_name(&mut self, attempt: u32) -> String {
+        self.attempts += 1;
+        let (worker, instance) = (&self.shared.config.worker_id, &self.shared.instance);
+        format!("{attempt}-{worker}-s{}-{instance}{}", self.index, self.attempts)
+    }
+
+    /// `run()`'s output file in the slot's folder (for a job root in an object store).
+    async fn local_output_file(&mut self, batch_id: &str) -> Result<PathBuf, AttemptEnd> {
+        let out_dir = self.dir.join("out");
+        if !self.out_dir_ready {
+            tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
+                AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
+            })?;
+            self.out_dir_ready = true;
+        }
+        Ok(out_dir.join(format!("{batch_id}.txt")))
     }
 
     /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard

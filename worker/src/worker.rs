@@ -145,6 +145,9 @@ pub(crate) struct Shared {
     pub lease: Duration,
     /// Batch events on their way to the jobs' producers (coalesced).
     pub events: BatchEvents,
+    /// Tells this process's result parts from those of an earlier process with the same
+    /// worker id (see `Slot::part_name`).
+    pub instance: String,
 }
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
@@ -209,6 +212,7 @@ impl Worker {
             hard_stop: hard_stop.clone(),
             lease: self.lease,
             events,
+            instance: process_instance(),
         });
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();
@@ -297,6 +301,15 @@ fn drain_deadline(
         tracing::warn!("drain grace over: abandoning batches still running");
         hard_stop.cancel();
     })
+}
+
+/// Six hex digits that differ between two processes of one worker id (time and pid mixed).
+fn process_instance() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos() as u64);
+    let mixed = nanos ^ (u64::from(std::process::id()) << 20);
+    format!("{:06x}", mixed & 0xff_ffff)
 }
 
 /// Remove what a previous worker with the same id left in a slot folder.

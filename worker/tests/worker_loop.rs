@@ -630,3 +630,41 @@ def run(mini_batch):
     assert_eq!(events.len(), 1, "only the winner tells the producer: {events:?}");
     assert_eq!(events[0].1, status);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_published_twice_to_one_slot_keeps_the_winners_part() {
+    // A resumed job publishes again a batch whose first message is still queued: one slot gets
+    // both copies, each on its first delivery. The second attempt must neither overwrite nor
+    // delete the part the first one's status names.
+    // The second run fails: cleaning up after it must not remove the first one's part.
+    let script = r#"
+import os
+CALLS = []
+def init(): pass
+def run(mini_batch):
+    CALLS.append(1)
+    if len(CALLS) > 1:
+        raise RuntimeError("only the first run succeeds")
+    return ["%s pid=%d" % (os.path.basename(p), os.getpid()) for p in mini_batch]
+"#;
+    let fleet = Fleet::new(script, 1, 60).await;
+    fleet.input("a.txt", "1");
+    let message = fleet.message(0, &["a.txt"]);
+    fleet.publish(&[message.clone(), message]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    let work = fleet.queues.work.clone();
+    wait_until("both copies settled", || async {
+        fleet.broker.depth(&work).await.unwrap().total() == 0
+    })
+    .await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    assert_eq!(summary.batches_succeeded, 1, "the first copy succeeded: {summary:?}");
+
+    let status = fleet.status("00000000").expect("one status");
+    assert_eq!((status.attempt, status.state), (1, BatchState::Succeeded));
+    let rows = fleet.result("00000000").expect("the part the status names is there");
+    assert!(rows.starts_with("a.txt pid="), "{rows}");
+    let parts = std::fs::read_dir(fleet.path("root/results")).unwrap().count();
+    assert_eq!(parts, 1, "only the winner's part remains");
+}

@@ -9,7 +9,7 @@
 //!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]
-//! [--prefetch 16]` (the workers' `--prefetch`; default: their concurrency).
+//! [--prefetch 64]` (the workers' `--prefetch`).
 //! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery).
 //!
 //! The job root and the scratch folders are local folders (`--dir`, `target/bench-tmp` by
@@ -43,8 +43,9 @@ struct Options {
     n: usize,
     workers: usize,
     concurrency: u32,
-    /// The workers' `--prefetch` (default: theirs, the concurrency).
-    prefetch: Option<u32>,
+    /// The workers' `--prefetch`: 64 unless told, the setting for mini-batches this short (their
+    /// own default, the concurrency, suits mini-batches of minutes; README).
+    prefetch: u32,
     skip_celery: bool,
     /// Where the inputs, job roots and scratch folders go.
     dir: PathBuf,
@@ -55,7 +56,7 @@ fn options() -> Result<Options> {
         n: 5000,
         workers: 2,
         concurrency: 4,
-        prefetch: None,
+        prefetch: 64,
         skip_celery: false,
         dir: repo_root().join("target/bench-tmp"),
     };
@@ -66,7 +67,7 @@ fn options() -> Result<Options> {
             "--n" => options.n = value()?.parse()?,
             "--workers" => options.workers = value()?.parse()?,
             "--concurrency" => options.concurrency = value()?.parse()?,
-            "--prefetch" => options.prefetch = Some(value()?.parse()?),
+            "--prefetch" => options.prefetch = value()?.parse()?,
             "--skip-celery" => options.skip_celery = true,
             "--dir" => options.dir = PathBuf::from(value()?),
             other => bail!(
@@ -100,9 +101,7 @@ fn main() -> Result<()> {
 
     println!(
         "batchfleet: {} workers x {} slots, prefetch {}",
-        options.workers,
-        options.concurrency,
-        options.prefetch.unwrap_or(options.concurrency)
+        options.workers, options.concurrency, options.prefetch
     );
     let broker = BrokerCpu::start();
     let fleet = batchfleet(&work, &options)?;
@@ -272,10 +271,8 @@ fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
         let mut command = Command::new(release_binary("batchfleet-worker")?);
         command
             .args(["--broker", &amqp_url(), "--pool", &pool, "--worker-id", &format!("w{w}")])
-            .args(["--concurrency", &options.concurrency.to_string()]);
-        if let Some(prefetch) = options.prefetch {
-            command.args(["--prefetch", &prefetch.to_string()]);
-        }
+            .args(["--concurrency", &options.concurrency.to_string()])
+            .args(["--prefetch", &options.prefetch.to_string()]);
         let child = command
             .arg("--scratch-dir")
             .arg(dir.join("scratch"))

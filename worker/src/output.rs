@@ -122,10 +122,7 @@ pub(crate) fn local_part_file(job: &LoadedJob, batch_id: &str, part: &str) -> Op
 
 /// Where the store keeps `key` when the job root is a local folder.
 fn local_file(job: &LoadedJob, key: &Key) -> Option<std::path::PathBuf> {
-    batchfleet_common::store::local_path(&job.root.url)?;
-    // `file://` roots are opened as `LocalFileSystem::new()` (see `store::open`): map the key
-    // the way that store does.
-    object_store::local::LocalFileSystem::new().path_to_filesystem(key).ok()
+    batchfleet_common::store::local_file(&job.root.url, key)
 }
 
 /// Rename `source` to `destination`, creating the destination's folder when it is missing.

@@ -239,6 +239,15 @@ pub fn local_path(url: &Url) -> Option<std::path::PathBuf> {
     }
 }
 
+/// The file that holds `key` when `root` is a local folder, for callers that read or write it
+/// in place (a hop to the blocking pool per small file costs more than the file operation).
+/// `file://` roots are opened as `LocalFileSystem::new()` (see [`open`]): the key maps the way
+/// that store maps it.
+pub fn local_file(root: &Url, key: &object_store::path::Path) -> Option<std::path::PathBuf> {
+    local_path(root)?;
+    object_store::local::LocalFileSystem::new().path_to_filesystem(key).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

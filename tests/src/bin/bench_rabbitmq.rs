@@ -21,7 +21,9 @@
 //! the inode table is not yet written back), one lookup each. After the previous run removed
 //! its files, or a build removed its own, a create can cost 0.5 ms of CPU instead of 15 µs.
 //! The benchmark prints what a create costs in `--dir` before it starts: compare runs only at
-//! similar costs (or use a tmpfs `--dir`, and say so).
+//! similar costs (or use a tmpfs `--dir`, and say so). Before each timed run it writes back
+//! what the file system has pending (`sync`), so that no run pays for the setup's files or an
+//! earlier run's removal.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -122,6 +124,7 @@ fn main() -> Result<()> {
         broker.print(n);
     }
     let runtime = tokio::runtime::Runtime::new()?;
+    settle_file_system();
     let broker = BrokerCpu::start();
     let raw = runtime.block_on(raw_lapin(n))?;
     print_figure("raw lapin", n, raw);
@@ -283,6 +286,7 @@ fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
             .spawn()?;
         workers.push(Guard(child));
     }
+    settle_file_system();
     let started = Instant::now();
     let output = Command::new(release_binary("batchfleet")?)
         .arg("submit")
@@ -301,6 +305,14 @@ fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
     ensure!(rows == options.n, "batchfleet output has {rows} rows, {} expected", options.n);
     drop(workers);
     Ok(took)
+}
+
+/// Write back what is pending (the inputs just created, the files an earlier run removed) before
+/// a timed run, so that the run does not pay for it: on an ext4 mounted with `discard`, the
+/// writeback and discards of a removed run slowed the next one up to threefold, RabbitMQ's
+/// own log writes included.
+fn settle_file_system() {
+    let _ = Command::new("sync").status();
 }
 
 /// A venv under target/ with Celery, made on first use.
@@ -364,6 +376,7 @@ fn celery(work: &Path, n: usize) -> Result<Duration> {
         .stderr(Stdio::null())
         .spawn()?;
     let _worker = Guard(worker);
+    settle_file_system();
     let output = Command::new(venv.join("bin/python"))
         .arg("client.py")
         .arg(n.to_string())

@@ -125,13 +125,7 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
     let roots = std::fs::read_dir(dir.path().join("jobs")).unwrap().count();
     assert_eq!(roots, 5, "one job per valid manifest");
     for i in 0..5 {
-        let mut rows: Vec<String> =
-            std::fs::read_to_string(dir.path().join(format!("out-{i}.txt")))
-                .unwrap()
-                .lines()
-                .map(str::to_string)
-                .collect();
-        rows.sort();
+        let rows = sorted_rows(&dir.path().join(format!("out-{i}.txt")));
         assert_eq!(rows, [format!("j{i}-f0.txt"), format!("j{i}-f1.txt"), format!("j{i}-f2.txt")]);
     }
     let watchers: std::collections::BTreeSet<String> =
@@ -195,13 +189,17 @@ fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
     assert_eq!(result["status"], "succeeded", "{result}");
     assert_eq!(result["watcher"], "w1", "{result}");
     assert_eq!(std::fs::read_dir(dir.path().join("jobs")).unwrap().count(), 1, "one job, resumed");
-    let mut rows: Vec<String> = std::fs::read_to_string(dir.path().join("out-0.txt"))
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect();
-    rows.sort();
+    let rows = sorted_rows(&dir.path().join("out-0.txt"));
     assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
+}
+
+/// The lines of an output file, sorted (rows come in batch order, batches in any order).
+fn sorted_rows(path: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading the output {}: {e}", path.display()));
+    let mut rows: Vec<String> = text.lines().map(str::to_string).collect();
+    rows.sort();
+    rows
 }
 
 #[test]
@@ -394,12 +392,7 @@ impl GatedJob {
         assert_eq!(roots.len(), 1, "one job, taken over rather than submitted again: {roots:?}");
         let verdict = std::fs::read_to_string(roots[0].join("logs/job_result.txt")).unwrap();
         assert_eq!(verdict.lines().next(), Some("succeeded"), "{verdict}");
-        let mut rows: Vec<String> = std::fs::read_to_string(self.path().join("out-0.txt"))
-            .unwrap()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        rows.sort();
+        let rows = sorted_rows(&self.path().join("out-0.txt"));
         assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
     }
 }

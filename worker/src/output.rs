@@ -67,14 +67,15 @@ async fn write_result_part(
 /// part `results/<batch>.<part>` from the runtime's output file, then the batch's status,
 /// create-only: the first final status stands.
 ///
-/// A job root in a local folder gets both in one go, written in place: the output file is
-/// renamed into place — the same atomic appearance as the store's own put (a staging file
-/// renamed), without reading and writing the rows again and without freeing an inode per
-/// batch, which makes creating files slow on an ext4 without a journal (inodes freed in the
-/// last minute are skipped, one lookup each) — then the status is created the way the store
-/// creates it (a staging file hard-linked to the key: exactly one of concurrent writers,
-/// whichever of the two ways they write, wins). Anything unexpected on the way falls back to
-/// the store, as does every other store.
+/// A job root in a local folder gets both in one go, written in place on the runtime's thread.
+/// The rows are already in the part's file when `run()` wrote them there
+/// ([`local_part_file`]); otherwise the output file is renamed into place, without reading
+/// and writing the rows again and without freeing an inode per batch, which makes creating
+/// files slow on an ext4 without a journal (inodes freed in the last minute are skipped, one
+/// lookup each). Then the status is created the way the store creates it (a staging file
+/// hard-linked to the key: exactly one of concurrent writers, whichever of the two ways they
+/// write, wins). Anything unexpected on the way falls back to the store, as does every other
+/// store.
 pub(crate) async fn write_part_and_status(
     job: &LoadedJob,
     part: &str,

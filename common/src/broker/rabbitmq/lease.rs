@@ -2,8 +2,9 @@
 //!
 //! RabbitMQ has no visibility timeout: a delivery stays with its channel until it is settled or
 //! the channel closes. The lease is therefore kept here. Each entry holds the delivery's
-//! [`Acker`] and its channel's [`AckWindow`], which holds a clone of the channel (lapin closes a
-//! channel when its last clone drops, and closing a channel gives its unsettled messages back). One watcher task per table nacks a
+//! [`Acker`] and its channel's [`AckWindow`], which holds a clone of the channel (lapin closes
+//! a channel when its last clone drops, and closing a channel gives its unsettled messages
+//! back). One watcher task per table nacks a
 //! delivery with `requeue = true` when its lease runs out — which makes a quorum queue count a
 //! delivery, exactly as a crash would — and from that moment the handle is stale. The watcher
 //! sleeps until the earliest end and is woken only when a lease could end before that (a

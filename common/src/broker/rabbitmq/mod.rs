@@ -58,7 +58,11 @@
 //!   `Connection` error saying so; everything else works without it.
 //! - **Publish** sends persistent messages (`delivery_mode = 2`), `mandatory`, on a confirm-mode
 //!   channel, and returns when every confirm arrived. A message no queue took (the queue does
-//!   not exist) makes the call `QueueNotFound`.
+//!   not exist) makes the call `QueueNotFound`. All of a call's messages are queued before any
+//!   is awaited (`publish_together`).
+//! - **Ack** is held up to 5 ms and sent with the other acks of its channel, as one `multiple`
+//!   ack where that settles nothing still in hand (module `acks`); [`Broker::flush`] sends the
+//!   held acks at once, and a receive that finds nothing buffered does too.
 //! - **Connection loss** surfaces as `BrokerError::Connection` (retry: transient); the next call
 //!   reconnects with exponential backoff (module `session`). Leases of the lost connection are stale.
 //! - `delete_queue` also deletes the queue's dead-letter exchange. A receiver waiting on a

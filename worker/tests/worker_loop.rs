@@ -158,6 +158,20 @@ impl Fleet {
         (token, handle)
     }
 
+    /// Publish two copies of `message` (as a lease that ran out, or a resumed job, makes), run a
+    /// worker with `concurrency` slots until both are settled, stop it; returns its summary.
+    async fn run_two_copies(&self, message: MiniBatchMessage, concurrency: usize) -> WorkerSummary {
+        self.publish(&[message.clone(), message]).await;
+        let (token, handle) = self.start(self.config(concurrency, support::python3()));
+        let work = self.queues.work.clone();
+        wait_until("both copies settled", || async {
+            self.broker.depth(&work).await.unwrap().total() == 0
+        })
+        .await;
+        token.cancel();
+        handle.await.unwrap()
+    }
+
     fn read(&self, rel: &str) -> Option<String> {
         std::fs::read_to_string(self.path("root").join(rel)).ok()
     }
@@ -606,16 +620,7 @@ def run(mini_batch):
     let fleet = Fleet::new(script, 2, 60).await;
     fleet.input("a.txt", "1");
     fleet.input("b.txt", "2");
-    let message = fleet.message(0, &["a.txt", "b.txt"]);
-    fleet.publish(&[message.clone(), message]).await;
-    let (token, handle) = fleet.start(fleet.config(2, support::python3()));
-    let work = fleet.queues.work.clone();
-    wait_until("both copies settled", || async {
-        fleet.broker.depth(&work).await.unwrap().total() == 0
-    })
-    .await;
-    token.cancel();
-    let summary = handle.await.unwrap();
+    let summary = fleet.run_two_copies(fleet.message(0, &["a.txt", "b.txt"]), 2).await;
     assert_eq!(summary.batches_succeeded, 2, "both attempts ran to the end");
 
     let status = fleet.status("00000000").expect("one status");
@@ -649,16 +654,7 @@ def run(mini_batch):
 "#;
     let fleet = Fleet::new(script, 1, 60).await;
     fleet.input("a.txt", "1");
-    let message = fleet.message(0, &["a.txt"]);
-    fleet.publish(&[message.clone(), message]).await;
-    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
-    let work = fleet.queues.work.clone();
-    wait_until("both copies settled", || async {
-        fleet.broker.depth(&work).await.unwrap().total() == 0
-    })
-    .await;
-    token.cancel();
-    let summary = handle.await.unwrap();
+    let summary = fleet.run_two_copies(fleet.message(0, &["a.txt"]), 1).await;
     assert_eq!(summary.batches_succeeded, 1, "the first copy succeeded: {summary:?}");
 
     let status = fleet.status("00000000").expect("one status");

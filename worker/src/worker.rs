@@ -191,7 +191,12 @@ impl Worker {
         if self.config.concurrency == 0 {
             return Err(WorkerError::Config("concurrency must be at least 1".into()));
         }
-        let dir = self.config.scratch_dir.join(path_safe(&self.config.worker_id));
+        // Absolute: each runtime runs in a working folder of its own, where a relative driver
+        // path would name nothing (every init() failed with exit status 2).
+        let scratch = std::path::absolute(&self.config.scratch_dir).map_err(|source| {
+            WorkerError::Scratch { path: self.config.scratch_dir.clone(), source }
+        })?;
+        let dir = scratch.join(path_safe(&self.config.worker_id));
         let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
         let driver = install_driver(&dir).map_err(scratch_error)?;
         tracing::info!(worker_id = %self.config.worker_id, concurrency = self.config.concurrency,

@@ -664,3 +664,22 @@ def run(mini_batch):
     let parts = std::fs::read_dir(fleet.path("root/results")).unwrap().count();
     assert_eq!(parts, 1, "only the winner's part remains");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_scratch_folder_serves_batches() {
+    // Runtimes run in working folders of their own: the worker must hand them absolute paths
+    // however its caller named the scratch folder.
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    let cwd = std::env::current_dir().unwrap();
+    let up: PathBuf = cwd.components().skip(1).map(|_| "..").collect();
+    let relative = up.join(fleet.path("scratch").strip_prefix("/").unwrap());
+    assert!(relative.is_relative() && std::fs::canonicalize(relative.parent().unwrap()).is_ok());
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let config = WorkerConfig { scratch_dir: relative, ..fleet.config(1, support::python3()) };
+    let (token, handle) = fleet.start(config);
+    wait_until("the batch's status", || async { fleet.status("00000000").is_some() }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    assert_eq!((summary.batches_succeeded, summary.runtime_start_failures), (1, 0), "{summary:?}");
+}

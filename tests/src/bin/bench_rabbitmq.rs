@@ -108,7 +108,7 @@ fn main() -> Result<()> {
     let broker = BrokerCpu::start();
     let fleet = batchfleet(&work, &options)?;
     print_figure("batchfleet", n, fleet);
-    broker.print(n);
+    broker.print(n, " (with the workers' start)");
     println!(
         "  per mini-batch: {:.3} ms wall; {:.2} ms of slot time ({} workers x {} slots)",
         fleet.as_secs_f64() * 1e3 / n as f64,
@@ -121,14 +121,14 @@ fn main() -> Result<()> {
     let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
     if let Some(celery) = celery {
         print_figure("celery", n, celery);
-        broker.print(n);
+        broker.print(n, " (with its worker's start and first task)");
     }
     let runtime = tokio::runtime::Runtime::new()?;
     settle_file_system();
     let broker = BrokerCpu::start();
     let raw = runtime.block_on(raw_lapin(n))?;
     print_figure("raw lapin", n, raw);
-    broker.print(n);
+    broker.print(n, "");
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     if let Some(celery) = celery {
@@ -167,11 +167,12 @@ impl BrokerCpu {
         BrokerCpu { pid, before }
     }
 
-    fn print(&self, n: usize) {
+    /// `what`: what the window held besides the timed run (its setup), said after the figure.
+    fn print(&self, n: usize, what: &str) {
         let Some(after) = self.pid.and_then(process_cpu) else { return };
         let spent = after.saturating_sub(self.before);
         println!(
-            "  broker CPU: {:.2} s, {:.0} µs per message",
+            "  broker CPU: {:.2} s, {:.0} µs per message{what}",
             spent.as_secs_f64(),
             spent.as_secs_f64() * 1e6 / n as f64
         );

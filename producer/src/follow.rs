@@ -196,7 +196,8 @@ impl Follow<'_> {
             }
             Ok(JobEvent::RuntimeReady { .. }) => startup.ready(),
             Ok(JobEvent::InitFailed { worker, error, .. }) => {
-                tracing::warn!(%worker, message = %error.message, "an entry-script runtime failed to start");
+                tracing::warn!(%worker, error = %init_failure_summary(&error),
+                    "an entry-script runtime failed to start");
                 startup.failed(error);
             }
             Err(error) => tracing::error!(
@@ -309,15 +310,28 @@ impl Startup {
             return None;
         }
         let cause = match &self.last_failure {
-            Some(error) => {
-                format!("{} (worker {})", error.message.lines().next().unwrap_or(""), error.worker)
-            }
+            Some(error) => format!("{} (worker {})", init_failure_summary(error), error.worker),
             None => "no worker reported an init() error; are workers running?".into(),
         };
         Some(format!(
             "no entry-script runtime initialised within first_task_creation_timeout ({} s): {cause}",
             self.limit.as_secs()
         ))
+    }
+}
+
+/// An init failure in one line: its message and, when the message does not say it already,
+/// the last line of its detail. A crashed runtime's message only gives the exit status; the
+/// last line of its stderr usually names the cause (`ModuleNotFoundError: ...`).
+fn init_failure_summary(error: &FailureRecord) -> String {
+    let message = error.message.lines().next().unwrap_or("");
+    let last_line = error
+        .detail
+        .as_deref()
+        .and_then(|detail| detail.lines().map(str::trim).rev().find(|line| !line.is_empty()));
+    match last_line {
+        Some(line) if !message.contains(line) => format!("{message}: {line}"),
+        _ => message.to_owned(),
     }
 }
 
@@ -381,5 +395,36 @@ mod tests {
         .unwrap();
         assert_eq!(end, FollowEnd::Complete);
         assert_eq!(tracker.counts().batches_succeeded, 2);
+    }
+
+    fn init_failure(message: &str, detail: Option<&str>) -> FailureRecord {
+        FailureRecord {
+            kind: batchfleet_common::status::FailureKind::RuntimeCrash,
+            message: message.into(),
+            detail: detail.map(str::to_owned),
+            attempt: 1,
+            worker: "w1".into(),
+            duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn an_init_crash_is_summarised_with_the_last_line_of_its_stderr() {
+        let crash = init_failure(
+            "the entry-script process died during init() (exit status: 1)",
+            Some("Traceback (most recent call last):\n  File \"score.py\", line 1\nModuleNotFoundError: No module named 'sklearn'\n\n"),
+        );
+        assert_eq!(
+            init_failure_summary(&crash),
+            "the entry-script process died during init() (exit status: 1): \
+             ModuleNotFoundError: No module named 'sklearn'"
+        );
+        // A raised exception's message already names it: said once.
+        let raised = init_failure(
+            "init() failed: ValueError: bad model path",
+            Some("Traceback (most recent call last):\nValueError: bad model path\n"),
+        );
+        assert_eq!(init_failure_summary(&raised), "init() failed: ValueError: bad model path");
+        assert_eq!(init_failure_summary(&init_failure("gone", None)), "gone");
     }
 }

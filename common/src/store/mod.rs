@@ -244,8 +244,11 @@ pub fn local_path(url: &Url) -> Option<std::path::PathBuf> {
 /// `file://` roots are opened as `LocalFileSystem::new()` (see [`open`]): the key maps the way
 /// that store maps it.
 pub fn local_file(root: &Url, key: &object_store::path::Path) -> Option<std::path::PathBuf> {
+    // One store for every call: making one parses a URL, and this runs a few times per batch.
+    static FILE_SYSTEM: std::sync::OnceLock<object_store::local::LocalFileSystem> =
+        std::sync::OnceLock::new();
     local_path(root)?;
-    object_store::local::LocalFileSystem::new().path_to_filesystem(key).ok()
+    FILE_SYSTEM.get_or_init(object_store::local::LocalFileSystem::new).path_to_filesystem(key).ok()
 }
 
 #[cfg(test)]

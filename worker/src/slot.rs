@@ -105,6 +105,14 @@ impl AttemptFailure {
     }
 }
 
+/// A `run()` that succeeded, with what its status records about the attempt.
+struct Ran {
+    success: RunSuccess,
+    attempt: u32,
+    part: String,
+    started_ms: u64,
+}
+
 /// How an attempt ended without a result.
 #[derive(Debug)]
 enum AttemptEnd {
@@ -376,15 +384,11 @@ impl Slot {
             output: output.clone(),
             table: inputs.table.clone(),
         };
+        // No early return from here on: the output file is cleaned up below.
         let result = match self.run(request, job.run_timeout()).await {
             Ok(success) => {
-                self.publish_output_folder().await?;
-                let status =
-                    succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
-                self.write_success(job, message, &output, &status)
-                    .await
-                    .map(|()| status)
-                    .map_err(AttemptEnd::from)
+                let ran = Ran { success, attempt, part, started_ms };
+                self.record_success(job, message, &output, ran).await
             }
             Err(end) => Err(end),
         };
@@ -400,6 +404,22 @@ impl Slot {
             }
         }
         result
+    }
+
+    /// Store what a successful `run()` produced: the output folder's files, the result part and
+    /// the status (see `write_success`).
+    async fn record_success(
+        &self,
+        job: &LoadedJob,
+        message: &MiniBatchMessage,
+        output: &std::path::Path,
+        ran: Ran,
+    ) -> Result<BatchStatus, AttemptEnd> {
+        self.publish_output_folder().await?;
+        let Ran { success, attempt, part, started_ms } = ran;
+        let status = succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
+        self.write_success(job, message, output, &status).await?;
+        Ok(status)
     }
 
     /// This attempt's result part: `<attempt>-<worker>-s<slot>-<process><n>`. The attempt

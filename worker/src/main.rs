@@ -83,7 +83,8 @@ fn main() -> ExitCode {
     batchfleet_common::logging::init("info");
     // One thread: the worker's own work is I/O orchestration (the entry scripts do the
     // computing, in their own processes), and on a multi-threaded runtime every message cost
-    // several cross-thread wake-ups. Blocking file work goes to tokio's blocking pool.
+    // several cross-thread wake-ups. Blocking file work goes to tokio's blocking pool, except
+    // the few metadata calls per batch on a local job root, which cost less than the hop.
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let runtime = match runtime {
         Ok(runtime) => runtime,
@@ -119,8 +120,8 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     let queues = QueueNames::for_pool(&args.pool);
     let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
-    // Absolute: runtimes run in their own working folders, where a relative driver path given
-    // to Python would name nothing (every init() then failed with exit status 2).
+    // Made absolute here too (`Worker::run` does it for every caller) so that a folder that
+    // cannot be named exits 2 before the broker is even tried.
     let scratch_dir =
         args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
     let scratch_dir = match std::path::absolute(&scratch_dir) {

@@ -18,7 +18,7 @@ use batchfleet_common::table::partition::PartitionFormat;
 use batchfleet_common::table::pattern::PathPattern;
 use batchfleet_common::table::records::{count_records, read_records};
 use batchfleet_common::table::{
-    MlPath, MlTable, RowStep, TableBatch, TableFormat, TablePiece, TableRead,
+    ColumnValues, MlPath, MlTable, RowStep, TableBatch, TableFormat, TablePiece, TableRead,
 };
 
 use crate::error::ProducerError;
@@ -32,7 +32,8 @@ pub const MLTABLE_FILE: &str = "MLTable";
 struct TableFile {
     url: String,
     size: u64,
-    path_columns: BTreeMap<String, String>,
+    /// In the partition format's order (or the folders' order, for `key=value` folders).
+    path_columns: ColumnValues,
 }
 
 /// Plan an `mltable` input.
@@ -172,7 +173,7 @@ async fn list_table_files(
                 files.push(TableFile {
                     url: url.clone(),
                     size: meta.size,
-                    path_columns: BTreeMap::new(),
+                    path_columns: ColumnValues::new(),
                 });
             }
             MlPath::Folder(url) => list_folder(url, |_| true, &mut files).await?,
@@ -206,7 +207,7 @@ async fn list_folder(
             files.push(TableFile {
                 url: object_url(&location, &meta.location),
                 size: meta.size,
-                path_columns: BTreeMap::new(),
+                path_columns: ColumnValues::new(),
             });
         }
     }
@@ -221,8 +222,8 @@ fn decoded_path(url: &str) -> String {
         .map_or_else(|| url.to_string(), |p| p.to_string())
 }
 
-/// Column values from `key=value` folders of a relative key.
-fn hive_columns(rel: &str) -> BTreeMap<String, String> {
+/// Column values from `key=value` folders of a relative key, outermost folder first.
+fn hive_columns(rel: &str) -> ColumnValues {
     let folders = rel.rsplit_once('/').map_or("", |(folders, _)| folders);
     folders
         .split('/')
@@ -230,6 +231,16 @@ fn hive_columns(rel: &str) -> BTreeMap<String, String> {
         .filter(|(k, v)| !k.is_empty() && !v.is_empty())
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
+}
+
+/// Put `keys` (the job's `partition_keys`) first in `columns`, in their order; the other
+/// columns follow in the order they had. The runtime appends path columns in this order.
+fn keys_first(columns: &mut ColumnValues, keys: &[String]) {
+    for (at, key) in keys.iter().enumerate() {
+        if let Some(from) = columns.get_index_of(key) {
+            columns.move_index(from, at.min(columns.len() - 1));
+        }
+    }
 }
 
 /// Columns every file's path gives.
@@ -280,12 +291,13 @@ impl Planner<'_, '_> {
         files: Vec<TableFile>,
     ) -> Result<(), ProducerError> {
         let mut groups: BTreeMap<Vec<String>, Vec<TableFile>> = BTreeMap::new();
-        for file in files {
+        for mut file in files {
             let tuple = keys.iter().map(|k| file.path_columns[k].clone()).collect();
+            keys_first(&mut file.path_columns, keys);
             groups.entry(tuple).or_default().push(file);
         }
         for (values, files) in groups {
-            let partition: BTreeMap<String, String> = keys.iter().cloned().zip(values).collect();
+            let partition: ColumnValues = keys.iter().cloned().zip(values).collect();
             let pieces = files.into_iter().map(|f| (whole_file(f), None)).collect();
             if self.emit(pieces, partition).await? {
                 break;
@@ -295,15 +307,18 @@ impl Planner<'_, '_> {
     }
 
     /// Byte ranges (line-oriented text), row groups (Parquet) or whole files, about `size`
-    /// each; a count groups that many whole files.
+    /// each. A plain number is bytes here too (Azure: a size for tabular data); only an
+    /// MLTable without a read transformation (a file list) takes it as a count of whole files.
     async fn by_size(
         &mut self,
         size: MiniBatchSize,
         files: Vec<TableFile>,
     ) -> Result<(), ProducerError> {
-        let limit = match size {
-            MiniBatchSize::Count(n) => return self.whole_files(files, n.max(1) as usize).await,
-            MiniBatchSize::Bytes(n) => n.max(1),
+        let limit = match (size, &self.read.format) {
+            (MiniBatchSize::Count(n), TableFormat::FileList) => {
+                return self.whole_files(files, n.max(1) as usize).await
+            }
+            (MiniBatchSize::Count(n) | MiniBatchSize::Bytes(n), _) => n.max(1),
         };
         let format = self.read.format.clone();
         for file in files {
@@ -313,7 +328,7 @@ impl Planner<'_, '_> {
                 _ => vec![vec![(whole_file(file), None)]],
             };
             for pieces in batches {
-                if self.emit(pieces, BTreeMap::new()).await? {
+                if self.emit(pieces, ColumnValues::new()).await? {
                     return Ok(());
                 }
             }
@@ -329,7 +344,7 @@ impl Planner<'_, '_> {
         let mut files = files.into_iter().peekable();
         while files.peek().is_some() {
             let pieces = files.by_ref().take(per_batch).map(|f| (whole_file(f), None)).collect();
-            if self.emit(pieces, BTreeMap::new()).await? {
+            if self.emit(pieces, ColumnValues::new()).await? {
                 break;
             }
         }
@@ -372,7 +387,7 @@ impl Planner<'_, '_> {
     async fn emit(
         &mut self,
         pieces: Vec<Planned>,
-        partition_key_value: BTreeMap<String, String>,
+        partition_key_value: ColumnValues,
     ) -> Result<bool, ProducerError> {
         let mut kept = Vec::with_capacity(pieces.len());
         for (piece, rows) in pieces {
@@ -522,7 +537,7 @@ mod tests {
         whole_file(TableFile {
             url: "file:///t.csv".into(),
             size: 10,
-            path_columns: BTreeMap::new(),
+            path_columns: ColumnValues::new(),
         })
     }
 
@@ -559,7 +574,7 @@ mod tests {
     #[test]
     fn byte_ranges_cover_the_file_once() {
         let file =
-            TableFile { url: "file:///t.csv".into(), size: 10, path_columns: BTreeMap::new() };
+            TableFile { url: "file:///t.csv".into(), size: 10, path_columns: ColumnValues::new() };
         let ranges: Vec<(u64, u64)> =
             byte_ranges(file, 4).iter().map(|b| (b[0].0.start, b[0].0.end)).collect();
         assert_eq!(ranges, [(0, 4), (4, 8), (8, 10)]);
@@ -571,6 +586,19 @@ mod tests {
         assert_eq!(cols.get("Store").map(String::as_str), Some("S1"));
         assert_eq!(cols.get("Brand").map(String::as_str), Some("B2"));
         assert!(hive_columns("a=b.csv").is_empty());
+        let order: Vec<_> = hive_columns("Brand=B2/Store=S1/part-0.csv").into_keys().collect();
+        assert_eq!(order, ["Brand", "Store"], "folders' order");
+    }
+
+    #[test]
+    fn partition_keys_come_first_in_their_order() {
+        let keys = ["Store".to_string(), "Brand".to_string()];
+        let mut columns: ColumnValues = [("Brand", "B2"), ("Year", "2024"), ("Store", "S1")]
+            .map(|(k, v)| (k.into(), v.into()))
+            .into();
+        keys_first(&mut columns, &keys);
+        assert_eq!(columns.keys().collect::<Vec<_>>(), ["Store", "Brand", "Year"]);
+        assert_eq!(columns["Store"], "S1");
     }
 
     #[test]

@@ -5,15 +5,18 @@ use std::fmt::Write as _;
 
 use std::time::Duration;
 
-use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
+use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
 
 use crate::job_root::JobRoot;
 
 pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     let args = &job.task.program_args;
-    let batch = match job.mini_batch_size {
-        MiniBatchSize::Count(n) => format!("{n} files"),
-        MiniBatchSize::Bytes(n) => format!("{n} bytes"),
+    let batch = match (job.mini_batch_size, job.input.kind) {
+        (MiniBatchSize::Count(n), InputKind::Mltable) => {
+            format!("{n} bytes of tabular data (files, if the MLTable is a file list)")
+        }
+        (MiniBatchSize::Count(n), _) => format!("{n} files"),
+        (MiniBatchSize::Bytes(n), _) => format!("{n} bytes"),
     };
     let progress_timeout = match args.progress_update_timeout_secs {
         Some(secs) => format!("{secs} s"),

@@ -3,12 +3,11 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use batchfleet_common::table::{ColumnStep, InvalidLines};
+use batchfleet_common::table::{ColumnStep, ColumnValues, InvalidLines};
 use batchfleet_worker::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
     RuntimeProcess, TablePieceRequest, TableRequest, TableRequestFormat, UserFailure,
@@ -51,7 +50,7 @@ fn piece(path: &Path, url: &str) -> TablePieceRequest {
     TablePieceRequest {
         path: path.to_path_buf(),
         url: url.into(),
-        path_columns: BTreeMap::new(),
+        path_columns: ColumnValues::new(),
         row_groups: None,
         skip_rows: 0,
         take_rows: None,
@@ -65,6 +64,7 @@ fn table(format: TableRequestFormat, pieces: Vec<TablePieceRequest>) -> TableReq
         encoding: "utf-8".into(),
         header: true,
         empty_as_string: false,
+        infer_column_types: true,
         invalid_lines: InvalidLines::Error,
         include_path_column: false,
         column_steps: Vec::new(),
@@ -80,7 +80,7 @@ fn request(scratch: &Scratch, index: u64, table: TableRequest) -> RunRequest {
     RunRequest {
         batch_id: format!("{index:08}"),
         items: Vec::new(),
-        context: MiniBatchContext::for_table(index, &BTreeMap::new(), 0),
+        context: MiniBatchContext::for_table(index, &ColumnValues::new(), 0),
         output: scratch.path().join(format!("out-{index}.txt")),
         table: Some(table),
     }
@@ -231,10 +231,10 @@ async fn path_columns_and_the_path_column_follow_the_data_columns() {
     let mut process = start(&scratch, "describe.py", DESCRIBE).await;
     let mut one = piece(&first, "s3://b/sales/S1/2024/data.csv");
     one.path_columns =
-        BTreeMap::from([("Store".into(), "S1".into()), ("Year".into(), "2024".into())]);
+        ColumnValues::from([("Store".into(), "S1".into()), ("Year".into(), "2024".into())]);
     let mut two = piece(&second, "s3://b/sales/S2/2025/data.csv");
     two.path_columns =
-        BTreeMap::from([("Store".into(), "S2".into()), ("Year".into(), "2025".into())]);
+        ColumnValues::from([("Store".into(), "S2".into()), ("Year".into(), "2025".into())]);
     let mut table = csv(vec![one, two]);
     table.include_path_column = true;
     let seen = describe(&mut process, request(&scratch, 0, table)).await;
@@ -514,7 +514,7 @@ def init(): pass
 def run(mini_batch, mini_batch_context):
     c = mini_batch_context
     return [type(mini_batch).__name__, c.minibatch_index,
-            json.dumps(c.partition_key_value, sort_keys=True), c.global_row_index_lower_bound]
+            json.dumps(c.partition_key_value), c.global_row_index_lower_bound]
 "#,
     )
     .await;
@@ -522,11 +522,12 @@ def run(mini_batch, mini_batch_context):
     let mut request = request(&scratch, 4, csv(vec![piece(&data, "s3://b/p.csv")]));
     request.context = MiniBatchContext::for_table(
         4,
-        &BTreeMap::from([("Store".into(), "S1".into()), ("Brand".into(), "B 2".into())]),
+        &ColumnValues::from([("Store".into(), "S1".into()), ("Brand".into(), "B 2".into())]),
         120,
     );
     let (success, text) = run_ok(&mut process, request).await;
-    assert_eq!(text, "DataFrame\n4\n{\"Brand\": \"B 2\", \"Store\": \"S1\"}\n120\n");
+    // In partition_keys order (Store, Brand), not sorted.
+    assert_eq!(text, "DataFrame\n4\n{\"Store\": \"S1\", \"Brand\": \"B 2\"}\n120\n");
     assert_eq!(success.items_in, Some(2));
     process.shutdown(GRACE).await.expect("shutdown");
 }

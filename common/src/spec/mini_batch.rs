@@ -1,12 +1,32 @@
 //! `mini_batch_size`: a count of files, or an amount of tabular data.
+//!
+//! As in Azure, a plain number (`10`) is a count of files for file inputs (`uri_folder`,
+//! `uri_file`, an MLTable with no read transformation) and a size in bytes for tabular data (an
+//! MLTable read with `read_delimited`, `read_json_lines` or `read_parquet`). The spec keeps a
+//! plain number as [`MiniBatchSize::Count`]; the table planner (`producer::plan_table`) reads
+//! it as bytes once the MLTable says the data is tabular.
 
-use crate::job::MiniBatchSize;
+use crate::job::{InputKind, MiniBatchSize};
+
+/// Azure's default for tabular data (ParallelRunConfig: "1MB for TabularDataset").
+pub const TABULAR_DEFAULT_BYTES: u64 = 1 << 20;
+
+/// `mini_batch_size` when the spec has none: Azure's `1` (one file) for file inputs; for an
+/// `mltable` input 1 MiB of tabular data (one file per mini-batch when the MLTable is a file
+/// list, whose files are never cut).
+pub fn default_mini_batch_size(kind: InputKind) -> MiniBatchSize {
+    match kind {
+        InputKind::Mltable => MiniBatchSize::Bytes(TABULAR_DEFAULT_BYTES),
+        InputKind::UriFolder | InputKind::UriFile => MiniBatchSize::Count(1),
+    }
+}
 
 const ALLOWED: &str = "a number of files such as `10`, or an amount of data such as `512kb`, \
                        `10mb` or `1gb` (whole numbers, no space before the unit)";
 
-/// Parse `mini_batch_size` as Azure does: `^\d+([kKmMgG][bB])?$`, where a plain number counts
-/// files and `kb`/`mb`/`gb` are binary units (×1024, ×1024², ×1024³).
+/// Parse `mini_batch_size` as Azure does: `^\d+([kKmMgG][bB])?$`, where `kb`/`mb`/`gb` are
+/// binary units (×1024, ×1024², ×1024³) and a plain number is a [`MiniBatchSize::Count`]
+/// (files, or bytes of tabular data: see the module doc).
 ///
 /// The error says what was wrong and what is allowed, without a key or position, so callers
 /// (the spec parser, a CLI override) can frame it.
@@ -61,6 +81,12 @@ mod tests {
             let err = parse_mini_batch_size(raw).unwrap_err();
             assert!(err.contains("allowed"), "{raw}: {err}");
         }
+    }
+
+    #[test]
+    fn the_default_depends_on_the_input() {
+        assert_eq!(default_mini_batch_size(InputKind::UriFolder), MiniBatchSize::Count(1));
+        assert_eq!(default_mini_batch_size(InputKind::Mltable), MiniBatchSize::Bytes(1 << 20));
     }
 
     #[test]

@@ -4,14 +4,15 @@
 use std::path::Path;
 
 use crate::job::{
-    InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob, RetrySettings, TaskSpec,
+    InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob, RetrySettings,
+    TaskSpec,
 };
 
 use super::bindings::{parse_inner, pieces, Binding, Bound, Scope, Side};
 use super::error::{SpecError, SpecWarning};
 use super::fields::{list, Field, Map};
 use super::io::{self, location};
-use super::mini_batch::parse_mini_batch_size;
+use super::mini_batch::{default_mini_batch_size, parse_mini_batch_size};
 use super::program_args::{self, ParsedArgs, Word};
 
 /// The keys of a `type: parallel` job file.
@@ -88,6 +89,7 @@ pub(crate) fn parse(
         warnings,
     )?;
     let task = merge_error_threshold(task, top_threshold)?;
+    let mini_batch_size = mini_batch_size(job.get("mini_batch_size"), input.kind)?;
     Ok(ResolvedJob {
         name: optional_string(job, "name")?.unwrap_or_else(|| cx.default_name.to_string()),
         display_name: optional_string(job, "display_name")?,
@@ -97,7 +99,7 @@ pub(crate) fn parse(
         spec_file: cx.spec_file.to_string(),
         input,
         inputs: scope.inputs,
-        mini_batch_size: mini_batch_size(job.get("mini_batch_size"))?,
+        mini_batch_size,
         partition_keys: job
             .get("partition_keys")
             .map(|f| f.string_list())
@@ -137,9 +139,9 @@ fn available_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
-fn mini_batch_size(field: Option<Field<'_>>) -> Result<MiniBatchSize, SpecError> {
+fn mini_batch_size(field: Option<Field<'_>>, kind: InputKind) -> Result<MiniBatchSize, SpecError> {
     let Some(field) = field else {
-        return Ok(MiniBatchSize::Count(1));
+        return Ok(default_mini_batch_size(kind));
     };
     let raw = &field.scalar("a number of files or a size such as `10mb`")?.text;
     parse_mini_batch_size(raw).map_err(|m| field.error(m))

@@ -474,7 +474,7 @@ fn read_delimited(step: &Step<'_>) -> Result<(TableFormat, bool), SpecError> {
     let mut header = HeaderMode::AllFilesSameHeaders;
     let mut empty_as_string = false;
     let mut include_path_column = false;
-    let mut support_multi_line = false;
+    let (mut support_multi_line, mut infer_column_types) = (false, true);
     if let Some(map) = options(step, DELIMITED_KEYS)? {
         if let Some(field) = map.get("delimiter") {
             delimiter = field.string()?;
@@ -498,12 +498,17 @@ fn read_delimited(step: &Step<'_>) -> Result<(TableFormat, bool), SpecError> {
             support_multi_line = boolean(&field)?;
         }
         if let Some(field) = map.get("infer_column_types") {
-            // Accepted for compatibility; pandas infers column types anyway.
-            boolean(&field)?;
+            infer_column_types = boolean(&field)?; // the rules: common::table::infer
         }
     }
-    let format =
-        TableFormat::Delimited { delimiter, encoding, header, empty_as_string, support_multi_line };
+    let format = TableFormat::Delimited {
+        delimiter,
+        encoding,
+        header,
+        empty_as_string,
+        support_multi_line,
+        infer_column_types,
+    };
     Ok((format, include_path_column))
 }
 
@@ -644,6 +649,7 @@ mod tests {
             header,
             empty_as_string: false,
             support_multi_line: false,
+            infer_column_types: true,
         }
     }
 
@@ -680,6 +686,7 @@ mod tests {
                     header: HeaderMode::AllFilesDifferentHeaders,
                     empty_as_string: true,
                     support_multi_line: false,
+                    infer_column_types: true,
                 },
                 include_path_column: true,
                 partition_format: Some("{Store}/{Brand}/{file}.csv".into()),

@@ -21,11 +21,15 @@ pub mod partition;
 pub mod pattern;
 pub mod records;
 
-use std::collections::BTreeMap;
-
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 pub use mltable::{MlPath, MlTable};
+
+/// Column values in a meaningful order (partition keys in `partition_keys` order, path columns
+/// in the partition format's order). On the wire it is a JSON object whose members keep that
+/// order (serde_json writes and reads members in sequence; no global `preserve_order` needed).
+pub type ColumnValues = IndexMap<String, String>;
 
 /// How a tabular input's rows are read: the MLTable's read transformation and its column
 /// steps, resolved by the producer and carried by every tabular mini-batch.
@@ -62,6 +66,10 @@ pub enum TableFormat {
         empty_as_string: bool,
         /// Quoted fields may hold line breaks: files are then never split into ranges.
         support_multi_line: bool,
+        /// `infer_column_types` (default true): booleans and ISO-8601 dates become typed
+        /// columns (README, "Tables and many models"); false keeps every column as text.
+        #[serde(default = "yes")]
+        infer_column_types: bool,
     },
     /// `read_json_lines`.
     JsonLines { encoding: TextEncoding, invalid_lines: InvalidLines },
@@ -177,9 +185,10 @@ pub enum RowStep {
 pub struct TableBatch {
     pub read: TableRead,
     pub pieces: Vec<TablePiece>,
-    /// The partition's key values (for `partition_keys` batches; empty otherwise).
+    /// The partition's key values in `partition_keys` order (for `partition_keys` batches;
+    /// empty otherwise).
     #[serde(default)]
-    pub partition_key_value: BTreeMap<String, String>,
+    pub partition_key_value: ColumnValues,
     /// With `header: from_first_file`: the file whose first line names the columns.
     #[serde(default)]
     pub header_file: Option<String>,
@@ -224,9 +233,11 @@ pub struct TablePiece {
     /// Parquet: the row groups `[first, last)` instead of a byte range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_groups: Option<[u64; 2]>,
-    /// Values of the partition-format columns for this file (`{Store: "S1", …}`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub path_columns: BTreeMap<String, String>,
+    /// Values of the partition-format columns for this file (`{Store: "S1", …}`), in the
+    /// order they are appended: the job's `partition_keys` first, in its order, then the
+    /// format's other columns in the format's order.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub path_columns: ColumnValues,
     /// Rows of the piece dropped from its start (`skip`), then rows kept (`take`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub skip_rows: u64,
@@ -236,4 +247,8 @@ pub struct TablePiece {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn yes() -> bool {
+    true
 }

@@ -8,7 +8,7 @@
 //!
 //! Azure's `{Name:yyyy/MM/dd}` datetime placeholders are refused with a message saying so.
 
-use std::collections::BTreeMap;
+use super::ColumnValues;
 
 /// A parsed partition format such as `{Store}/{Brand}/{file_name}.csv`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,8 +121,8 @@ impl PartitionFormat {
     }
 
     /// The column values of `path` (a key or URL path), matching the format against the
-    /// path's trailing segments; `None` when the path does not fit the format.
-    pub fn extract(&self, path: &str) -> Option<BTreeMap<String, String>> {
+    /// path's trailing segments, in the format's order; `None` when the path does not fit.
+    pub fn extract(&self, path: &str) -> Option<ColumnValues> {
         let path_segments: Vec<&str> = path.split('/').collect();
         if path_segments.len() < self.segments.len() {
             return None;
@@ -194,8 +194,18 @@ fn match_parts<'t>(parts: &[Part], text: &'t str, values: &mut [Option<&'t str>]
 mod tests {
     use super::*;
 
-    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    fn map(pairs: &[(&str, &str)]) -> ColumnValues {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn columns_keep_the_format_order() {
+        let format = PartitionFormat::parse("{Store}/{Brand}/{file}.csv").unwrap();
+        let got = format.extract("x/S1/Contoso/jan.csv").unwrap();
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["Store", "Brand", "file"]);
+        let format = PartitionFormat::parse("{Brand}/{Store}/{file}.csv").unwrap();
+        let got = format.extract("x/Contoso/S1/jan.csv").unwrap();
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["Brand", "Store", "file"]);
     }
 
     #[test]

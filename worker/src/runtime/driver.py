@@ -150,6 +150,8 @@ def read_delimited(pd, table, piece):
         options["na_filter"] = False
     else:
         options["na_values"] = [""]
+    if not table.get("infer_column_types", True):
+        options["dtype"] = object  # every column as text, as mltable reads it without inference
     if os.path.getsize(path) == 0:
         return pd.DataFrame(), False
     try:
@@ -204,6 +206,64 @@ def read_parquet(pd, table, piece):
 
 
 READERS = {"delimited": read_delimited, "json_lines": read_json_lines, "parquet": read_parquet}
+
+# infer_column_types (read_delimited): what mltable types beyond pandas' own ints and floats.
+BOOL_TEXT = {"true": True, "false": False}
+ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}"
+                          r"(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,9})?)?"
+                          r"(?:Z|[+-]\d{2}(?::?\d{2})?)?)?")
+ISO_OFFSET = re.compile(r"(?:Z|[+-]\d{2}(?::?\d{2})?)$")
+
+
+def is_text_column(pd, column):
+    return column.dtype == object or isinstance(column.dtype, pd.StringDtype)
+
+
+def infer_column(pd, column):
+    """A text column as bool / datetime64[ns] when every non-missing value is one, else None.
+
+    Booleans: `true` / `false` in any case (surrounding blanks ignored); with missing cells the
+    column is pandas' nullable `boolean` (True / False / <NA>). Dates: ISO-8601 dates and
+    datetimes (`2024-01-31`, `2024-01-31T08:00:00.5`, with `Z` or an offset converted to UTC
+    and made naive); missing cells are NaT. Anything else, or a value that only looks like a
+    date (`2024-13-45`), leaves the column as it was."""
+    values = column.dropna()
+    if not len(values):
+        return None
+    text = values.astype(str).str.strip()
+    first = text.iloc[0]
+    if first.lower() in BOOL_TEXT:
+        lowered = text.str.lower()
+        if not lowered.isin(BOOL_TEXT.keys()).all():
+            return None
+        if len(values) == len(column):
+            return lowered.map(BOOL_TEXT).astype(bool).reindex(column.index)
+        typed = pd.Series(pd.NA, index=column.index, dtype="boolean")
+        typed[values.index] = lowered.map(BOOL_TEXT).astype(bool)
+        return typed
+    if ISO_DATETIME.fullmatch(first) and text.str.fullmatch(ISO_DATETIME).all():
+        utc = bool(text.str.contains(ISO_OFFSET).any())
+        try:
+            parsed = pd.to_datetime(text, format="ISO8601", utc=utc)
+        except (ValueError, OverflowError):
+            return None
+        if utc:
+            parsed = parsed.dt.tz_localize(None)
+        return parsed.astype("datetime64[ns]").reindex(column.index)
+    return None
+
+
+def infer_column_types(pd, df, skip):
+    """mltable's infer_column_types over a combined delimited mini-batch: text columns that
+    hold only booleans or only ISO-8601 dates become typed; the columns in `skip` (path
+    columns, Path) stay text."""
+    for name in df.columns:
+        if name in skip or not is_text_column(pd, df[name]):
+            continue
+        typed = infer_column(pd, df[name])
+        if typed is not None:
+            df[name] = typed
+    return df
 
 # Exceptions that say the data is bad (undecodable, rows pandas refuses, not Parquet): reported
 # without a traceback. pandas' ParserError and pyarrow's ArrowInvalid are ValueErrors, its IO
@@ -320,6 +380,8 @@ def read_table(table):
         added.update(name for name, _ in added_columns(table, piece))
         known = known or piece_known
     df = combine(pd, frames, added)
+    if table.get("format") == "delimited" and table.get("infer_column_types", True):
+        df = infer_column_types(pd, df, added)
     if not frames and table.get("include_path_column"):
         df["Path"] = pd.Series(dtype=pd.Series(["text"]).dtype)
     return apply_column_steps(pd, df, table.get("column_steps") or [], known)

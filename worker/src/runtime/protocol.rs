@@ -4,10 +4,12 @@
 //! a runtime written in another language can refuse a version it does not speak instead of
 //! misreading it.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use batchfleet_common::table::{ColumnStep, HeaderMode, InvalidLines, TableFormat, TableRead};
+use batchfleet_common::table::{
+    ColumnStep, ColumnValues, HeaderMode, InvalidLines, TableFormat, TableRead,
+};
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// The protocol version this worker speaks.
@@ -18,8 +20,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub struct MiniBatchContext {
     /// The mini-batch's index (an integer, as Azure passes it; its id is the zero-padded form).
     pub minibatch_index: u64,
-    /// The partition's key values; empty for file lists.
-    pub partition_key_value: BTreeMap<String, serde_json::Value>,
+    /// The partition's key values in `partition_keys` order (a JSON object whose members the
+    /// runtime reads in order); empty for file lists.
+    pub partition_key_value: IndexMap<String, serde_json::Value>,
     /// Index of the mini-batch's first row in the input (0 for file lists).
     pub global_row_index_lower_bound: u64,
 }
@@ -29,7 +32,7 @@ impl MiniBatchContext {
     pub fn for_files(index: u64) -> Self {
         MiniBatchContext {
             minibatch_index: index,
-            partition_key_value: BTreeMap::new(),
+            partition_key_value: IndexMap::new(),
             global_row_index_lower_bound: 0,
         }
     }
@@ -38,7 +41,7 @@ impl MiniBatchContext {
     /// has `partition_keys`) and the index of its first row in the whole table.
     pub fn for_table(
         index: u64,
-        partition_key_value: &BTreeMap<String, String>,
+        partition_key_value: &ColumnValues,
         global_row_index_lower_bound: u64,
     ) -> Self {
         MiniBatchContext {
@@ -71,6 +74,10 @@ pub struct TableRequest {
     /// Delimited: empty fields are `""` instead of missing values (NaN).
     #[serde(default)]
     pub empty_as_string: bool,
+    /// Delimited: `infer_column_types` — booleans and ISO-8601 dates / datetimes become typed
+    /// columns, numbers as pandas reads them; false reads every column as text (`object`).
+    #[serde(default = "yes")]
+    pub infer_column_types: bool,
     /// JSON Lines: what a line that is not a JSON object does (fail the batch, or is dropped).
     #[serde(default = "default_invalid_lines")]
     pub invalid_lines: InvalidLines,
@@ -108,8 +115,8 @@ pub struct TablePieceRequest {
     pub url: String,
     /// Partition-format columns added to every row of the piece (string values), after its
     /// data columns.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub path_columns: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub path_columns: ColumnValues,
     /// Parquet: read only the row groups `[first, last)`; `None` reads the whole file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_groups: Option<[u64; 2]>,
@@ -133,6 +140,7 @@ impl TableRequest {
             encoding: default_encoding(),
             header: false,
             empty_as_string: false,
+            infer_column_types: true,
             invalid_lines: default_invalid_lines(),
             include_path_column: read.include_path_column,
             column_steps: read.column_steps.clone(),
@@ -140,11 +148,19 @@ impl TableRequest {
         };
         match &read.format {
             TableFormat::FileList => return None,
-            TableFormat::Delimited { delimiter, encoding, header, empty_as_string, .. } => {
+            TableFormat::Delimited {
+                delimiter,
+                encoding,
+                header,
+                empty_as_string,
+                infer_column_types,
+                ..
+            } => {
                 request.delimiter = delimiter.clone();
                 request.encoding = encoding.python_codec().to_string();
                 request.header = *header != HeaderMode::NoHeader;
                 request.empty_as_string = *empty_as_string;
+                request.infer_column_types = *infer_column_types;
             }
             TableFormat::JsonLines { encoding, invalid_lines } => {
                 request.format = TableRequestFormat::JsonLines;
@@ -159,6 +175,10 @@ impl TableRequest {
 
 fn default_encoding() -> String {
     "utf-8".into()
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_invalid_lines() -> InvalidLines {
@@ -375,7 +395,7 @@ mod tests {
         let piece = TablePieceRequest {
             path: "/scratch/p0.csv".into(),
             url: "s3://b/t/x.csv".into(),
-            path_columns: BTreeMap::from([("Store".into(), "S1".into())]),
+            path_columns: ColumnValues::from([("Store".into(), "S1".into())]),
             row_groups: None,
             skip_rows: 2,
             take_rows: Some(10),
@@ -387,6 +407,7 @@ mod tests {
                 header: HeaderMode::FromFirstFile,
                 empty_as_string: true,
                 support_multi_line: false,
+                infer_column_types: false,
             }),
             vec![piece],
         )
@@ -396,7 +417,7 @@ mod tests {
             items: Vec::new(),
             context: MiniBatchContext::for_table(
                 1,
-                &BTreeMap::from([("Store".into(), "S1".into())]),
+                &ColumnValues::from([("Store".into(), "S1".into()), ("Brand".into(), "B".into())]),
                 40,
             ),
             output: PathBuf::from("/tmp/out"),
@@ -408,13 +429,19 @@ mod tests {
             value["table"],
             serde_json::json!({
                 "format": "delimited", "delimiter": ";", "encoding": "cp1252", "header": true,
-                "empty_as_string": true, "invalid_lines": "error", "include_path_column": true,
+                "empty_as_string": true, "infer_column_types": false, "invalid_lines": "error",
+                "include_path_column": true,
                 "column_steps": [{"keep": ["a"]}, {"drop": []}],
                 "pieces": [{"path": "/scratch/p0.csv", "url": "s3://b/t/x.csv",
                             "path_columns": {"Store": "S1"}, "skip_rows": 2, "take_rows": 10}]
             })
         );
-        assert_eq!(value["context"]["partition_key_value"], serde_json::json!({"Store": "S1"}));
+        assert_eq!(
+            value["context"]["partition_key_value"],
+            serde_json::json!({"Store": "S1", "Brand": "B"})
+        );
+        // The keys go out in partition_keys order (the runtime builds its dict in line order).
+        assert!(line.contains(r#""partition_key_value":{"Store":"S1","Brand":"B"}"#), "{line}");
         assert_eq!(value["context"]["global_row_index_lower_bound"], 40);
         // Optional fields may be left out.
         let minimal: TableRequest = serde_json::from_value(serde_json::json!({
@@ -422,6 +449,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(minimal.encoding, "utf-8");
+        assert!(minimal.infer_column_types, "infer_column_types defaults to true, as in mltable");
         assert_eq!(minimal.invalid_lines, InvalidLines::Error);
         assert_eq!(minimal.pieces[0].row_groups, Some([1, 3]));
         assert_eq!((minimal.pieces[0].skip_rows, minimal.pieces[0].take_rows), (0, None));
@@ -438,6 +466,7 @@ mod tests {
                 header: HeaderMode::NoHeader,
                 empty_as_string: false,
                 support_multi_line: false,
+                infer_column_types: true,
             }),
             Vec::new(),
         )

@@ -498,7 +498,7 @@ fn read_delimited(step: &Step<'_>) -> Result<(TableFormat, bool), SpecError> {
             support_multi_line = boolean(&field)?;
         }
         if let Some(field) = map.get("infer_column_types") {
-            infer_column_types = boolean(&field)?; // the rules: common::table::infer
+            infer_column_types = boolean(&field)?; // applied by the runtime (driver.py)
         }
     }
     let format = TableFormat::Delimited {

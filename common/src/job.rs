@@ -1,5 +1,7 @@
-//! The resolved job: every default applied, every binding (`${{inputs.X}}`, `${{parent.…}}`)
-//! substituted, every path turned into an absolute URL.
+//! The resolved job: every default applied, every path turned into an absolute URL, every
+//! binding (`${{inputs.X}}`, `${{parent.…}}`) resolved — to its value for a literal input, and
+//! for data to a reference ([`ArgPiece`]) that each worker turns into what the entry script
+//! sees (a local path, or a URL for `mode: direct`; see docs/bindings.md).
 //!
 //! This is what the producer plans from and what it stores at `<job root>/job.json`, so that a
 //! worker on another machine reads exactly the settings the producer validated and echoed.
@@ -43,8 +45,9 @@ pub struct ResolvedJob {
 impl ResolvedJob {
     /// The folder the job's output goes to (Azure's `AZUREML_BI_OUTPUT_PATH`): the folder of
     /// `append_row_to` (itself when it names a folder: ends with `/`, or is a `uri_folder`
-    /// output); without `append_row_to`, the first `uri_folder` output that has a path.
-    /// `None` when neither exists: the job root's `outputs/` folder then.
+    /// output); without `append_row_to`, the first `uri_folder` output that has a path (once
+    /// the job root exists, every output has one). `None` when neither exists: the job root's
+    /// `outputs/` folder then.
     pub fn output_folder_url(&self) -> Option<String> {
         let as_folder =
             |url: &str| if url.ends_with('/') { url.to_string() } else { format!("{url}/") };
@@ -68,6 +71,25 @@ impl ResolvedJob {
             raw.rsplit_once('/')
                 .map_or_else(|| raw.to_string(), |(folder, _)| format!("{folder}/")),
         )
+    }
+}
+
+impl ResolvedJob {
+    /// Give every output without `path` its default location under `job_root`, and
+    /// `append_row_to` the location of the output it binds (the producer does this when it
+    /// creates the job root, before it writes `job.json`).
+    pub fn fill_default_outputs(&mut self, job_root: &url::Url) {
+        for output in self.outputs.values_mut() {
+            if output.url.is_none() {
+                output.url = Some(output.default_url(job_root));
+            }
+        }
+        if self.task.append_row_to.is_none() {
+            if let Some(name) = &self.task.append_row_to_output {
+                self.task.append_row_to =
+                    self.outputs.get(name).map(|output| output.url_in(job_root));
+            }
+        }
     }
 }
 
@@ -156,12 +178,89 @@ pub struct TaskSpec {
     pub entry_script: String,
     /// The program arguments batchfleet understands.
     pub program_args: ProgramArgs,
-    /// Every other program argument, passed to the entry script's `sys.argv` as written.
-    pub script_args: Vec<String>,
-    /// Absolute URL of the aggregated output file, when `append_row_to` is set.
+    /// Every other program argument, passed to the entry script's `sys.argv` in order; a
+    /// data binding in one is resolved by the worker (see [`ScriptArg`]).
+    pub script_args: Vec<ScriptArg>,
+    /// Absolute URL of the aggregated output file (or folder), when `append_row_to` is set.
     pub append_row_to: Option<String>,
+    /// The output `append_row_to` binds (`${{outputs.NAME}}`), when it binds one: an output
+    /// without `path` gets its location only when the job root is made, and `append_row_to`
+    /// with it ([`ResolvedJob::fill_default_outputs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub append_row_to_output: Option<String>,
     /// `task.environment`, accepted and recorded; the worker's own runtime is used.
     pub environment: Option<serde_json::Value>,
+}
+
+/// One entry-script argument: plain text, or a template whose data bindings each worker
+/// resolves (`--model_folder ${{outputs.m}}` → `[{"text": "…"}]`-style pieces in `job.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ScriptArg {
+    Text(String),
+    Template(Vec<ArgPiece>),
+}
+
+/// A piece of a [`ScriptArg`] template.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ArgPiece {
+    Text(String),
+    /// A data input of the job, by its name under `inputs`.
+    Input(String),
+    /// An output of the job, by its name under `outputs`.
+    Output(String),
+}
+
+impl ScriptArg {
+    /// An argument from its pieces: plain text when no piece binds data.
+    pub fn from_pieces(pieces: Vec<ArgPiece>) -> ScriptArg {
+        if pieces.iter().all(|p| matches!(p, ArgPiece::Text(_))) {
+            let text = pieces
+                .into_iter()
+                .map(|p| match p {
+                    ArgPiece::Text(t) => t,
+                    ArgPiece::Input(_) | ArgPiece::Output(_) => String::new(),
+                })
+                .collect();
+            return ScriptArg::Text(text);
+        }
+        ScriptArg::Template(pieces)
+    }
+
+    /// The argument's text when it binds no data.
+    pub fn literal(&self) -> Option<&str> {
+        match self {
+            ScriptArg::Text(text) => Some(text),
+            ScriptArg::Template(_) => None,
+        }
+    }
+
+    /// The argument with each binding replaced by `bind`'s answer.
+    pub fn render<E>(
+        &self,
+        mut bind: impl FnMut(&ArgPiece) -> Result<String, E>,
+    ) -> Result<String, E> {
+        match self {
+            ScriptArg::Text(text) => Ok(text.clone()),
+            ScriptArg::Template(pieces) => {
+                let mut out = String::new();
+                for piece in pieces {
+                    match piece {
+                        ArgPiece::Text(text) => out.push_str(text),
+                        binding => out.push_str(&bind(binding)?),
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+impl PartialEq<&str> for ScriptArg {
+    fn eq(&self, other: &&str) -> bool {
+        self.literal() == Some(*other)
+    }
 }
 
 /// The program arguments batchfleet itself understands (Azure's names and defaults).
@@ -206,9 +305,35 @@ pub struct OutputSpec {
     pub name: String,
     /// `uri_file`, `uri_folder`, …, as written.
     pub kind: String,
-    /// Absolute URL when a path was given; `None` means "under the job root".
+    /// Absolute URL when a path was given; `None` until the producer gives the output its
+    /// default location under the job root ([`OutputSpec::default_url`]).
     pub url: Option<String>,
     pub mode: Option<String>,
+}
+
+impl OutputSpec {
+    /// A `uri_file` output is one file; every other kind is a folder.
+    pub fn is_file(&self) -> bool {
+        self.kind == "uri_file"
+    }
+
+    /// Where an output without `path` lives: `<job root>/outputs/<name>/`, or for a `uri_file`
+    /// output `<job root>/outputs/<name>` (the name becomes one escaped path segment).
+    pub fn default_url(&self, job_root: &url::Url) -> String {
+        let mut url = job_root.clone();
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().extend(["outputs", self.name.as_str()]);
+            if !self.is_file() {
+                segments.push("");
+            }
+        }
+        url.to_string()
+    }
+
+    /// The output's URL: its `path`, or its default location under `job_root`.
+    pub fn url_in(&self, job_root: &url::Url) -> String {
+        self.url.clone().unwrap_or_else(|| self.default_url(job_root))
+    }
 }
 
 #[cfg(test)]

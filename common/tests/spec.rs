@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use batchfleet_common::job::{
-    InputKind, InputMode, InputValue, LoggingLevel, MiniBatchSize, ProgramArgs,
+    ArgPiece, InputKind, InputMode, InputValue, LoggingLevel, MiniBatchSize, ProgramArgs, ScriptArg,
 };
 use batchfleet_common::spec::{self, parse_job_str, ParsedJob, SpecError};
 use batchfleet_common::{ErrorKind, Retry};
@@ -390,7 +390,15 @@ fn append_row_to_binds_an_output_or_takes_a_path() {
         "entry_script: score.py",
         "entry_script: score.py\n  append_row_to: ${{outputs.later}}",
     );
-    assert_eq!(ok(&unset).job.task.append_row_to, None, "no path: the producer picks the job root");
+    let mut unset = ok(&unset).job;
+    assert_eq!(unset.task.append_row_to, None, "no path: the producer picks the job root");
+    assert_eq!(unset.task.append_row_to_output.as_deref(), Some("later"));
+    unset.fill_default_outputs(&url::Url::parse("s3://b/jobs/j-1/").unwrap());
+    assert_eq!(
+        unset.task.append_row_to.as_deref(),
+        Some("s3://b/jobs/j-1/outputs/later/"),
+        "Azure writes parallel_run_step.txt in the bound output's folder"
+    );
 
     let path = BASE.replace(
         "entry_script: score.py",
@@ -408,6 +416,60 @@ fn append_row_to_binds_an_output_or_takes_a_path() {
 }
 
 // ---- program arguments ------------------------------------------------------------------------
+
+#[test]
+fn data_bindings_in_program_arguments_stay_references_for_the_worker() {
+    // Until issue 13 they became `file:///…` URLs here, and a pathless output was refused.
+    let yaml = with_args(
+        "--data ${{inputs.data}} --out=${{outputs.models}}/x --n ${{inputs.n}} --f ${{outputs.f}}",
+    )
+    .replace("input_data:", "  n: 5\noutputs:\n  models:\n  f: {type: uri_file}\ninput_data:");
+    let job = ok(&yaml).job;
+    assert_eq!(
+        job.task.script_args,
+        [
+            ScriptArg::Text("--data".into()),
+            ScriptArg::Template(vec![ArgPiece::Input("data".into())]),
+            ScriptArg::Template(vec![
+                ArgPiece::Text("--out=".into()),
+                ArgPiece::Output("models".into()),
+                ArgPiece::Text("/x".into()),
+            ]),
+            ScriptArg::Text("--n".into()),
+            ScriptArg::Text("5".into()),
+            ScriptArg::Text("--f".into()),
+            ScriptArg::Template(vec![ArgPiece::Output("f".into())]),
+        ]
+    );
+    let json = serde_json::to_value(&job.task.script_args).unwrap();
+    assert_eq!(json[0], json!("--data"), "plain arguments stay plain strings in job.json");
+    assert_eq!(json[1], json!([{"input": "data"}]));
+}
+
+#[test]
+fn outputs_without_path_live_under_the_job_root() {
+    let yaml = with("outputs:\n  models:\n  scores: {type: uri_file}\n  kept: {path: /keep}\n");
+    let mut job = ok(&yaml).job;
+    assert_eq!(job.outputs["models"].url, None);
+    job.fill_default_outputs(&url::Url::parse("file:///runs/j-1/").unwrap());
+    let urls: Vec<_> = job.outputs.values().map(|o| o.url.clone().unwrap()).collect();
+    assert_eq!(
+        urls,
+        ["file:///keep", "file:///runs/j-1/outputs/models/", "file:///runs/j-1/outputs/scores"]
+    );
+}
+
+#[test]
+fn output_names_must_be_one_folder_name() {
+    let e = err(&with("outputs:\n  a/b:\n"));
+    assert_mentions(&e, &["`a/b` cannot name an output", "outputs/<name>/"]);
+}
+
+#[test]
+fn batchfleet_flags_take_no_data_bindings() {
+    let e = err(&with_args("--error_threshold ${{inputs.data}}"));
+    assert_mentions(&e, &["`--error_threshold` takes a value, not a data input or output"]);
+}
 
 fn with_args(args: &str) -> String {
     BASE.replace(
@@ -562,6 +624,20 @@ fn pipeline_step_errors_carry_the_step_path() {
 
     let e = err(&format!("{PIPELINE}    retry_settings:\n      timeout: 0\n"));
     assert_at(&e, 16, 16, "jobs.score.retry_settings.timeout");
+}
+
+#[test]
+fn step_arguments_bind_the_steps_own_data() {
+    let args = |a: &str| {
+        PIPELINE.replace(
+            "entry_script: score.py",
+            &format!("entry_script: score.py\n      program_arguments: --d {a}"),
+        )
+    };
+    let job = ok(&args("${{inputs.data}}")).job;
+    assert_eq!(job.task.script_args[1], ScriptArg::Template(vec![ArgPiece::Input("data".into())]));
+    let e = err(&args("${{parent.inputs.raw}}"));
+    assert_mentions(&e, &["binds the pipeline's data directly", "declare it as an input"]);
 }
 
 #[test]

@@ -84,9 +84,12 @@ pub fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
     Ok(resolve_location(raw, &cwd)?)
 }
 
-/// A new job root under `store` for `job`.
-pub fn create_root(store: Option<&str>, job: &ResolvedJob) -> Result<JobRoot, ProducerError> {
-    Ok(JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?)
+/// A new job root under `store` for `job`; outputs without `path` get their default location
+/// under it (`<job root>/outputs/<name>/`), before `job.json` is written.
+pub fn create_root(store: Option<&str>, job: &mut ResolvedJob) -> Result<JobRoot, ProducerError> {
+    let root = JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?;
+    job.fill_default_outputs(&root.location.url);
+    Ok(root)
 }
 
 /// Plan and publish the job's mini-batches to `queues.work`.

@@ -43,8 +43,8 @@ pub struct RunOptions {
 /// Run a job to its end on this machine.
 pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerError> {
     let spec = load_spec(&options.spec_path)?;
-    let job = spec.job;
-    let root = create_root(options.store.as_deref(), &job)?;
+    let mut job = spec.job;
+    let root = create_root(options.store.as_deref(), &mut job)?;
     root.write_spec(&spec.text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 

@@ -94,7 +94,7 @@ pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerE
     let queues = QueueNames::for_pool(&options.pool);
     declare_pool_queues(broker.as_ref(), &queues).await?;
 
-    let root = create_root(options.store.as_deref(), &job)?;
+    let root = create_root(options.store.as_deref(), &mut job)?;
     if let Some(code) = code {
         job.task.code = upload_code(&root, &code).await?;
     }

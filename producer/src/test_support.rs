@@ -36,6 +36,7 @@ pub fn minimal_job() -> ResolvedJob {
             program_args: ProgramArgs::default(),
             script_args: Vec::new(),
             append_row_to: None,
+            append_row_to_output: None,
             environment: None,
         },
         outputs: BTreeMap::new(),

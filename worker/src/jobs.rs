@@ -11,12 +11,12 @@ use batchfleet_common::layout::JobLayout;
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::store::{self, StoreLocation};
 use batchfleet_common::Retry;
-use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use tokio::sync::Mutex;
 
 use crate::infra::{retrying, InfraError};
 use crate::materialize::InputBase;
+use crate::mounts::JobMounts;
 
 /// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
 /// job per interval, however many batches run.
@@ -34,6 +34,8 @@ pub(crate) struct LoadedJob {
     /// The downloaded copy of code kept in an object store; removed with the job.
     _code_download: Option<tempfile::TempDir>,
     pub input: InputBase,
+    /// Inputs bound in the arguments, downloaded on this worker (see `mounts`).
+    pub mounts: JobMounts,
     /// Seen the cancel marker (final once true).
     cancelled: AtomicBool,
     /// When the cancel marker was last looked for.
@@ -138,6 +140,7 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         .map_err(|e| unusable(format!("its job.json is not a valid resolved job: {e}")))?;
     let (code_dir, code_download) = code_dir(&job.task.code).await?;
     let input = InputBase::for_input(&job.input).map_err(unusable)?;
+    let mounts = JobMounts::new(&job.inputs);
     Ok(LoadedJob {
         job_id: message.job_id.clone(),
         job_root: message.job_root.clone(),
@@ -147,6 +150,7 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         code_dir,
         _code_download: code_download,
         input,
+        mounts,
         cancelled: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
         local_results_ready: AtomicBool::new(false),
@@ -166,33 +170,12 @@ async fn code_dir(code: &str) -> Result<(PathBuf, Option<tempfile::TempDir>), Jo
         .prefix("batchfleet-code-")
         .tempdir()
         .map_err(|e| JobLoadError::Infra(InfraError::io("creating the code folder", e)))?;
-    let objects: Vec<object_store::ObjectMeta> = retrying("list task.code", || async {
-        location
-            .store
-            .list(Some(&location.prefix))
-            .try_collect()
-            .await
-            .map_err(|e| InfraError::from(store::StoreError::io("list", &location.prefix, e)))
-    })
-    .await
-    .map_err(JobLoadError::Infra)?;
-    if objects.is_empty() {
-        return Err(unusable("no files there".into()));
-    }
-    let prefix = format!("{}/", location.prefix);
-    let items: Vec<String> = objects
-        .iter()
-        .map(|meta| {
-            meta.location
-                .as_ref()
-                .strip_prefix(&prefix)
-                .unwrap_or(meta.location.as_ref())
-                .to_string()
-        })
-        .collect();
-    crate::materialize::download_into(&location, &items, folder.path())
+    let files = crate::materialize::download_folder(&location, folder.path())
         .await
         .map_err(JobLoadError::Infra)?;
+    if files == 0 {
+        return Err(unusable("no files there".into()));
+    }
     let code_dir = folder.path().to_path_buf();
     Ok((code_dir, Some(folder)))
 }

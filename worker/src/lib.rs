@@ -15,6 +15,7 @@ mod heartbeat;
 mod infra;
 mod jobs;
 mod materialize;
+mod mounts;
 mod output;
 mod output_folder;
 pub mod runtime;

@@ -116,6 +116,33 @@ pub(crate) fn batch_folder(scratch: &Path, prefix: &str) -> Result<tempfile::Tem
         .map_err(|e| InfraError::io("creating the input folder", e))
 }
 
+/// Download every object under `location` into `folder`, keeping their relative paths;
+/// returns how many there were.
+pub(crate) async fn download_folder(
+    location: &StoreLocation,
+    folder: &Path,
+) -> Result<usize, InfraError> {
+    let objects: Vec<object_store::ObjectMeta> = retrying("list a folder", || async {
+        location
+            .store
+            .list(Some(&location.prefix))
+            .try_collect()
+            .await
+            .map_err(|e| InfraError::from(store::StoreError::io("list", &location.prefix, e)))
+    })
+    .await?;
+    let prefix = format!("{}/", location.prefix);
+    let items: Vec<String> = objects
+        .iter()
+        .map(|meta| {
+            let key = meta.location.as_ref();
+            key.strip_prefix(&prefix).unwrap_or(key).to_string()
+        })
+        .collect();
+    download_into(location, &items, folder).await?;
+    Ok(items.len())
+}
+
 /// Download `items` (keys relative to `location`) into `folder`, keeping their relative paths;
 /// returns the local paths in the order of `items`.
 pub(crate) async fn download_into(

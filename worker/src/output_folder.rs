@@ -1,17 +1,22 @@
-//! The job's output folder as the entry script sees it: `AZUREML_BI_OUTPUT_PATH`, as in Azure.
+//! The job's outputs as the entry script sees them: `AZUREML_BI_OUTPUT_PATH`, as in Azure, and
+//! every declared output bound in `program_arguments` (`${{outputs.NAME}}`).
 //!
 //! Scripts that write files of their own (one model per partition in many-models training)
-//! write them under this path. A local output folder is passed as it is; for an object store
-//! the script writes to a local staging folder that the worker uploads after each successful
-//! `run()`, before the batch's status is written, so a batch never counts as done before its
-//! files are stored.
+//! write them under these paths. A local output is passed as it is; for an object store the
+//! script writes to a local staging folder of its runtime that the worker uploads after each
+//! successful `run()`, before the batch's status is written (so a batch never counts as done
+//! before its files are stored), and after `shutdown()`. Every output folder exists, empty if
+//! nothing was written yet, before `init()` runs; a `uri_file` output's folder too.
+//! `mode: direct` outputs are passed as their URL and nothing is staged for them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use url::Url;
 
+use batchfleet_common::job::{OutputSpec, ResolvedJob};
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::infra::{retrying, InfraError};
@@ -27,33 +32,146 @@ pub(crate) enum OutputFolder {
     Remote { location: StoreLocation, staging: PathBuf },
 }
 
-impl OutputFolder {
-    /// The job's output folder (see `ResolvedJob::output_folder_url`); `staging` is the local
-    /// folder used when it is in an object store.
-    pub fn for_job(job: &LoadedJob, staging: &Path) -> Result<OutputFolder, InfraError> {
-        let url = job
-            .job
-            .output_folder_url()
-            .unwrap_or_else(|| format!("{}/outputs/", job.job_root.trim_end_matches('/')));
-        let parsed = Url::parse(&url).map_err(|e| {
-            InfraError::from(StoreError::InvalidLocation {
-                location: url.clone(),
-                reason: e.to_string(),
-            })
-        })?;
-        let folder = match store::local_path(&parsed) {
-            Some(path) => OutputFolder::Local(path),
-            None => OutputFolder::Remote {
-                location: store::open(&parsed)?,
-                staging: staging.to_path_buf(),
-            },
-        };
-        std::fs::create_dir_all(folder.local_path()).map_err(|e| {
-            InfraError::io(format!("creating {}", folder.local_path().display()), e)
-        })?;
-        Ok(folder)
+/// Every output folder of one runtime: each distinct folder URL once, so that an output bound
+/// in the arguments and `AZUREML_BI_OUTPUT_PATH` naming the same folder share one path.
+#[derive(Debug)]
+pub(crate) struct RuntimeOutputs {
+    /// By folder URL (ending in `/`).
+    folders: BTreeMap<String, OutputFolder>,
+    /// `AZUREML_BI_OUTPUT_PATH`.
+    output_path: PathBuf,
+    /// What `${{outputs.NAME}}` becomes, by name: a local path, or the URL with `mode: direct`.
+    bound: BTreeMap<String, String>,
+}
+
+impl RuntimeOutputs {
+    /// The outputs of `job` for one runtime, created (locally, or as staging folders under
+    /// `staging`) before the runtime starts.
+    pub fn for_job(job: &LoadedJob, staging: &Path) -> Result<RuntimeOutputs, InfraError> {
+        RuntimeOutputs::new(&job.job, &job.job_root, staging)
     }
 
+    fn new(
+        job: &ResolvedJob,
+        job_root: &str,
+        staging: &Path,
+    ) -> Result<RuntimeOutputs, InfraError> {
+        let root = parse(job_root)?;
+        let mut outputs = RuntimeOutputs {
+            folders: BTreeMap::new(),
+            output_path: PathBuf::new(),
+            bound: BTreeMap::new(),
+        };
+        for (name, output) in &job.outputs {
+            let value = outputs.bind(output, &root, &staging.join("named").join(name))?;
+            outputs.bound.insert(name.clone(), value);
+        }
+        let url = job
+            .output_folder_url()
+            .unwrap_or_else(|| format!("{}/outputs/", job_root.trim_end_matches('/')));
+        outputs.output_path = outputs.folder(&as_folder(&url), &staging.join("env"))?.to_path_buf();
+        Ok(outputs)
+    }
+
+    /// `AZUREML_BI_OUTPUT_PATH` of this runtime.
+    pub fn output_path(&self) -> &Path {
+        &self.output_path
+    }
+
+    /// What the script gets for `${{outputs.NAME}}`; `None` for an undeclared name.
+    pub fn bound(&self, name: &str) -> Option<&str> {
+        self.bound.get(name).map(String::as_str)
+    }
+
+    /// Upload and remove what the script left in the staging folders (nothing to do locally).
+    pub async fn publish(&self) -> Result<u64, InfraError> {
+        let mut uploaded = 0;
+        for folder in self.folders.values() {
+            uploaded += folder.publish().await?;
+        }
+        Ok(uploaded)
+    }
+
+    /// The value of one declared output, its folder created.
+    fn bind(
+        &mut self,
+        output: &OutputSpec,
+        root: &Url,
+        staging: &Path,
+    ) -> Result<String, InfraError> {
+        let url = output.url_in(root);
+        if output.mode.as_deref() == Some("direct") {
+            return Ok(url);
+        }
+        if !output.is_file() {
+            return Ok(path_string(self.folder(&as_folder(&url), staging)?));
+        }
+        let parsed = parse(&url)?;
+        let (folder_url, file_name) = match store::local_path(&parsed) {
+            Some(path) => {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                (url.rsplit_once('/').map(|(f, _)| format!("{f}/")), name)
+            }
+            None => {
+                let location = store::open(&parsed)?;
+                let name = location.prefix.filename().map(str::to_string);
+                (url.rsplit_once('/').map(|(f, _)| format!("{f}/")), name)
+            }
+        };
+        let (Some(folder_url), Some(file_name)) = (folder_url, file_name) else {
+            return Err(StoreError::InvalidLocation {
+                location: url,
+                reason: format!("output `{}` is a `uri_file` but names no file", output.name),
+            }
+            .into());
+        };
+        let folder = self.folder(&folder_url, staging)?;
+        Ok(path_string(&folder.join(file_name)))
+    }
+
+    /// The local path of the folder at `url`, made (and staged, for an object store) once.
+    fn folder(&mut self, url: &str, staging: &Path) -> Result<&Path, InfraError> {
+        if !self.folders.contains_key(url) {
+            let parsed = parse(url)?;
+            let folder = match store::local_path(&parsed) {
+                Some(path) => OutputFolder::Local(path),
+                None => OutputFolder::Remote {
+                    location: store::open(&parsed)?,
+                    staging: staging.to_path_buf(),
+                },
+            };
+            std::fs::create_dir_all(folder.local_path()).map_err(|e| {
+                InfraError::io(format!("creating {}", folder.local_path().display()), e)
+            })?;
+            self.folders.insert(url.to_string(), folder);
+        }
+        Ok(self.folders[url].local_path())
+    }
+}
+
+fn parse(url: &str) -> Result<Url, InfraError> {
+    Url::parse(url).map_err(|e| {
+        InfraError::from(StoreError::InvalidLocation {
+            location: url.to_string(),
+            reason: e.to_string(),
+        })
+    })
+}
+
+fn as_folder(url: &str) -> String {
+    if url.ends_with('/') {
+        url.to_string()
+    } else {
+        format!("{url}/")
+    }
+}
+
+/// A path as the script gets it: absolute, without a trailing `/`.
+fn path_string(path: &Path) -> String {
+    path.components().collect::<PathBuf>().to_string_lossy().into_owned()
+}
+
+impl OutputFolder {
     /// The path the script is given.
     pub fn local_path(&self) -> &Path {
         match self {
@@ -124,6 +242,33 @@ fn files_under(root: &Path) -> Result<Vec<(PathBuf, String)>, InfraError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_output_is_a_local_path_made_before_the_runtime_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = "type: parallel\ninputs:\n  d: {type: uri_folder, path: ./d}\noutputs:\n  \
+                    models:\n  report: {type: uri_file, path: ./reports/r.txt}\n  \
+                    raw: {path: ./raw, mode: direct}\ninput_data: ${{inputs.d}}\ntask:\n  \
+                    type: run_function\n  code: ./c\n  entry_script: s.py\n  \
+                    append_row_to: ${{outputs.models}}\n";
+        let mut job =
+            batchfleet_common::spec::parse_job_str(spec, &dir.path().join("job.yaml")).unwrap().job;
+        let root = Url::from_directory_path(dir.path().join("jobs/j-1")).unwrap();
+        job.fill_default_outputs(&root);
+        let outputs =
+            RuntimeOutputs::new(&job, root.as_str(), &dir.path().join("staging")).unwrap();
+
+        let models = dir.path().join("jobs/j-1/outputs/models");
+        assert_eq!(outputs.bound("models"), Some(models.to_str().unwrap()));
+        assert!(models.is_dir(), "a folder output exists before init()");
+        assert_eq!(outputs.output_path(), models, "AZUREML_BI_OUTPUT_PATH is the same folder");
+        let report = dir.path().join("reports/r.txt");
+        assert_eq!(outputs.bound("report"), Some(report.to_str().unwrap()));
+        assert!(report.parent().unwrap().is_dir() && !report.exists(), "only its folder is made");
+        let raw = outputs.bound("raw").unwrap();
+        assert!(raw.starts_with("file:///") && !dir.path().join("raw").exists(), "direct: {raw}");
+        assert_eq!(outputs.bound("nope"), None);
+    }
 
     #[tokio::test]
     async fn staged_files_are_uploaded_with_their_folders_and_removed() {

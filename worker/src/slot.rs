@@ -20,8 +20,9 @@ use crate::heartbeat::Heartbeat;
 use crate::infra::{retrying, InfraError};
 use crate::jobs::{JobLoadError, LoadedJob};
 use crate::materialize::materialize;
+use crate::mounts;
 use crate::output::{self, StatusWrite};
-use crate::output_folder::{OutputFolder, OUTPUT_PATH_ENV};
+use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
 use crate::runtime::TABULAR_ENV;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeConfig, RuntimeError,
@@ -45,8 +46,8 @@ const MAX_INIT_RETRY_DELAY: Duration = Duration::from_secs(30);
 struct ActiveRuntime {
     process: RuntimeProcess,
     job: Arc<LoadedJob>,
-    /// `AZUREML_BI_OUTPUT_PATH` of this runtime.
-    output_folder: OutputFolder,
+    /// `AZUREML_BI_OUTPUT_PATH` and the bound outputs of this runtime.
+    outputs: RuntimeOutputs,
     log_path: PathBuf,
     log_name: String,
 }
@@ -512,11 +513,11 @@ impl Slot {
             .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
     }
 
-    /// Store the files the script wrote under its output folder (object-store outputs).
+    /// Store the files the script wrote under its output folders (object-store outputs).
     async fn publish_output_folder(&self) -> Result<(), AttemptEnd> {
         let Some(active) = &self.runtime else { return Ok(()) };
         let uploaded = active
-            .output_folder
+            .outputs
             .publish()
             .await
             .map_err(|e| AttemptFailure::infra("uploading the output folder's files", e))?;
@@ -613,14 +614,18 @@ impl Slot {
         self.seq += 1;
         let log_name = format!("slot-{}-{}.txt", self.index, self.seq);
         let log_path = self.dir.join("logs").join(&log_name);
-        let output_folder = OutputFolder::for_job(job, &self.dir.join("outputs")).map_err(|e| {
-            RuntimeError::Io { what: "output folder", source: std::io::Error::other(e.to_string()) }
-        })?;
+        let bindings_failed = |message: String| RuntimeError::Io {
+            what: "data bindings",
+            source: std::io::Error::other(message),
+        };
+        let outputs = RuntimeOutputs::for_job(job, &self.dir.join("outputs"))
+            .map_err(|e| bindings_failed(e.to_string()))?;
+        let worker_dir = self.dir.parent().unwrap_or(&self.dir);
+        let script_args = mounts::script_args(job, &outputs, worker_dir)
+            .await
+            .map_err(|e| bindings_failed(e.to_string()))?;
         let mut env = job.job.environment_variables.clone();
-        env.insert(
-            OUTPUT_PATH_ENV.into(),
-            output_folder.local_path().to_string_lossy().into_owned(),
-        );
+        env.insert(OUTPUT_PATH_ENV.into(), outputs.output_path().to_string_lossy().into_owned());
         if tabular {
             env.insert(TABULAR_ENV.into(), "1".into());
         }
@@ -629,7 +634,7 @@ impl Slot {
             driver: self.shared.driver.clone(),
             code_dir: job.code_dir.clone(),
             entry_script: job.job.task.entry_script.clone(),
-            script_args: job.job.task.script_args.clone(),
+            script_args,
             env,
             work_dir: self.dir.join("work"),
             log_path: log_path.clone(),
@@ -646,7 +651,7 @@ impl Slot {
                 self.runtime = Some(ActiveRuntime {
                     process,
                     job: Arc::clone(job),
-                    output_folder,
+                    outputs,
                     log_path,
                     log_name,
                 });
@@ -667,6 +672,11 @@ impl Slot {
         };
         if let Err(error) = active.process.shutdown(SHUTDOWN_GRACE).await {
             tracing::warn!(job_id = %active.job.job_id, %error, "stopping the runtime");
+        }
+        // What shutdown() wrote (a summary, a last model) is stored as run()'s output is.
+        if let Err(error) = active.outputs.publish().await {
+            tracing::warn!(job_id = %active.job.job_id, %error,
+                "uploading the output folders' files after shutdown() failed");
         }
         let worker_id = &self.shared.config.worker_id;
         output::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name).await;

@@ -97,6 +97,7 @@ impl Fleet {
                 program_args: ProgramArgs::default(),
                 script_args: Vec::new(),
                 append_row_to: None,
+                append_row_to_output: None,
                 environment: None,
             },
             outputs: BTreeMap::new(),

@@ -166,7 +166,8 @@ pub(crate) fn to_json(node: &Node) -> serde_json::Value {
     }
 }
 
-/// `outputs:`; an output with no value (or no `path`) lives under the job root.
+/// `outputs:`; an output with no value (or no `path`) gets its location under the job root
+/// when the producer creates it (`ResolvedJob::fill_default_outputs`).
 pub(crate) fn parse_outputs(
     field: Option<Field<'_>>,
     base_dir: &Path,
@@ -177,6 +178,12 @@ pub(crate) fn parse_outputs(
         return Ok(outputs);
     };
     for (name, entry) in field.open_map()?.entries() {
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\\']) {
+            return Err(entry.error(format!(
+                "`{name}` cannot name an output: an output without `path` lives in the folder \
+                 `outputs/<name>/` of the job root; allowed: a name without `/`, `\\`, or `..`"
+            )));
+        }
         outputs.insert(name.to_string(), parse_output(name, &entry, base_dir, parent)?);
     }
     Ok(outputs)

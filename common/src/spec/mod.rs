@@ -9,10 +9,14 @@
 //! Resolution rules the producer relies on:
 //! - every path (`inputs.*.path`, `outputs.*.path`, `task.code`, `task.append_row_to`) is made an
 //!   absolute URL by [`crate::store::resolve_location`], relative to the YAML file's folder;
-//! - `task.append_row_to: ${{outputs.NAME}}` becomes that output's URL, or `None` when the output
-//!   has no `path`: the producer then writes `<job root>/outputs/parallel_run_step.txt`;
+//! - `task.append_row_to: ${{outputs.NAME}}` becomes that output's URL, or `None` (with
+//!   `append_row_to_output` naming the output) when the output has no `path`: the producer gives
+//!   every pathless output its default location `<job root>/outputs/<name>/` when it creates the
+//!   job root, and `append_row_to` with it (`ResolvedJob::fill_default_outputs`);
 //! - `${{inputs.NAME}}` / `${{outputs.NAME}}` inside `task.program_arguments` become a literal
-//!   input's value, or a data input's or output's URL (nothing is mounted for the script);
+//!   input's value, or stay a reference to the data input or output ([`crate::job::ScriptArg`]):
+//!   each worker resolves it to a local path, or to the URL for `mode: direct`
+//!   (docs/bindings.md); batchfleet's own flags take literal values only;
 //! - `error_threshold` may be a top-level key or `--error_threshold`; both must then agree.
 
 mod bindings;

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use crate::job::{
-    InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob, RetrySettings,
-    TaskSpec,
+    ArgPiece, InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob,
+    RetrySettings, ScriptArg, TaskSpec,
 };
 
 use super::bindings::{parse_inner, pieces, Binding, Bound, Scope, Side};
@@ -219,14 +219,17 @@ fn task(
             script_args: Vec::new(),
         },
     };
-    let append_row_to =
-        map.get("append_row_to").map(|f| append_row_to(&f, scope, cx)).transpose()?.flatten();
+    let (append_row_to, append_row_to_output) = match map.get("append_row_to") {
+        Some(f) => append_row_to(&f, scope, cx)?,
+        None => (None, None),
+    };
     let spec = TaskSpec {
         code,
         entry_script,
         program_args: args.args,
         script_args: args.script_args.clone(),
         append_row_to,
+        append_row_to_output,
         environment: map.get("environment").map(|f| io::to_json(f.node)),
     };
     Ok(Task { spec, args })
@@ -280,21 +283,24 @@ fn entry_script(field: &Field<'_>) -> Result<String, SpecError> {
     Ok(parts.join("/"))
 }
 
-/// `append_row_to`: an output binding or a path. `None` when it binds an output that has no
-/// `path`: the producer then writes `<job root>/outputs/parallel_run_step.txt`, as Azure writes
-/// the output's default location.
+/// `append_row_to`: an output binding or a path, and the name of the output it binds. The URL
+/// is `None` when it binds an output that has no `path`: the producer fills it in with the
+/// output's default location (`<job root>/outputs/<name>/`) when it creates the job root, and
+/// the aggregated rows go to `parallel_run_step.txt` in that folder, as in Azure.
 fn append_row_to(
     field: &Field<'_>,
     scope: &Scope,
     cx: &Context<'_>,
-) -> Result<Option<String>, SpecError> {
+) -> Result<(Option<String>, Option<String>), SpecError> {
     let text = field.string()?;
     let Some(binding) = Binding::whole(&text) else {
-        return location(field, cx.base_dir).map(Some);
+        return location(field, cx.base_dir).map(|url| (Some(url), None));
     };
     let binding = binding.map_err(|m| field.error(m))?;
     match scope.resolve(&binding, cx.parent).map_err(|m| field.error(m))? {
-        Bound::Output(output) => Ok(output.url.clone()),
+        // A pipeline's output (`${{parent.outputs.X}}`) has its path already or none at all.
+        Bound::Output(output) if binding.parent => Ok((output.url.clone(), None)),
+        Bound::Output(output) => Ok((output.url.clone(), Some(binding.name.clone()))),
         Bound::Input(_) => Err(field.error(format!(
             "`{}` is an input; allowed: `${{{{outputs.NAME}}}}` or a path or URL",
             binding.display()
@@ -302,41 +308,47 @@ fn append_row_to(
     }
 }
 
-/// Replace `${{…}}` in one program argument: a literal input by its value, a data input or an
-/// output by its URL (the worker passes URLs; it does not mount them).
+/// Resolve `${{…}}` in one program argument: a literal input becomes its value; a data input
+/// or an output stays a reference by name, which each worker turns into a local path (or a URL
+/// for `mode: direct`). A step's argument binds the step's own inputs and outputs, as in Azure,
+/// where a component's command sees only its own: `${{parent.…}}` data is bound through one.
 fn substitute(
     word: &Word,
     key: &str,
     scope: &Scope,
     cx: &Context<'_>,
-) -> Result<String, SpecError> {
+) -> Result<ScriptArg, SpecError> {
     let err = |m: String| SpecError::at(word.pos, key, m);
-    let mut out = String::new();
+    let mut out = Vec::new();
     for piece in pieces(&word.text) {
         let inner = match piece {
             Ok(text) => {
-                out.push_str(text);
+                out.push(ArgPiece::Text(text.to_string()));
                 continue;
             }
             Err(inner) => inner,
         };
         let binding = parse_inner(inner).map_err(err)?;
-        match scope.resolve(&binding, cx.parent).map_err(err)? {
-            Bound::Input(InputValue::Literal(serde_json::Value::String(s))) => out.push_str(s),
-            Bound::Input(InputValue::Literal(value)) => out.push_str(&value.to_string()),
-            Bound::Input(InputValue::Data(spec)) => out.push_str(&spec.url),
-            Bound::Output(output) => match &output.url {
-                Some(url) => out.push_str(url),
-                None => {
-                    return Err(err(format!(
-                        "`{}` has no `path`, so its location is only known at submit time; give the output a `path`",
-                        binding.display()
-                    )))
-                }
-            },
-        }
+        let piece = match scope.resolve(&binding, cx.parent).map_err(err)? {
+            Bound::Input(InputValue::Literal(serde_json::Value::String(s))) => {
+                ArgPiece::Text(s.clone())
+            }
+            Bound::Input(InputValue::Literal(value)) => ArgPiece::Text(value.to_string()),
+            _ if binding.parent => {
+                return Err(err(format!(
+                    "`{}` binds the pipeline's data directly; declare it as an input or output of this step (`{}: {{NAME: {}}}`) and use `${{{{{}.NAME}}}}` here",
+                    binding.display(),
+                    binding.side.key(),
+                    binding.display(),
+                    binding.side.key()
+                )))
+            }
+            Bound::Input(InputValue::Data(_)) => ArgPiece::Input(binding.name.clone()),
+            Bound::Output(_) => ArgPiece::Output(binding.name.clone()),
+        };
+        out.push(piece);
     }
-    Ok(out)
+    Ok(ScriptArg::from_pieces(out))
 }
 
 #[cfg(test)]

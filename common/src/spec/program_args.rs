@@ -1,11 +1,13 @@
 //! `task.program_arguments`: the flags batchfleet understands, and everything else, which goes
-//! to the entry script's `sys.argv` untouched and in order (as Azure passes it).
+//! to the entry script's `sys.argv` untouched and in order (as Azure passes it). A data binding
+//! in a script argument stays a reference ([`ScriptArg`]) that the worker resolves to a local
+//! path (or a URL for `mode: direct`); batchfleet's own flags take literal values only.
 //!
 //! A misspelt understood flag would silently become a script argument and its setting silently
 //! stay at the default (the "timeouts that differ from the config" complaint), so flags close
 //! to an understood one, and Azure's older flags that this YAML sets elsewhere, draw a warning.
 
-use crate::job::ProgramArgs;
+use crate::job::{ProgramArgs, ScriptArg};
 
 use super::error::{SpecError, SpecWarning};
 use super::fields::{out_of_range, Field};
@@ -18,7 +20,7 @@ pub(crate) struct ParsedArgs {
     pub args: ProgramArgs,
     /// Where `--error_threshold` was given, if it was (it may also be set at the top level).
     pub error_threshold_at: Option<Pos>,
-    pub script_args: Vec<String>,
+    pub script_args: Vec<ScriptArg>,
 }
 
 /// One shell word and where it starts.
@@ -65,7 +67,7 @@ const SUPERSEDED: &[(&str, &str)] = &[
 /// Split and interpret `program_arguments`; `substitute` resolves `${{…}}` bindings in a word.
 pub(crate) fn parse(
     field: &Field<'_>,
-    substitute: &dyn Fn(&Word) -> Result<String, SpecError>,
+    substitute: &dyn Fn(&Word) -> Result<ScriptArg, SpecError>,
     warnings: &mut Vec<SpecWarning>,
 ) -> Result<ParsedArgs, SpecError> {
     let scalar = field.scalar("the arguments as one string")?;
@@ -106,7 +108,16 @@ pub(crate) fn parse(
                 }
             },
         };
-        let text = substitute(&value)?;
+        let text = match substitute(&value)? {
+            ScriptArg::Text(text) => text,
+            ScriptArg::Template(_) => {
+                return Err(SpecError::at(
+                    value.pos,
+                    &field.path,
+                    format!("`{name}` takes a value, not a data input or output; allowed: {}, or `${{{{inputs.NAME}}}}` of a literal input", allowed(flag)),
+                ))
+            }
+        };
         apply(flag, &text, &mut parsed.args)
             .map_err(|why| SpecError::at(value.pos, &field.path, format!("`{name}`: {why}")))?;
         if flag == Flag::ErrorThreshold {

@@ -90,7 +90,15 @@ pub enum JobEvent {
     /// Starting an entry-script runtime of this job failed; the worker keeps trying while it
     /// holds the batch, and the producer fails the job once `first_task_creation_timeout`
     /// passes with no runtime ready.
-    InitFailed { job_id: String, worker: String, error: FailureRecord },
+    InitFailed {
+        job_id: String,
+        worker: String,
+        error: FailureRecord,
+        /// The same code fails the same way on every attempt (loading the entry script failed,
+        /// or it called `sys.exit()`): the producer fails the job once a few runtimes said so.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        deterministic: bool,
+    },
 }
 
 impl JobEvent {

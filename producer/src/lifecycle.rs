@@ -193,7 +193,12 @@ pub async fn finish(
         None => verdict(job, &tracker.counts(), output.rows),
         Some(reason) => Verdict::Failed(reason.to_string()),
     };
-    let text = job_result_text(&verdict, root, tracker, Some(&output));
+    let mut text = job_result_text(&verdict, root, tracker, Some(&output));
+    if let Some(detail) = end.detail() {
+        text.push_str("traceback:\n");
+        text.push_str(detail.trim_end());
+        text.push('\n');
+    }
     root.put(&root.layout.job_result(), Bytes::from(text)).await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),

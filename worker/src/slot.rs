@@ -88,6 +88,11 @@ impl AttemptFailure {
                 message: format!("init() failed: {failure}"),
                 detail: failure.traceback,
             },
+            RuntimeError::LoadFailed(failure) => AttemptFailure {
+                kind: FailureKind::UserError,
+                message: format!("loading the entry script failed: {failure}"),
+                detail: failure.traceback,
+            },
             RuntimeError::Timeout { secs } => AttemptFailure {
                 kind: FailureKind::Timeout,
                 message: format!(
@@ -147,6 +152,9 @@ pub(crate) struct Slot {
     /// Set when this worker cannot run any batch (e.g. no Python interpreter): the slot gives
     /// its message back without burning a delivery on it and the worker stops.
     fatal: Option<WorkerError>,
+    /// The last deterministic start error this slot logged (job id and error): a runtime that
+    /// fails the same way again adds nothing, so its identical log is not uploaded.
+    logged_start_error: Option<(String, String)>,
 }
 
 /// How a slot ended.
@@ -168,6 +176,7 @@ impl Slot {
             attempts: 0,
             summary: WorkerSummary::default(),
             fatal: None,
+            logged_start_error: None,
         }
     }
 
@@ -566,6 +575,7 @@ impl Slot {
             };
             self.summary.runtime_start_failures += 1;
             let fatal = error.kind() == ErrorKind::Config;
+            let deterministic = error.is_deterministic();
             let failure = AttemptFailure::runtime(error, "init()", "first_task_creation_timeout");
             if fatal {
                 self.fatal = Some(WorkerError::Config(failure.message.clone()));
@@ -583,6 +593,7 @@ impl Slot {
                 job_id: job.job_id.clone(),
                 worker: self.shared.config.worker_id.clone(),
                 error: record,
+                deterministic,
             };
             self.publish_best_effort(job, &event).await;
             let delay = delays.next().unwrap_or(MAX_INIT_RETRY_DELAY);
@@ -653,8 +664,15 @@ impl Slot {
                 Ok(())
             }
             Err(error) => {
-                let worker_id = &self.shared.config.worker_id;
-                output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                let seen = (job.job_id.clone(), error.to_string());
+                if error.is_deterministic() && self.logged_start_error.as_ref() == Some(&seen) {
+                    // The same traceback is already in this slot's previous log.
+                    let _ = tokio::fs::remove_file(&log_path).await;
+                } else {
+                    let worker_id = &self.shared.config.worker_id;
+                    output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                    self.logged_start_error = error.is_deterministic().then_some(seen);
+                }
                 Err(error)
             }
         }

@@ -1,0 +1,95 @@
+//! Deterministic start failures end a job within seconds, loudly and once: a script that cannot
+//! be loaded (SyntaxError, ModuleNotFoundError) or that exits while starting (argparse refusing
+//! its arguments) fails the job long before `--first_task_creation_timeout`, with "loading the
+//! entry script failed" and one copy of the traceback.
+
+use std::path::Path;
+use std::time::Duration;
+
+use batchfleet_tests::fleet::run_bounded;
+use batchfleet_tests::{batchfleet, describe, file_names, JobFixture};
+
+/// Far below the 600 s `--first_task_creation_timeout` the jobs are given.
+const BOUND: Duration = Duration::from_secs(60);
+const TRACEBACK: &str = "Traceback (most recent call last)";
+
+fn fixture(script: &str) -> JobFixture {
+    let settings =
+        "mini_batch_size: 1\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 2, timeout: 30}";
+    JobFixture::new(&file_names(3), script, settings, "--first_task_creation_timeout 600")
+}
+
+/// `batchfleet run` of the fixture, which must end within [`BOUND`].
+fn run_bounded_fixture(fixture: &JobFixture) -> std::process::Output {
+    run_bounded(
+        batchfleet()
+            .arg("run")
+            .arg(fixture.path().join("job.yaml"))
+            .arg("--store")
+            .arg(fixture.path().join("jobs")),
+        BOUND,
+    )
+}
+
+/// Every user log of the job root, concatenated.
+fn user_logs(root: &Path) -> String {
+    let mut text = String::new();
+    let Ok(workers) = std::fs::read_dir(root.join("logs/user")) else {
+        return text;
+    };
+    for worker in workers.flatten() {
+        for log in std::fs::read_dir(worker.path()).into_iter().flatten().flatten() {
+            text.push_str(&std::fs::read_to_string(log.path()).unwrap_or_default());
+        }
+    }
+    text
+}
+
+fn assert_fails_fast(script: &str, headline: &str, exception: &str) {
+    let fixture = fixture(script);
+    let output = run_bounded_fixture(&fixture);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let result = fixture.job_result();
+    let first = result.lines().next().unwrap_or_default();
+    assert!(first.starts_with(headline) && first.contains(exception), "{result}");
+    assert!(!first.contains("first_task_creation_timeout"), "{result}");
+    assert_eq!(result.matches(TRACEBACK).count(), 1, "one traceback in the result: {result}");
+    let logs = user_logs(&fixture.job_root());
+    assert_eq!(logs.matches(TRACEBACK).count(), 1, "one traceback in the user logs: {logs}");
+    assert!(result.contains("3 cancelled"), "{result}");
+    assert!(!fixture.job_root().join("failures").exists(), "no batch attempt was burnt");
+}
+
+#[test]
+fn a_syntax_error_fails_the_job_in_seconds_with_one_traceback() {
+    assert_fails_fast(
+        "def init():\n    pass\n\ndef run(mini_batch)\n    return mini_batch\n",
+        "failed: loading the entry script failed: SyntaxError",
+        "SyntaxError",
+    );
+}
+
+#[test]
+fn a_missing_module_fails_the_job_in_seconds_with_one_traceback() {
+    assert_fails_fast(
+        "import no_such_module_for_batchfleet\n\ndef run(mini_batch):\n    return mini_batch\n",
+        "failed: loading the entry script failed: ModuleNotFoundError",
+        "no_such_module_for_batchfleet",
+    );
+}
+
+#[test]
+fn argparse_exiting_in_init_fails_the_job_in_seconds() {
+    let script = r#"
+import argparse
+
+def init():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.parse_args()
+
+def run(mini_batch):
+    return mini_batch
+"#;
+    assert_fails_fast(script, "failed: init() failed: SystemExit: 2", "SystemExit");
+}

@@ -16,7 +16,7 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec;
 use batchfleet_common::store::resolve_location;
 
-use crate::aggregate::{aggregate, output_location, Aggregated};
+use crate::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::error::ProducerError;
 use crate::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job_root::{new_job_id, JobRoot};
@@ -178,21 +178,29 @@ pub async fn finish(
     tracker: &Tracker,
     end: FollowEnd,
 ) -> Result<JobReport, ProducerError> {
-    let output_at = output_location(job, root)?;
+    // The verdict is known before aggregating (the statuses count the rows), so that only a
+    // job that succeeds replaces `append_row_to`; a failed one leaves it as it was and writes
+    // what succeeded under `outputs/partial/`.
+    let verdict = match end.failure() {
+        None => verdict(job, &tracker.counts(), tracker.rows_out()),
+        Some(reason) => Verdict::Failed(reason.to_string()),
+    };
+    let final_at = output_location(job, root)?;
+    let partial = !verdict.is_success() && job.task.append_row_to.is_some();
+    let output_at = if partial { partial_location(root, &final_at)? } else { final_at.clone() };
     let header =
         if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
     let started = std::time::Instant::now();
-    let output = aggregate(root, tracker, header, &output_at).await?;
+    let mut output = aggregate(root, tracker, header, &output_at).await?;
+    if partial {
+        output.partial_of = Some(final_at.url.to_string());
+    }
     tracing::info!(
         rows = output.rows,
         bytes = output.bytes,
         duration_ms = elapsed_ms(started),
         "output aggregated"
     );
-    let verdict = match end.failure() {
-        None => verdict(job, &tracker.counts(), output.rows),
-        Some(reason) => Verdict::Failed(reason.to_string()),
-    };
     let mut text = job_result_text(&verdict, root, tracker, Some(&output));
     if let Some(detail) = end.detail() {
         text.push_str("traceback:\n");

@@ -54,6 +54,8 @@ pub struct Tracker {
     first_error: Option<FirstError>,
     /// Items are rows known only once read (see `PlanSummary::tabular`).
     tabular: bool,
+    /// Output rows of the succeeded batches (what aggregation will write, header aside).
+    rows_out: u64,
 }
 
 impl Tracker {
@@ -69,6 +71,7 @@ impl Tracker {
             tabular: plan.tabular,
             header: None,
             first_error: None,
+            rows_out: 0,
         }
     }
 
@@ -90,6 +93,9 @@ impl Tracker {
         };
         if self.tabular {
             self.counts.items_total += new.items_in;
+        }
+        if new.state == BatchState::Succeeded {
+            self.rows_out += status.rows;
         }
         Self::count(&mut self.counts, &new);
         *slot = Some(new);
@@ -118,6 +124,11 @@ impl Tracker {
             }
             BatchState::Cancelled => counts.batches_cancelled += 1,
         }
+    }
+
+    /// Output rows of the succeeded batches, as their statuses report them.
+    pub fn rows_out(&self) -> u64 {
+        self.rows_out
     }
 
     pub fn is_complete(&self) -> bool {

@@ -93,3 +93,41 @@ def run(mini_batch):
 "#;
     assert_fails_fast(script, "failed: init() failed: SystemExit: 2", "SystemExit");
 }
+
+#[test]
+fn a_failed_job_leaves_the_previous_output_byte_identical_and_its_rows_in_partial() {
+    let script = r#"
+import os
+
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    if any(n.startswith("zbad") for n in names):
+        raise ValueError("bad input")
+    return names
+"#;
+    let mut names = file_names(3);
+    names.push("zbad.txt".into()); // last in key order: the three others run first
+    let settings =
+        "mini_batch_size: 1\nmini_batch_error_threshold: 0\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 0, timeout: 30}";
+    let fixture = JobFixture::new(&names, script, settings, "");
+    let previous = b"row of an earlier job\nanother one\n";
+    std::fs::create_dir_all(fixture.path().join("out")).expect("out dir");
+    std::fs::write(fixture.path().join("out/rows.txt"), previous).expect("earlier output");
+    let output = run_bounded_fixture(&fixture);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let kept = std::fs::read(fixture.path().join("out/rows.txt")).expect("append_row_to");
+    assert_eq!(kept, previous, "a failed job must not touch append_row_to");
+    let partial = fixture.job_root().join("outputs/partial/rows.txt");
+    let mut rows: Vec<String> = std::fs::read_to_string(&partial)
+        .unwrap_or_else(|e| panic!("{}: {e}", partial.display()))
+        .lines()
+        .map(str::to_string)
+        .collect();
+    rows.sort();
+    assert_eq!(rows, file_names(3), "the succeeded batches' rows");
+    let result = fixture.job_result();
+    assert!(
+        result.contains("partial output: ") && result.contains("outputs/partial/rows.txt"),
+        "{result}"
+    );
+}

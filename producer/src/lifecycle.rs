@@ -98,7 +98,14 @@ pub async fn plan(
 ) -> Result<PlanSummary, ProducerError> {
     let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
     let started = std::time::Instant::now();
-    let plan = plan_and_publish(job, &target).await?;
+    let plan = match plan_and_publish(job, &target).await {
+        Ok(plan) => plan,
+        Err(error) => {
+            let error = name_missing_input(error);
+            could_not_start(root, &error).await;
+            return Err(error);
+        }
+    };
     tracing::info!(
         batches = plan.batches,
         items = plan.items,
@@ -111,6 +118,39 @@ pub async fn plan(
         eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
     }
     Ok(plan)
+}
+
+/// An input with no files that is a local path which does not exist says so.
+fn name_missing_input(error: ProducerError) -> ProducerError {
+    match error {
+        ProducerError::EmptyInput { input, url } => {
+            let missing = Url::parse(&url)
+                .ok()
+                .as_ref()
+                .and_then(batchfleet_common::store::local_path)
+                .is_some_and(|path| !path.exists());
+            if missing {
+                ProducerError::MissingInput { input, url }
+            } else {
+                ProducerError::EmptyInput { input, url }
+            }
+        }
+        other => other,
+    }
+}
+
+/// A job whose root exists but that could not start (planning failed, the code could not be
+/// shipped) still gets its final result, so that `batchfleet status` never reports it running.
+/// Best effort: the caller reports `error` whatever happens here.
+pub async fn could_not_start(root: &JobRoot, error: &ProducerError) {
+    let text = format!(
+        "failed: could not start: {error}\njob: {}\njob root: {}\n",
+        root.job_id,
+        root.url()
+    );
+    if let Err(write_error) = root.put(&root.layout.job_result(), Bytes::from(text)).await {
+        tracing::warn!(%write_error, "could not write the job result of a job that could not start");
+    }
 }
 
 /// Follow a planned job to its end; `fleet_gone` reports when no worker is left (a producer

@@ -95,13 +95,20 @@ pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerE
     declare_pool_queues(broker.as_ref(), &queues).await?;
 
     let root = create_root(options.store.as_deref(), &job)?;
-    if let Some(code) = code {
-        job.task.code = upload_code(&root, &code).await?;
+    let prepared = async {
+        if let Some(code) = code {
+            job.task.code = upload_code(&root, &code).await?;
+        }
+        root.write_spec(&spec.text, &job).await?;
+        eprintln!("{}", effective_settings(&job, &root));
+        eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
+        declare_job_queue(broker.as_ref(), &root.job_id).await?;
+        Ok::<(), ProducerError>(())
+    };
+    if let Err(error) = prepared.await {
+        lifecycle::could_not_start(&root, &error).await;
+        return Err(error);
     }
-    root.write_spec(&spec.text, &job).await?;
-    eprintln!("{}", effective_settings(&job, &root));
-    eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
-    declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
     Ok(Published { job, root, broker, queues, plan })
 }

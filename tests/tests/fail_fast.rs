@@ -131,3 +131,21 @@ def run(mini_batch):
         "{result}"
     );
 }
+
+#[test]
+fn a_job_whose_input_does_not_exist_has_a_final_result_and_is_not_running() {
+    let fixture = fixture("def run(mini_batch):\n    return mini_batch\n");
+    std::fs::remove_dir_all(fixture.path().join("data")).expect("remove the input folder");
+    let output = run_bounded_fixture(&fixture);
+    assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("does not exist") && !stderr.contains("holds no files"), "{stderr}");
+    let result = fixture.job_result();
+    assert!(result.starts_with("failed: could not start: input `files`"), "{result}");
+    assert!(result.contains("does not exist"), "{result}");
+    let status =
+        run_bounded(batchfleet().arg("status").arg(fixture.job_root()), Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(status.status.code(), Some(1), "{}", describe(&status));
+    assert!(text.starts_with("failed: could not start") && !text.contains("running"), "{text}");
+}

@@ -70,10 +70,23 @@ pub struct Published {
     pub plan: PlanSummary,
 }
 
+/// Under the job root: present when the job was submitted with `--detach`; holds the broker
+/// (password redacted) and the pool.
+pub const DETACHED_MARKER: &str = "control/detached";
+
 /// Submit a job to the fleet behind `options.broker`.
 pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
     let published = publish_job(options).await?;
     if options.detach {
+        // `batchfleet status` tells a detached job from one whose producer died, and says
+        // how to aggregate it (the broker without its password).
+        let root = &published.root;
+        let note = format!(
+            "{{\"broker\": {}, \"pool\": {}}}\n",
+            serde_json::Value::from(redact(&options.broker)),
+            serde_json::Value::from(options.pool.as_str())
+        );
+        root.put(&root.layout.relative(DETACHED_MARKER), bytes::Bytes::from(note)).await?;
         return Ok(Submitted::Detached {
             job_id: published.root.job_id.clone(),
             root_url: published.root.url(),

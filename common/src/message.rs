@@ -87,6 +87,10 @@ pub enum JobEvent {
     BatchesEnded { job_id: String, statuses: Vec<BatchStatus> },
     /// An entry-script runtime of this job finished `init()`: the job can make progress.
     RuntimeReady { job_id: String, worker: String },
+    /// An entry-script runtime of this job that had become ready stopped, and its user log is
+    /// in the job root: the producer waits (bounded) for one per `RuntimeReady` before it
+    /// returns, so that a job's user logs are there when it ends.
+    RuntimeStopped { job_id: String, worker: String },
     /// Starting an entry-script runtime of this job failed; the worker keeps trying while it
     /// holds the batch, and the producer fails the job once `first_task_creation_timeout`
     /// passes with no runtime ready.
@@ -107,6 +111,7 @@ impl JobEvent {
             JobEvent::BatchEnded { job_id, .. }
             | JobEvent::BatchesEnded { job_id, .. }
             | JobEvent::RuntimeReady { job_id, .. }
+            | JobEvent::RuntimeStopped { job_id, .. }
             | JobEvent::InitFailed { job_id, .. } => job_id,
         }
     }

@@ -183,6 +183,33 @@ impl Follow<'_> {
         found
     }
 
+    /// After the job's result is written: wait, at most `limit`, until every runtime that
+    /// became ready reported that it stopped with its user log in the job root (workers stop
+    /// a finished job's runtimes when they see its result or its cancel marker). Returns how
+    /// many did not report in time.
+    pub async fn await_user_logs(&self, tracker: &mut Tracker, limit: Duration) -> u64 {
+        let events_queue = QueueNames::events(&self.root.job_id);
+        let deadline = Instant::now() + limit;
+        let mut startup = Startup::new(self.job);
+        while tracker.runtimes_running() > 0 && Instant::now() < deadline {
+            let events =
+                match self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await {
+                    Ok(events) => events,
+                    Err(error) => {
+                        tracing::warn!(%error, "waiting for the user logs: receive failed");
+                        break;
+                    }
+                };
+            for delivery in &events {
+                if let Err(error) = self.take_event(tracker, &mut startup, delivery).await {
+                    tracing::warn!(%error, "waiting for the user logs: an event was not taken");
+                }
+            }
+        }
+        self.broker.flush().await;
+        tracker.runtimes_running()
+    }
+
     async fn route_dead_letters(&self) -> Result<(), ProducerError> {
         let dead = self
             .broker
@@ -220,7 +247,11 @@ impl Follow<'_> {
                 }
                 startup.ready();
             }
-            Ok(JobEvent::RuntimeReady { .. }) => startup.ready(),
+            Ok(JobEvent::RuntimeReady { .. }) => {
+                tracker.runtime_ready();
+                startup.ready();
+            }
+            Ok(JobEvent::RuntimeStopped { .. }) => tracker.runtime_stopped(),
             Ok(JobEvent::InitFailed { worker, error, deterministic, .. }) => {
                 tracing::warn!(%worker, error = %init_failure_summary(&error), deterministic,
                     "an entry-script runtime failed to start");

@@ -120,6 +120,30 @@ pub async fn plan(
     Ok(plan)
 }
 
+/// How long a producer whose workers are elsewhere waits, once the result is written, for the
+/// user logs of the job's runtimes (see [`Follow::await_user_logs`]).
+pub const USER_LOG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Wait (bounded) until the workers' runtimes of the finished job stopped and uploaded their
+/// user logs; says on stderr when some did not.
+pub async fn await_user_logs(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    tracker: &mut Tracker,
+) {
+    let follow = Follow { job, broker, queues, root, reconcile_after: RECONCILE_AFTER };
+    let missing = follow.await_user_logs(tracker, USER_LOG_WAIT).await;
+    if missing > 0 {
+        eprintln!(
+            "{missing} entry-script runtime(s) did not upload their user log within {} s; it \
+             reaches logs/user/ when they stop",
+            USER_LOG_WAIT.as_secs()
+        );
+    }
+}
+
 /// An input with no files that is a local path which does not exist says so.
 fn name_missing_input(error: ProducerError) -> ProducerError {
     match error {

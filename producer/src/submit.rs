@@ -139,6 +139,7 @@ pub async fn follow_published(
         stop_the_rest(&root, &mut tracker, &end).await?;
     }
     let report = finish(&job, &root, &tracker, end).await?;
+    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
 }

@@ -56,6 +56,10 @@ pub struct Tracker {
     tabular: bool,
     /// Output rows of the succeeded batches (what aggregation will write, header aside).
     rows_out: u64,
+    /// Entry-script runtimes reported ready, and those reported stopped with their user log
+    /// in the job root (`RuntimeReady` / `RuntimeStopped` events).
+    runtimes_ready: u64,
+    runtimes_stopped: u64,
 }
 
 impl Tracker {
@@ -72,6 +76,8 @@ impl Tracker {
             header: None,
             first_error: None,
             rows_out: 0,
+            runtimes_ready: 0,
+            runtimes_stopped: 0,
         }
     }
 
@@ -124,6 +130,19 @@ impl Tracker {
             }
             BatchState::Cancelled => counts.batches_cancelled += 1,
         }
+    }
+
+    pub fn runtime_ready(&mut self) {
+        self.runtimes_ready += 1;
+    }
+
+    pub fn runtime_stopped(&mut self) {
+        self.runtimes_stopped += 1;
+    }
+
+    /// Runtimes that were ready and whose stop (and user log) was not reported yet.
+    pub fn runtimes_running(&self) -> u64 {
+        self.runtimes_ready.saturating_sub(self.runtimes_stopped)
     }
 
     /// Output rows of the succeeded batches, as their statuses report them.

@@ -36,6 +36,8 @@ use batchfleet_common::table::TableFormat;
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// Time a runtime gets to finish `shutdown()` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often an idle slot looks whether its runtime's job ended.
+const ENDED_RECHECK: Duration = Duration::from_secs(2);
 /// Longest pause between receives while the broker is failing.
 const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
 /// Longest pause between tries at starting a runtime whose init() keeps failing.
@@ -155,6 +157,8 @@ pub(crate) struct Slot {
     /// The last deterministic start error this slot logged (job id and error): a runtime that
     /// fails the same way again adds nothing, so its identical log is not uploaded.
     logged_start_error: Option<(String, String)>,
+    /// When [`Slot::retire_ended_job`] last looked whether the runtime's job ended.
+    ended_checked: Option<Instant>,
 }
 
 /// How a slot ended.
@@ -177,6 +181,7 @@ impl Slot {
             summary: WorkerSummary::default(),
             fatal: None,
             logged_start_error: None,
+            ended_checked: None,
         }
     }
 
@@ -198,6 +203,7 @@ impl Slot {
                 }
                 Ok(None) => {
                     receive_failures = 0;
+                    self.retire_ended_job().await;
                     self.stop_when_idle(&stop);
                 }
                 Err(error) => {
@@ -485,6 +491,7 @@ impl Slot {
                     let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
                     drop(active.process);
                     output::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+                    self.log_uploaded(&job).await;
                 }
                 Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
             }
@@ -678,7 +685,8 @@ impl Slot {
         }
     }
 
-    /// Shut the runtime down (its `shutdown()` runs) and upload its user log.
+    /// Shut the runtime down (its `shutdown()` runs), upload its user log and tell the
+    /// producer it is there.
     async fn stop_runtime(&mut self) {
         let Some(active) = self.runtime.take() else {
             return;
@@ -688,6 +696,37 @@ impl Slot {
         }
         let worker_id = &self.shared.config.worker_id;
         output::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name).await;
+        self.log_uploaded(&active.job).await;
+    }
+
+    async fn log_uploaded(&self, job: &LoadedJob) {
+        let stopped = JobEvent::RuntimeStopped {
+            job_id: job.job_id.clone(),
+            worker: self.shared.config.worker_id.clone(),
+        };
+        self.publish_best_effort(job, &stopped).await;
+    }
+
+    /// An idle slot whose runtime serves a job that ended (its producer wrote the result or
+    /// stopped it) stops that runtime, so that `shutdown()` runs and the user log reaches the
+    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`].
+    async fn retire_ended_job(&mut self) {
+        let Some(active) = &self.runtime else {
+            return;
+        };
+        if self.ended_checked.is_some_and(|at| at.elapsed() < ENDED_RECHECK) {
+            return;
+        }
+        self.ended_checked = Some(Instant::now());
+        let job = Arc::clone(&active.job);
+        let ended = job.is_cancelled().await
+            || object_store::ObjectStoreExt::head(&job.root.store, &job.layout.job_result())
+                .await
+                .is_ok();
+        if ended {
+            tracing::info!(job_id = %job.job_id, "the job ended; stopping its runtime");
+            self.stop_runtime().await;
+        }
     }
 
     /// Record a failed attempt, then give the message back or, on its last delivery,

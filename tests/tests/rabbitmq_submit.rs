@@ -58,6 +58,30 @@ fn user_logs_are_in_the_job_root_when_submit_returns_with_workers_still_running(
 }
 
 #[test]
+fn a_script_that_cannot_load_fails_a_submitted_job_in_seconds() {
+    let pool = Pool::new("loaderror");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 20);
+    std::fs::write(dir.path().join("src/score.py"), "def run(mini_batch)\n    return []\n")
+        .unwrap();
+    let spec = std::fs::read_to_string(dir.path().join("job.yaml"))
+        .unwrap()
+        .replace("--error_threshold 10", "--error_threshold 10 --first_task_creation_timeout 600");
+    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    let mut worker = pool.worker(dir.path(), "l", 2, &[]);
+    let jobs = dir.path().join("jobs");
+    // Far below the 600 s first_task_creation_timeout.
+    let output =
+        run_bounded(&mut pool.submit(&dir.path().join("job.yaml"), &jobs), Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
+    let result = std::fs::read_to_string(root.join("logs/job_result.txt")).unwrap();
+    assert!(result.starts_with("failed: loading the entry script failed: SyntaxError"), "{result}");
+    assert_eq!(result.matches("Traceback (most recent call last)").count(), 1, "{result}");
+    assert!(worker.stop().success(), "{}", worker.log());
+}
+
+#[test]
 fn a_prefetch_below_the_concurrency_is_refused() {
     let pool = Pool::new("prefetch-low");
     let dir = tempfile::tempdir().unwrap();

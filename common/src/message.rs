@@ -87,10 +87,22 @@ pub enum JobEvent {
     BatchesEnded { job_id: String, statuses: Vec<BatchStatus> },
     /// An entry-script runtime of this job finished `init()`: the job can make progress.
     RuntimeReady { job_id: String, worker: String },
+    /// An entry-script runtime of this job that had become ready stopped, and its user log is
+    /// in the job root: the producer waits (bounded) for one per `RuntimeReady` before it
+    /// returns, so that a job's user logs are there when it ends.
+    RuntimeStopped { job_id: String, worker: String },
     /// Starting an entry-script runtime of this job failed; the worker keeps trying while it
     /// holds the batch, and the producer fails the job once `first_task_creation_timeout`
     /// passes with no runtime ready.
-    InitFailed { job_id: String, worker: String, error: FailureRecord },
+    InitFailed {
+        job_id: String,
+        worker: String,
+        error: FailureRecord,
+        /// The same code fails the same way on every attempt (loading the entry script failed,
+        /// or it called `sys.exit()`): the producer fails the job once a few runtimes said so.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        deterministic: bool,
+    },
 }
 
 impl JobEvent {
@@ -99,6 +111,7 @@ impl JobEvent {
             JobEvent::BatchEnded { job_id, .. }
             | JobEvent::BatchesEnded { job_id, .. }
             | JobEvent::RuntimeReady { job_id, .. }
+            | JobEvent::RuntimeStopped { job_id, .. }
             | JobEvent::InitFailed { job_id, .. } => job_id,
         }
     }

@@ -30,6 +30,9 @@ pub struct Aggregated {
     pub url: String,
     pub rows: u64,
     pub bytes: u64,
+    /// Set when the job failed: `url` holds the succeeded batches' rows under
+    /// `<job root>/outputs/partial/`, and this `append_row_to` was left as it was.
+    pub partial_of: Option<String>,
 }
 
 /// The output location: `append_row_to` (a file, or a folder that gets
@@ -56,6 +59,19 @@ pub fn output_location(job: &ResolvedJob, root: &JobRoot) -> Result<StoreLocatio
     Ok(store::open_str(&url)?)
 }
 
+/// Where a failed job's rows go instead of `append_row_to` (`final_output`), so that a failed
+/// job never replaces earlier output: `<job root>/outputs/partial/<file name>`.
+pub fn partial_location(
+    root: &JobRoot,
+    final_output: &StoreLocation,
+) -> Result<StoreLocation, ProducerError> {
+    let name = final_output.prefix.filename().unwrap_or(OUTPUT_FILE_NAME);
+    let mut location = root.location.clone();
+    location.prefix = root.layout.relative(&format!("outputs/partial/{name}"));
+    location.url = Url::parse(&root.key_url(&location.prefix)).map_err(ProducerError::internal)?;
+    Ok(location)
+}
+
 /// Stream every succeeded batch's result part into `output`, in batch order.
 ///
 /// Parts are fetched [`READ_AHEAD`] at a time (one part after another was the job's tail
@@ -75,7 +91,8 @@ pub async fn aggregate(
         .await
         .map_err(|e| failed(StoreError::io("put_multipart", &output.prefix, e).to_string()))?;
     let mut writer = WriteMultipart::new(upload);
-    let mut totals = Aggregated { url: output.url.to_string(), rows: 0, bytes: 0 };
+    let mut totals =
+        Aggregated { url: output.url.to_string(), rows: 0, bytes: 0, partial_of: None };
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }

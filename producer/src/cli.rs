@@ -249,7 +249,8 @@ fn interactive(no_progress: bool) -> bool {
 
 fn print_report(report: &JobReport) -> ExitCode {
     if let Some(output) = &report.output {
-        println!("output: {} ({} rows)", output.url, output.rows);
+        let what = if output.partial_of.is_some() { "partial output" } else { "output" };
+        println!("{what}: {} ({} rows)", output.url, output.rows);
     }
     println!("job result: {}", report.job_result_url);
     println!("{}", report.verdict.headline());

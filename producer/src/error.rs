@@ -15,6 +15,8 @@ pub enum ProducerError {
     Broker(#[from] BrokerError),
     #[error("input `{input}` ({url}) holds no files: there is nothing to run")]
     EmptyInput { input: String, url: String },
+    #[error("input `{input}` ({url}) does not exist")]
+    MissingInput { input: String, url: String },
     #[error("{0}")]
     Unsupported(String),
     #[error("task.entry_script `{entry_script}` is not in task.code `{code}` ({spec_file})")]
@@ -37,7 +39,9 @@ impl ProducerError {
             | ProducerError::MissingEntryScript { .. } => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
             ProducerError::Broker(e) => e.kind(),
-            ProducerError::EmptyInput { .. } => ErrorKind::InputData,
+            ProducerError::EmptyInput { .. } | ProducerError::MissingInput { .. } => {
+                ErrorKind::InputData
+            }
             ProducerError::Aggregation { .. } | ProducerError::Internal(_) => ErrorKind::Infra,
         }
     }

@@ -1,5 +1,6 @@
 //! Following a job to its end: batch events in, dead letters routed, progress out.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -26,6 +27,11 @@ const OVERVIEW_EVERY: Duration = Duration::from_secs(5);
 /// After this long without a batch event, the statuses in the store are read (the store is the
 /// source of truth): a lost event delays a job by this much, never hangs it.
 pub const RECONCILE_AFTER: Duration = Duration::from_secs(30);
+/// How many runtimes must fail to start with the same deterministic error (loading the entry
+/// script failed, or it called `sys.exit()`) before the job fails: one more than one, so that
+/// a worker's passing trouble alone cannot fail a job, and still within seconds (a slot starts
+/// its next runtime 1-2 s after the first failed).
+pub const SAME_START_ERRORS: u32 = 2;
 
 /// Why following stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +46,13 @@ pub enum FollowEnd {
     NoProgress(String),
     /// No entry-script runtime finished `init()` within `--first_task_creation_timeout`.
     InitTimeout(String),
+    /// Starting the entry script failed the same deterministic way (loading it failed, or it
+    /// exited) in [`SAME_START_ERRORS`] runtimes and none became ready.
+    StartFailed {
+        reason: String,
+        /// The traceback, once.
+        detail: Option<String>,
+    },
 }
 
 impl FollowEnd {
@@ -55,7 +68,16 @@ impl FollowEnd {
             FollowEnd::FleetGone(reason)
             | FollowEnd::ThresholdExceeded(reason)
             | FollowEnd::NoProgress(reason)
-            | FollowEnd::InitTimeout(reason) => Some(reason),
+            | FollowEnd::InitTimeout(reason)
+            | FollowEnd::StartFailed { reason, .. } => Some(reason),
+        }
+    }
+
+    /// What the job result shows below the counts: the traceback of a failed start.
+    pub fn detail(&self) -> Option<&str> {
+        match self {
+            FollowEnd::StartFailed { detail, .. } => detail.as_deref(),
+            _ => None,
         }
     }
 }
@@ -121,6 +143,10 @@ impl Follow<'_> {
                 self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::ThresholdExceeded(reason));
             }
+            if let Some(end) = startup.deterministic_failure() {
+                self.write_overview(tracker, progress).await;
+                return Ok(end);
+            }
             if let Some(reason) = startup.timed_out() {
                 self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::InitTimeout(reason));
@@ -155,6 +181,33 @@ impl Follow<'_> {
             );
         }
         found
+    }
+
+    /// After the job's result is written: wait, at most `limit`, until every runtime that
+    /// became ready reported that it stopped with its user log in the job root (workers stop
+    /// a finished job's runtimes when they see its result or its cancel marker). Returns how
+    /// many did not report in time.
+    pub async fn await_user_logs(&self, tracker: &mut Tracker, limit: Duration) -> u64 {
+        let events_queue = QueueNames::events(&self.root.job_id);
+        let deadline = Instant::now() + limit;
+        let mut startup = Startup::new(self.job);
+        while tracker.runtimes_running() > 0 && Instant::now() < deadline {
+            let events =
+                match self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await {
+                    Ok(events) => events,
+                    Err(error) => {
+                        tracing::warn!(%error, "waiting for the user logs: receive failed");
+                        break;
+                    }
+                };
+            for delivery in &events {
+                if let Err(error) = self.take_event(tracker, &mut startup, delivery).await {
+                    tracing::warn!(%error, "waiting for the user logs: an event was not taken");
+                }
+            }
+        }
+        self.broker.flush().await;
+        tracker.runtimes_running()
     }
 
     async fn route_dead_letters(&self) -> Result<(), ProducerError> {
@@ -194,11 +247,15 @@ impl Follow<'_> {
                 }
                 startup.ready();
             }
-            Ok(JobEvent::RuntimeReady { .. }) => startup.ready(),
-            Ok(JobEvent::InitFailed { worker, error, .. }) => {
-                tracing::warn!(%worker, error = %init_failure_summary(&error),
+            Ok(JobEvent::RuntimeReady { .. }) => {
+                tracker.runtime_ready();
+                startup.ready();
+            }
+            Ok(JobEvent::RuntimeStopped { .. }) => tracker.runtime_stopped(),
+            Ok(JobEvent::InitFailed { worker, error, deterministic, .. }) => {
+                tracing::warn!(%worker, error = %init_failure_summary(&error), deterministic,
                     "an entry-script runtime failed to start");
-                startup.failed(error);
+                startup.failed(error, deterministic);
             }
             Err(error) => tracing::error!(
                 %error,
@@ -284,6 +341,8 @@ struct Startup {
     limit: Duration,
     ready: bool,
     last_failure: Option<FailureRecord>,
+    /// Deterministic start errors by message: how many runtimes reported each, and the first.
+    deterministic: HashMap<String, (u32, FailureRecord)>,
 }
 
 impl Startup {
@@ -293,6 +352,7 @@ impl Startup {
             limit: Duration::from_secs(job.task.program_args.first_task_creation_timeout_secs),
             ready: false,
             last_failure: None,
+            deterministic: HashMap::new(),
         }
     }
 
@@ -300,8 +360,33 @@ impl Startup {
         self.ready = true;
     }
 
-    fn failed(&mut self, error: FailureRecord) {
+    fn failed(&mut self, error: FailureRecord, deterministic: bool) {
+        if deterministic {
+            let seen = self
+                .deterministic
+                .entry(error.message.clone())
+                .or_insert_with(|| (0, error.clone()));
+            seen.0 += 1;
+        }
         self.last_failure = Some(error);
+    }
+
+    /// The job's end once [`SAME_START_ERRORS`] runtimes failed to start with the same
+    /// deterministic error and none became ready.
+    fn deterministic_failure(&self) -> Option<FollowEnd> {
+        if self.ready {
+            return None;
+        }
+        let (count, first) =
+            self.deterministic.values().find(|(count, _)| *count >= SAME_START_ERRORS)?;
+        Some(FollowEnd::StartFailed {
+            reason: format!(
+                "{} (the same error from {count} entry-script runtimes, first on worker {})",
+                first.message.lines().next().unwrap_or(""),
+                first.worker
+            ),
+            detail: first.detail.clone(),
+        })
     }
 
     /// The reason to fail the job, once no runtime became ready in time.
@@ -426,5 +511,30 @@ mod tests {
         );
         assert_eq!(init_failure_summary(&raised), "init() failed: ValueError: bad model path");
         assert_eq!(init_failure_summary(&init_failure("gone", None)), "gone");
+    }
+
+    #[test]
+    fn the_same_load_error_from_two_runtimes_fails_the_start_and_an_init_exception_never_does() {
+        let job = crate::test_support::minimal_job();
+        let load = init_failure(
+            "loading the entry script failed: SyntaxError: invalid syntax (entry.py, line 3)",
+            Some("Traceback ...\nSyntaxError: invalid syntax"),
+        );
+        let mut startup = Startup::new(&job);
+        startup.failed(init_failure("init() failed: RuntimeError: down", None), false);
+        startup.failed(init_failure("init() failed: RuntimeError: down", None), false);
+        assert_eq!(startup.deterministic_failure(), None, "init() raising stays retried");
+        startup.failed(load.clone(), true);
+        assert_eq!(startup.deterministic_failure(), None, "one runtime is not enough");
+        startup.failed(load.clone(), true);
+        let Some(FollowEnd::StartFailed { reason, detail }) = startup.deterministic_failure()
+        else {
+            panic!("two runtimes with the same load error fail the start");
+        };
+        assert!(reason.starts_with("loading the entry script failed: SyntaxError"), "{reason}");
+        assert!(reason.contains("2 entry-script runtimes"), "{reason}");
+        assert_eq!(detail.as_deref(), load.detail.as_deref());
+        startup.ready();
+        assert_eq!(startup.deterministic_failure(), None, "a ready runtime keeps the job going");
     }
 }

@@ -16,7 +16,7 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec;
 use batchfleet_common::store::resolve_location;
 
-use crate::aggregate::{aggregate, output_location, Aggregated};
+use crate::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::error::ProducerError;
 use crate::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job_root::{new_job_id, JobRoot};
@@ -101,7 +101,14 @@ pub async fn plan(
 ) -> Result<PlanSummary, ProducerError> {
     let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
     let started = std::time::Instant::now();
-    let plan = plan_and_publish(job, &target).await?;
+    let plan = match plan_and_publish(job, &target).await {
+        Ok(plan) => plan,
+        Err(error) => {
+            let error = name_missing_input(error);
+            could_not_start(root, &error).await;
+            return Err(error);
+        }
+    };
     tracing::info!(
         batches = plan.batches,
         items = plan.items,
@@ -114,6 +121,63 @@ pub async fn plan(
         eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
     }
     Ok(plan)
+}
+
+/// How long a producer whose workers are elsewhere waits, once the result is written, for the
+/// user logs of the job's runtimes (see [`Follow::await_user_logs`]).
+pub const USER_LOG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Wait (bounded) until the workers' runtimes of the finished job stopped and uploaded their
+/// user logs; says on stderr when some did not.
+pub async fn await_user_logs(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    broker: &dyn Broker,
+    queues: &QueueNames,
+    tracker: &mut Tracker,
+) {
+    let follow = Follow { job, broker, queues, root, reconcile_after: RECONCILE_AFTER };
+    let missing = follow.await_user_logs(tracker, USER_LOG_WAIT).await;
+    if missing > 0 {
+        eprintln!(
+            "{missing} entry-script runtime(s) did not upload their user log within {} s; it \
+             reaches logs/user/ when they stop",
+            USER_LOG_WAIT.as_secs()
+        );
+    }
+}
+
+/// An input with no files that is a local path which does not exist says so.
+fn name_missing_input(error: ProducerError) -> ProducerError {
+    match error {
+        ProducerError::EmptyInput { input, url } => {
+            let missing = Url::parse(&url)
+                .ok()
+                .as_ref()
+                .and_then(batchfleet_common::store::local_path)
+                .is_some_and(|path| !path.exists());
+            if missing {
+                ProducerError::MissingInput { input, url }
+            } else {
+                ProducerError::EmptyInput { input, url }
+            }
+        }
+        other => other,
+    }
+}
+
+/// A job whose root exists but that could not start (planning failed, the code could not be
+/// shipped) still gets its final result, so that `batchfleet status` never reports it running.
+/// Best effort: the caller reports `error` whatever happens here.
+pub async fn could_not_start(root: &JobRoot, error: &ProducerError) {
+    let text = format!(
+        "failed: could not start: {error}\njob: {}\njob root: {}\n",
+        root.job_id,
+        root.url()
+    );
+    if let Err(write_error) = root.put(&root.layout.job_result(), Bytes::from(text)).await {
+        tracing::warn!(%write_error, "could not write the job result of a job that could not start");
+    }
 }
 
 /// Follow a planned job to its end; `fleet_gone` reports when no worker is left (a producer
@@ -181,22 +245,35 @@ pub async fn finish(
     tracker: &Tracker,
     end: FollowEnd,
 ) -> Result<JobReport, ProducerError> {
-    let output_at = output_location(job, root)?;
+    // The verdict is known before aggregating (the statuses count the rows), so that only a
+    // job that succeeds replaces `append_row_to`; a failed one leaves it as it was and writes
+    // what succeeded under `outputs/partial/`.
+    let verdict = match end.failure() {
+        None => verdict(job, &tracker.counts(), tracker.rows_out()),
+        Some(reason) => Verdict::Failed(reason.to_string()),
+    };
+    let final_at = output_location(job, root)?;
+    let partial = !verdict.is_success() && job.task.append_row_to.is_some();
+    let output_at = if partial { partial_location(root, &final_at)? } else { final_at.clone() };
     let header =
         if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
     let started = std::time::Instant::now();
-    let output = aggregate(root, tracker, header, &output_at).await?;
+    let mut output = aggregate(root, tracker, header, &output_at).await?;
+    if partial {
+        output.partial_of = Some(final_at.url.to_string());
+    }
     tracing::info!(
         rows = output.rows,
         bytes = output.bytes,
         duration_ms = elapsed_ms(started),
         "output aggregated"
     );
-    let verdict = match end.failure() {
-        None => verdict(job, &tracker.counts(), output.rows),
-        Some(reason) => Verdict::Failed(reason.to_string()),
-    };
-    let text = job_result_text(&verdict, root, tracker, Some(&output));
+    let mut text = job_result_text(&verdict, root, tracker, Some(&output));
+    if let Some(detail) = end.detail() {
+        text.push_str("traceback:\n");
+        text.push_str(detail.trim_end());
+        text.push('\n');
+    }
     root.put(&root.layout.job_result(), Bytes::from(text)).await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),

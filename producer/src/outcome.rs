@@ -108,7 +108,18 @@ pub fn job_result_text(
         counts.items_total, counts.items_succeeded, counts.items_failed
     );
     if let Some(output) = output {
-        let _ = writeln!(text, "output: {} ({} rows)", output.url, output.rows);
+        match &output.partial_of {
+            None => {
+                let _ = writeln!(text, "output: {} ({} rows)", output.url, output.rows);
+            }
+            Some(final_output) => {
+                let _ = writeln!(
+                    text,
+                    "partial output: {} ({} rows of the succeeded mini-batches; {final_output} was left as it was)",
+                    output.url, output.rows
+                );
+            }
+        }
     }
     let failed: Vec<String> = tracker.failed().take(50).map(batch_id).collect();
     if !failed.is_empty() {

@@ -15,6 +15,7 @@ use crate::error::ProducerError;
 use crate::job_root::JobRoot;
 use crate::lifecycle::store_url;
 use crate::plan::PlanSummary;
+use crate::submit::DETACHED_MARKER;
 use crate::tracker::{Counts, Tracker};
 
 /// Where a job stands.
@@ -25,7 +26,11 @@ pub enum JobStatus {
     /// Mini-batches are still outstanding (or the plan is not complete yet).
     Running { counts: Counts, planned: bool, cancelled: Option<String> },
     /// Every mini-batch ended but no producer aggregated the output (it was detached).
-    Unaggregated { counts: Counts },
+    Unaggregated {
+        counts: Counts,
+        /// `(broker, pool)` when the job was submitted with `--detach` (broker redacted).
+        detached: Option<(String, String)>,
+    },
 }
 
 /// A job and where it stands.
@@ -52,13 +57,28 @@ impl StatusReport {
                 text.push_str(&format!("job root: {}\n", self.root_url));
                 text
             }
-            JobStatus::Unaggregated { counts } => format!(
-                "job {}: every mini-batch ended; the output was not aggregated (no producer \
-                 followed the job: it was submitted with --detach)\n{}\njob root: {}\n",
-                self.job_id,
-                counts_line(counts),
-                self.root_url
-            ),
+            JobStatus::Unaggregated { counts, detached } => {
+                let (why, command) = match detached {
+                    Some((broker, pool)) => (
+                        "it was submitted with --detach".to_string(),
+                        format!(
+                            "batchfleet resume {} --broker {broker} --pool {pool}",
+                            self.root_url
+                        ),
+                    ),
+                    None => (
+                        "the producer that followed it stopped before the end".to_string(),
+                        format!("batchfleet resume {}", self.root_url),
+                    ),
+                };
+                format!(
+                    "job {}: every mini-batch ended; the output was not aggregated ({why})\n{}\n\
+                     aggregate it with: {command}\njob root: {}\n",
+                    self.job_id,
+                    counts_line(counts),
+                    self.root_url
+                )
+            }
         }
     }
 }
@@ -151,7 +171,15 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     }
     let counts = tracker.counts();
     if summary.is_some() && tracker.is_complete() {
-        return Ok(JobStatus::Unaggregated { counts });
+        let detached = match read_text(root, &root.layout.relative(DETACHED_MARKER)).await? {
+            Some(text) => {
+                let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
+                Some((field("broker"), field("pool")))
+            }
+            None => None,
+        };
+        return Ok(JobStatus::Unaggregated { counts, detached });
     }
     Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled })
 }
@@ -208,5 +236,48 @@ mod tests {
         assert_eq!(id, "my-job-1");
         let url = Url::parse("file:///data/jobs/my-job-1").unwrap();
         assert_eq!(split_root(&url).unwrap().1, "my-job-1");
+    }
+
+    #[tokio::test]
+    async fn an_unaggregated_job_names_the_command_and_says_detached_only_when_it_was() {
+        use batchfleet_common::status::BatchState;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&store, "j1").unwrap();
+        let put = |key: object_store::path::Path, text: String| {
+            let root = &root;
+            async move { root.put(&key, bytes::Bytes::from(text)).await.unwrap() }
+        };
+        put(root.layout.job_json(), "{}".into()).await;
+        let plan = PlanSummary { batches: 1, items: 1, tabular: false };
+        put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
+        let status = BatchStatus {
+            batch_id: "00000000".into(),
+            index: 0,
+            state: BatchState::Succeeded,
+            items_in: 1,
+            items_out: 1,
+            rows: 1,
+            result_part: Some("1-w-s0".into()),
+            header: None,
+            attempt: 1,
+            worker: "w".into(),
+            started_at_ms: 0,
+            ended_at_ms: 0,
+            error: None,
+        };
+        put(root.layout.status("00000000"), serde_json::to_string(&status).unwrap()).await;
+        let root_arg = dir.path().join("j1");
+        let root_arg = root_arg.to_str().unwrap();
+
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("aggregate it with: batchfleet resume file://"), "{text}");
+        assert!(!text.contains("--detach"), "not detached: {text}");
+
+        let note = r#"{"broker": "amqp://guest:***@host/%2f", "pool": "p1"}"#;
+        put(root.layout.relative(DETACHED_MARKER), note.into()).await;
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("submitted with --detach"), "{text}");
+        assert!(text.contains("--broker amqp://guest:***@host/%2f --pool p1"), "{text}");
     }
 }

@@ -70,10 +70,23 @@ pub struct Published {
     pub plan: PlanSummary,
 }
 
+/// Under the job root: present when the job was submitted with `--detach`; holds the broker
+/// (password redacted) and the pool.
+pub const DETACHED_MARKER: &str = "control/detached";
+
 /// Submit a job to the fleet behind `options.broker`.
 pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
     let published = publish_job(options).await?;
     if options.detach {
+        // `batchfleet status` tells a detached job from one whose producer died, and says
+        // how to aggregate it (the broker without its password).
+        let root = &published.root;
+        let note = format!(
+            "{{\"broker\": {}, \"pool\": {}}}\n",
+            serde_json::Value::from(redact(&options.broker)),
+            serde_json::Value::from(options.pool.as_str())
+        );
+        root.put(&root.layout.relative(DETACHED_MARKER), bytes::Bytes::from(note)).await?;
         return Ok(Submitted::Detached {
             job_id: published.root.job_id.clone(),
             root_url: published.root.url(),
@@ -95,13 +108,20 @@ pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerE
     declare_pool_queues(broker.as_ref(), &queues).await?;
 
     let root = create_root(options.store.as_deref(), &mut job)?;
-    if let Some(code) = code {
-        job.task.code = upload_code(&root, &code).await?;
+    let prepared = async {
+        if let Some(code) = code {
+            job.task.code = upload_code(&root, &code).await?;
+        }
+        root.write_spec(&spec.text, &job).await?;
+        eprintln!("{}", effective_settings(&job, &root));
+        eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
+        declare_job_queue(broker.as_ref(), &root.job_id).await?;
+        Ok::<(), ProducerError>(())
+    };
+    if let Err(error) = prepared.await {
+        lifecycle::could_not_start(&root, &error).await;
+        return Err(error);
     }
-    root.write_spec(&spec.text, &job).await?;
-    eprintln!("{}", effective_settings(&job, &root));
-    eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
-    declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
     Ok(Published { job, root, broker, queues, plan })
 }
@@ -119,6 +139,7 @@ pub async fn follow_published(
         stop_the_rest(&root, &mut tracker, &end).await?;
     }
     let report = finish(&job, &root, &tracker, end).await?;
+    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
 }

@@ -54,6 +54,12 @@ pub struct Tracker {
     first_error: Option<FirstError>,
     /// Items are rows known only once read (see `PlanSummary::tabular`).
     tabular: bool,
+    /// Output rows of the succeeded batches (what aggregation will write, header aside).
+    rows_out: u64,
+    /// Entry-script runtimes reported ready, and those reported stopped with their user log
+    /// in the job root (`RuntimeReady` / `RuntimeStopped` events).
+    runtimes_ready: u64,
+    runtimes_stopped: u64,
 }
 
 impl Tracker {
@@ -69,6 +75,9 @@ impl Tracker {
             tabular: plan.tabular,
             header: None,
             first_error: None,
+            rows_out: 0,
+            runtimes_ready: 0,
+            runtimes_stopped: 0,
         }
     }
 
@@ -90,6 +99,9 @@ impl Tracker {
         };
         if self.tabular {
             self.counts.items_total += new.items_in;
+        }
+        if new.state == BatchState::Succeeded {
+            self.rows_out += status.rows;
         }
         Self::count(&mut self.counts, &new);
         *slot = Some(new);
@@ -118,6 +130,24 @@ impl Tracker {
             }
             BatchState::Cancelled => counts.batches_cancelled += 1,
         }
+    }
+
+    pub fn runtime_ready(&mut self) {
+        self.runtimes_ready += 1;
+    }
+
+    pub fn runtime_stopped(&mut self) {
+        self.runtimes_stopped += 1;
+    }
+
+    /// Runtimes that were ready and whose stop (and user log) was not reported yet.
+    pub fn runtimes_running(&self) -> u64 {
+        self.runtimes_ready.saturating_sub(self.runtimes_stopped)
+    }
+
+    /// Output rows of the succeeded batches, as their statuses report them.
+    pub fn rows_out(&self) -> u64 {
+        self.rows_out
     }
 
     pub fn is_complete(&self) -> bool {

@@ -37,6 +37,51 @@ fn workers_with_a_prefetch_and_a_relative_scratch_folder_run_the_job() {
 }
 
 #[test]
+fn user_logs_are_in_the_job_root_when_submit_returns_with_workers_still_running() {
+    let pool = Pool::new("userlogs");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 20);
+    let mut worker = pool.worker(dir.path(), "u", 2, &["--idle-exit", "600"]);
+    let jobs = dir.path().join("jobs");
+    let output = run_bounded(&mut pool.submit(&dir.path().join("job.yaml"), &jobs), JOB_LIMIT);
+    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
+    let root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
+    let logs = root.join("logs/user/u");
+    let uploaded: Vec<_> = std::fs::read_dir(&logs)
+        .unwrap_or_else(|e| panic!("no user logs at {} when submit returned: {e}", logs.display()))
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("slot-"))
+        .collect();
+    assert!(!uploaded.is_empty(), "user logs in {}", logs.display());
+    assert!(worker.stop().success(), "{}", worker.log());
+}
+
+#[test]
+fn a_script_that_cannot_load_fails_a_submitted_job_in_seconds() {
+    let pool = Pool::new("loaderror");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 20);
+    std::fs::write(dir.path().join("src/score.py"), "def run(mini_batch)\n    return []\n")
+        .unwrap();
+    let spec = std::fs::read_to_string(dir.path().join("job.yaml"))
+        .unwrap()
+        .replace("--error_threshold 10", "--error_threshold 10 --first_task_creation_timeout 600");
+    std::fs::write(dir.path().join("job.yaml"), spec).unwrap();
+    let mut worker = pool.worker(dir.path(), "l", 2, &[]);
+    let jobs = dir.path().join("jobs");
+    // Far below the 600 s first_task_creation_timeout.
+    let output =
+        run_bounded(&mut pool.submit(&dir.path().join("job.yaml"), &jobs), Duration::from_secs(60));
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
+    let result = std::fs::read_to_string(root.join("logs/job_result.txt")).unwrap();
+    assert!(result.starts_with("failed: loading the entry script failed: SyntaxError"), "{result}");
+    assert_eq!(result.matches("Traceback (most recent call last)").count(), 1, "{result}");
+    assert!(worker.stop().success(), "{}", worker.log());
+}
+
+#[test]
 fn a_prefetch_below_the_concurrency_is_refused() {
     let pool = Pool::new("prefetch-low");
     let dir = tempfile::tempdir().unwrap();
@@ -83,6 +128,9 @@ fn a_detached_job_is_published_and_its_progress_read_by_status() {
         text.contains("every mini-batch ended").then_some(text)
     });
     assert!(done.contains("4 succeeded, 0 failed"), "{done}");
+    assert!(done.contains("it was submitted with --detach"), "{done}");
+    assert!(done.contains("aggregate it with: batchfleet resume "), "{done}");
+    assert!(done.contains(&format!("--pool {}", pool.name)), "{done}");
     assert!(worker.stop().success(), "{}", worker.log());
     pool.delete_queue(&format!("batchfleet.events.{job_id}"));
 }

@@ -37,6 +37,8 @@ use batchfleet_common::table::TableFormat;
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// Time a runtime gets to finish `shutdown()` before it is killed.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often an idle slot looks whether its runtime's job ended.
+const ENDED_RECHECK: Duration = Duration::from_secs(2);
 /// Longest pause between receives while the broker is failing.
 const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
 /// Longest pause between tries at starting a runtime whose init() keeps failing.
@@ -87,6 +89,11 @@ impl AttemptFailure {
             RuntimeError::InitFailed(failure) => AttemptFailure {
                 kind: FailureKind::UserError,
                 message: format!("init() failed: {failure}"),
+                detail: failure.traceback,
+            },
+            RuntimeError::LoadFailed(failure) => AttemptFailure {
+                kind: FailureKind::UserError,
+                message: format!("loading the entry script failed: {failure}"),
                 detail: failure.traceback,
             },
             RuntimeError::Timeout { secs } => AttemptFailure {
@@ -148,6 +155,11 @@ pub(crate) struct Slot {
     /// Set when this worker cannot run any batch (e.g. no Python interpreter): the slot gives
     /// its message back without burning a delivery on it and the worker stops.
     fatal: Option<WorkerError>,
+    /// The last deterministic start error this slot logged (job id and error): a runtime that
+    /// fails the same way again adds nothing, so its identical log is not uploaded.
+    logged_start_error: Option<(String, String)>,
+    /// When [`Slot::retire_ended_job`] last looked whether the runtime's job ended.
+    ended_checked: Option<Instant>,
 }
 
 /// How a slot ended.
@@ -169,6 +181,8 @@ impl Slot {
             attempts: 0,
             summary: WorkerSummary::default(),
             fatal: None,
+            logged_start_error: None,
+            ended_checked: None,
         }
     }
 
@@ -190,6 +204,7 @@ impl Slot {
                 }
                 Ok(None) => {
                     receive_failures = 0;
+                    self.retire_ended_job().await;
                     self.stop_when_idle(&stop);
                 }
                 Err(error) => {
@@ -477,6 +492,7 @@ impl Slot {
                     let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
                     drop(active.process);
                     output::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+                    self.log_uploaded(&job).await;
                 }
                 Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
             }
@@ -567,6 +583,7 @@ impl Slot {
             };
             self.summary.runtime_start_failures += 1;
             let fatal = error.kind() == ErrorKind::Config;
+            let deterministic = error.is_deterministic();
             let failure = AttemptFailure::runtime(error, "init()", "first_task_creation_timeout");
             if fatal {
                 self.fatal = Some(WorkerError::Config(failure.message.clone()));
@@ -584,6 +601,7 @@ impl Slot {
                 job_id: job.job_id.clone(),
                 worker: self.shared.config.worker_id.clone(),
                 error: record,
+                deterministic,
             };
             self.publish_best_effort(job, &event).await;
             let delay = delays.next().unwrap_or(MAX_INIT_RETRY_DELAY);
@@ -658,14 +676,22 @@ impl Slot {
                 Ok(())
             }
             Err(error) => {
-                let worker_id = &self.shared.config.worker_id;
-                output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                let seen = (job.job_id.clone(), error.to_string());
+                if error.is_deterministic() && self.logged_start_error.as_ref() == Some(&seen) {
+                    // The same traceback is already in this slot's previous log.
+                    let _ = tokio::fs::remove_file(&log_path).await;
+                } else {
+                    let worker_id = &self.shared.config.worker_id;
+                    output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                    self.logged_start_error = error.is_deterministic().then_some(seen);
+                }
                 Err(error)
             }
         }
     }
 
-    /// Shut the runtime down (its `shutdown()` runs) and upload its user log.
+    /// Shut the runtime down (its `shutdown()` runs), upload its user log and tell the
+    /// producer it is there.
     async fn stop_runtime(&mut self) {
         let Some(active) = self.runtime.take() else {
             return;
@@ -680,6 +706,37 @@ impl Slot {
         }
         let worker_id = &self.shared.config.worker_id;
         output::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name).await;
+        self.log_uploaded(&active.job).await;
+    }
+
+    async fn log_uploaded(&self, job: &LoadedJob) {
+        let stopped = JobEvent::RuntimeStopped {
+            job_id: job.job_id.clone(),
+            worker: self.shared.config.worker_id.clone(),
+        };
+        self.publish_best_effort(job, &stopped).await;
+    }
+
+    /// An idle slot whose runtime serves a job that ended (its producer wrote the result or
+    /// stopped it) stops that runtime, so that `shutdown()` runs and the user log reaches the
+    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`].
+    async fn retire_ended_job(&mut self) {
+        let Some(active) = &self.runtime else {
+            return;
+        };
+        if self.ended_checked.is_some_and(|at| at.elapsed() < ENDED_RECHECK) {
+            return;
+        }
+        self.ended_checked = Some(Instant::now());
+        let job = Arc::clone(&active.job);
+        let ended = job.is_cancelled().await
+            || object_store::ObjectStoreExt::head(&job.root.store, &job.layout.job_result())
+                .await
+                .is_ok();
+        if ended {
+            tracing::info!(job_id = %job.job_id, "the job ended; stopping its runtime");
+            self.stop_runtime().await;
+        }
     }
 
     /// Record a failed attempt, then give the message back or, on its last delivery,

@@ -397,6 +397,9 @@ def exception_fields(exc):
 
 def load_entry_script(code_dir, entry_script):
     path = os.path.join(code_dir, entry_script)
+    if not os.path.isfile(path):
+        raise FileNotFoundError("entry script %s does not exist in the code folder %s"
+                                % (entry_script, code_dir))
     name = os.path.splitext(os.path.basename(entry_script))[0] or "entry_script"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -563,17 +566,24 @@ def main(argv):
             protocol.send("init_error", **exception_fields(exc))
             return 1
 
+    # Loading (stage "load": init() never ran, the same code fails the same way every time)
+    # and init() (stage "init": may be passing) are told apart for the worker.
     try:
         module = load_entry_script(code_dir, entry_script)
         if not callable(getattr(module, "run", None)):
             raise AttributeError("entry script %s defines no run(mini_batch) function"
                                  % entry_script)
+    except BaseException as exc:  # SystemExit at module level (argparse) included
+        sys.stderr.write("loading the entry script failed:\n" + traceback.format_exc())
+        protocol.send("init_error", stage="load", **exception_fields(exc))
+        return 1
+    try:
         init = getattr(module, "init", None)
         if callable(init):
             init()
     except BaseException as exc:
-        sys.stderr.write(traceback.format_exc())
-        protocol.send("init_error", **exception_fields(exc))
+        sys.stderr.write("init() failed:\n" + traceback.format_exc())
+        protocol.send("init_error", stage="init", **exception_fields(exc))
         return 1
     pass_context = wants_context(module.run)
     protocol.send("ready", pid=os.getpid(), pass_context=pass_context,

@@ -62,7 +62,11 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("loading the entry script or its init() failed: {0}")]
+    /// Loading the entry script failed (`init()` never ran): the same code fails the same way
+    /// on every attempt.
+    #[error("loading the entry script failed: {0}")]
+    LoadFailed(UserFailure),
+    #[error("init() failed: {0}")]
     InitFailed(UserFailure),
     #[error("the entry script did not answer within {secs} s; its process was killed")]
     Timeout { secs: u64 },
@@ -85,7 +89,8 @@ impl RuntimeError {
             RuntimeError::Spawn { .. } | RuntimeError::Io { .. } | RuntimeError::Protocol(_) => {
                 ErrorKind::Infra
             }
-            RuntimeError::InitFailed(_)
+            RuntimeError::LoadFailed(_)
+            | RuntimeError::InitFailed(_)
             | RuntimeError::Timeout { .. }
             | RuntimeError::Crashed { .. } => ErrorKind::UserCode,
         }
@@ -100,7 +105,21 @@ impl RuntimeError {
             | RuntimeError::Io { .. }
             | RuntimeError::Timeout { .. }
             | RuntimeError::Crashed { .. } => Retry::Transient,
-            RuntimeError::InitFailed(_) | RuntimeError::Protocol(_) => Retry::Permanent,
+            RuntimeError::LoadFailed(_)
+            | RuntimeError::InitFailed(_)
+            | RuntimeError::Protocol(_) => Retry::Permanent,
+        }
+    }
+
+    /// Whether starting again would fail the same way for certain: loading the script failed,
+    /// or the script called `sys.exit()` (argparse refusing its arguments exits with 2) while
+    /// loading or in `init()`. An exception raised by `init()` may be passing (a model store
+    /// that is down) and is retried.
+    pub fn is_deterministic(&self) -> bool {
+        match self {
+            RuntimeError::LoadFailed(_) => true,
+            RuntimeError::InitFailed(failure) => failure.exception.as_deref() == Some("SystemExit"),
+            _ => false,
         }
     }
 }
@@ -122,6 +141,21 @@ mod tests {
             traceback: None,
             items_in: None,
         }
+    }
+
+    #[test]
+    fn load_errors_and_exits_are_deterministic_init_exceptions_are_not() {
+        let syntax = failure(UserFailureKind::UserError, Some("SyntaxError"), "invalid syntax");
+        let load = RuntimeError::LoadFailed(syntax);
+        assert!(load.is_deterministic());
+        assert!(load.to_string().starts_with("loading the entry script failed: SyntaxError"));
+        let exit = failure(UserFailureKind::UserError, Some("SystemExit"), "2");
+        assert!(RuntimeError::InitFailed(exit).is_deterministic());
+        let raised = failure(UserFailureKind::UserError, Some("ConnectionError"), "model store");
+        let init = RuntimeError::InitFailed(raised);
+        assert!(!init.is_deterministic());
+        assert_eq!(init.to_string(), "init() failed: ConnectionError: model store");
+        assert!(!RuntimeError::Timeout { secs: 3 }.is_deterministic());
     }
 
     #[test]

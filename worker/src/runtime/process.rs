@@ -11,7 +11,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
 use super::error::{RuntimeError, UserFailure};
-use super::protocol::{self, Request, Response, UserFailureKind};
+use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
 use super::stderr::StderrPump;
 use super::{RunOutcome, RunRequest, RunSuccess, RuntimeConfig, STDERR_TAIL_LINES};
 
@@ -52,13 +52,13 @@ impl RuntimeProcess {
                 tracing::debug!(pid = process.pid(), pass_context, "entry-script runtime ready");
                 Ok(process)
             }
-            Ok(Ok(Some(Response::InitError(fields)))) => {
+            Ok(Ok(Some(Response::InitError { stage, error }))) => {
                 process.reap().await;
-                Err(RuntimeError::InitFailed(UserFailure::from_fields(
-                    UserFailureKind::UserError,
-                    fields,
-                    None,
-                )))
+                let failure = UserFailure::from_fields(UserFailureKind::UserError, error, None);
+                Err(match stage {
+                    InitStage::Load => RuntimeError::LoadFailed(failure),
+                    InitStage::Init => RuntimeError::InitFailed(failure),
+                })
             }
             Ok(Ok(None)) => Err(process.crashed().await),
             Ok(Ok(Some(other))) => {

@@ -222,7 +222,13 @@ pub enum Response {
         has_shutdown: bool,
     },
     /// Loading the script or `init()` failed; the runtime exits after sending this.
-    InitError(ErrorFields),
+    InitError {
+        /// Which step failed; a runtime that does not say is taken to have failed in `init()`.
+        #[serde(default)]
+        stage: InitStage,
+        #[serde(flatten)]
+        error: ErrorFields,
+    },
     Done {
         batch_id: String,
         /// The length of `run()`'s return value.
@@ -248,6 +254,19 @@ pub enum Response {
     Bye { error: Option<ErrorFields> },
     /// The runtime could not understand a request; it exits after sending this.
     ProtocolError { message: String },
+}
+
+/// Which step of starting a runtime failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitStage {
+    /// Loading the entry script: a missing file, a `SyntaxError`, an `ImportError`, an
+    /// exception or `SystemExit` at module level, or no `run()`. `init()` never ran; the same
+    /// code fails the same way on every attempt.
+    Load,
+    /// The script's `init()` raised (or called `sys.exit()`).
+    #[default]
+    Init,
 }
 
 /// How `run()` failed.
@@ -334,6 +353,19 @@ mod tests {
         assert!(value.get("table").is_none(), "{line}");
         assert!(line.ends_with('\n'));
         assert_eq!(encode(&Request::Shutdown).unwrap(), "{\"v\":1,\"type\":\"shutdown\"}\n");
+    }
+
+    #[test]
+    fn init_errors_say_their_stage_and_default_to_init() {
+        let load = decode(
+            r#"{"v":1,"type":"init_error","stage":"load","exception":"SyntaxError","message":"m","traceback":null}"#,
+        );
+        let Ok(Response::InitError { stage, error }) = load else { panic!("{load:?}") };
+        assert_eq!((stage, error.exception.as_deref()), (InitStage::Load, Some("SyntaxError")));
+        let old = decode(
+            r#"{"v":1,"type":"init_error","exception":"ValueError","message":"m","traceback":null}"#,
+        );
+        assert!(matches!(old, Ok(Response::InitError { stage: InitStage::Init, .. })), "{old:?}");
     }
 
     #[test]

@@ -174,9 +174,9 @@ fn bound_input(
     binding: &Binding,
     parent: Option<&Scope>,
 ) -> Result<InputValue, SpecError> {
-    if !binding.parent || binding.side != Side::Inputs {
+    if !binding.parent || (binding.side != Side::Inputs && binding.step.is_none()) {
         return Err(field.error(format!(
-            "`{}` cannot define an input; allowed: a value, a mapping with `type` and `path`, or in a pipeline step `${{{{parent.inputs.NAME}}}}`",
+            "`{}` cannot define an input; allowed: a value, a mapping with `type` and `path`, or in a pipeline step `${{{{parent.inputs.NAME}}}}` or `${{{{parent.jobs.STEP.outputs.NAME}}}}`",
             binding.display()
         )));
     }

@@ -52,7 +52,7 @@ pub struct ParsedJob {
 /// step is an inline parallel one), or a pipeline to run step by step.
 #[derive(Debug, Clone)]
 pub enum SpecFile {
-    Job(ParsedJob),
+    Job(Box<ParsedJob>),
     Pipeline(PipelineFile),
 }
 
@@ -80,7 +80,7 @@ pub fn load_spec_file(path: &Path) -> Result<SpecFile, SpecError> {
             }));
         }
     }
-    parse_job_str(&text, path).map(SpecFile::Job)
+    parse_job_str(&text, path).map(|job| SpecFile::Job(Box::new(job)))
 }
 
 /// Read and parse the job file at `path`.

@@ -65,7 +65,7 @@ pub struct PipelineStep {
 #[derive(Debug, Clone)]
 pub enum StepKind {
     /// Runs as a subprocess on the producer's machine.
-    Command(CommandStep),
+    Command(Box<CommandStep>),
     /// Runs as a parallel job with its own job root.
     Parallel(Box<ResolvedJob>),
 }
@@ -198,7 +198,7 @@ fn parse(text: &str, spec_file: &Path, folder: &str) -> Result<ParsedPipeline, S
                 &base,
             )?;
             step.compute = step.compute.or_else(|| compute.clone());
-            StepKind::Command(step)
+            StepKind::Command(Box::new(step))
         };
         steps.push(PipelineStep {
             name: draft.name.to_string(),

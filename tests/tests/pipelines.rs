@@ -3,6 +3,7 @@
 //! stops the pipeline, and specs refused before anything runs.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use batchfleet_tests::{batchfleet, describe, run};
 
@@ -246,4 +247,22 @@ fn specs_that_cannot_run_are_refused_before_anything_is_created() {
         "{stderr}"
     );
     assert!(!dir.path().join("jobs").exists(), "nothing is created for a spec that cannot run");
+}
+
+#[test]
+fn submit_runs_the_parallel_steps_on_the_fleet() {
+    let pool = batchfleet_tests::fleet::Pool::new("pipeline");
+    let dir = tempfile::tempdir().unwrap();
+    prep_then_score(dir.path());
+    let _a = pool.worker(dir.path(), "a", 2, &[]);
+    let _b = pool.worker(dir.path(), "b", 2, &[]);
+    let mut submit = pool.submit(&dir.path().join("pipeline.yml"), &dir.path().join("jobs"));
+    let output = batchfleet_tests::fleet::run_bounded(&mut submit, Duration::from_secs(240));
+    assert!(output.status.success(), "the pipeline must succeed: {}", describe(&output));
+    let folder = pipeline_folder(&dir.path().join("jobs"));
+    let scores = std::fs::read_to_string(folder.join("outputs/scores/parallel_run_step.txt"))
+        .unwrap_or_else(|e| panic!("no score output: {e}\n{}", describe(&output)));
+    assert_eq!(scores.lines().count(), 5, "one row per prepared file: {scores}");
+    let result = std::fs::read_to_string(folder.join("pipeline_result.txt")).unwrap();
+    assert_eq!(result.lines().next(), Some("succeeded"), "{result}");
 }

@@ -89,6 +89,7 @@ fn resolved_at(path: &[&str], document: Document) -> bool {
         })
     };
     match (document, path) {
+        (Document::Pipeline, ["jobs", _, "component", rest @ ..]) => in_job(rest),
         (Document::Pipeline, ["jobs", _, rest @ ..]) => in_job(rest),
         (Document::Pipeline, path) => matches!(path, ["inputs" | "outputs", ..]) && in_job(path),
         (Document::Job, path) => in_job(path),
@@ -112,6 +113,8 @@ mod tests {
         check_text(job, Document::Job).unwrap();
         let pipeline = "jobs:\n  s:\n    command: echo ${{inputs.a}}\n";
         check_text(pipeline, Document::Pipeline).unwrap();
+        let inline = "jobs:\n  s:\n    component:\n      command: echo ${{inputs.a}}\n";
+        check_text(inline, Document::Pipeline).unwrap();
     }
 
     #[test]

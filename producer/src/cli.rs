@@ -6,7 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use batchfleet_common::spec::{self, PipelineFile, SpecFile};
+
+use crate::error::ProducerError;
 use crate::lifecycle::JobReport;
+use crate::pipeline::{run_pipeline, Fleet, PipelineReport};
 use crate::resume::{resume, ResumeOptions};
 use crate::run::{run_embedded, RunOptions};
 use crate::status::{job_status, JobStatus};
@@ -28,7 +32,8 @@ pub struct Cli {
 pub enum Command {
     /// Run a job on this machine: embedded broker, in-process workers, nothing to start.
     Run {
-        /// The job spec (Azure ML `type: parallel` YAML, or a pipeline with one parallel step).
+        /// The job spec (Azure ML `type: parallel` YAML), or a pipeline file, whose steps run
+        /// in dependency order (command steps on this machine).
         job: PathBuf,
         /// Where job roots go: a folder or a store URL.
         #[arg(long, env = "BATCHFLEET_STORE")]
@@ -43,7 +48,8 @@ pub enum Command {
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
     Submit {
-        /// The job spec (Azure ML `type: parallel` YAML, or a pipeline with one parallel step).
+        /// The job spec (Azure ML `type: parallel` YAML), or a pipeline file: its parallel steps
+        /// go to the fleet, its command steps run on this machine.
         job: PathBuf,
         /// Broker URL: amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS).
         #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
@@ -143,6 +149,13 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Run { job, store, python, no_progress } => {
             let options =
                 RunOptions { spec_path: job, store, python, interactive: interactive(no_progress) };
+            match pipeline_file(&options.spec_path) {
+                Ok(Some(file)) => {
+                    return finish_pipeline(run_pipeline(&file, Fleet::Local(&options)).await)
+                }
+                Ok(None) => {}
+                Err(error) => return failed_to_start(&error),
+            }
             match run_embedded(&options).await {
                 Ok(report) => print_report(&report),
                 Err(error) => failed_to_start(&error),
@@ -159,6 +172,13 @@ pub async fn main(cli: Cli) -> ExitCode {
                 detach,
                 interactive: interactive(no_progress),
             };
+            match pipeline_file(&options.spec_path) {
+                Ok(Some(file)) => {
+                    return finish_pipeline(run_pipeline(&file, Fleet::Remote(&options)).await)
+                }
+                Ok(None) => {}
+                Err(error) => return failed_to_start(&error),
+            }
             match submit(&options).await {
                 Ok(Submitted::Detached { job_id, root_url, batches }) => {
                     println!("job id: {job_id}");
@@ -258,6 +278,31 @@ fn print_report(report: &JobReport) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// The pipeline to run step by step, when the file is one (`None`: a job, as always).
+fn pipeline_file(path: &std::path::Path) -> Result<Option<PipelineFile>, ProducerError> {
+    match spec::load_spec_file(path)? {
+        SpecFile::Pipeline(file) => Ok(Some(file)),
+        SpecFile::Job(_) => Ok(None),
+    }
+}
+
+/// Print a pipeline's summary; exit 0 when every step succeeded, 1 when one failed, 2 when it
+/// could not start.
+fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
+    match result {
+        Ok(report) => {
+            print!("{}", report.text());
+            println!("pipeline result: {}", report.result_url);
+            if report.succeeded() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(error) => failed_to_start(&error),
     }
 }
 

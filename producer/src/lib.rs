@@ -10,6 +10,7 @@ pub mod follow;
 pub mod job_root;
 pub mod lifecycle;
 pub mod outcome;
+pub mod pipeline;
 pub mod plan;
 mod plan_table;
 pub mod progress;

@@ -58,7 +58,7 @@ pub fn load_spec(spec_path: &Path) -> Result<LoadedSpec, ProducerError> {
 }
 
 /// A local entry script that does not exist fails now, not after the job was planned.
-fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
+pub fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
     let Some(code) = local_code_dir(job) else {
         return Ok(());
     };

@@ -43,9 +43,18 @@ pub struct RunOptions {
 /// Run a job to its end on this machine.
 pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerError> {
     let spec = load_spec(&options.spec_path)?;
-    let mut job = spec.job;
+    run_job(spec.job, &spec.text, options).await
+}
+
+/// Run a loaded, checked job (`spec_text` is stored as the root's `job.yaml`): a parallel
+/// job file, or one step of a pipeline.
+pub async fn run_job(
+    mut job: ResolvedJob,
+    spec_text: &str,
+    options: &RunOptions,
+) -> Result<JobReport, ProducerError> {
     let root = create_root(options.store.as_deref(), &mut job)?;
-    root.write_spec(&spec.text, &job).await?;
+    root.write_spec(spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 
     let broker: Arc<dyn Broker> = Arc::new(EmbeddedBroker::new());

@@ -99,7 +99,15 @@ pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError>
 /// Everything `submit` does before following: check, write the job root, plan, publish.
 pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerError> {
     let spec = load_spec(&options.spec_path)?;
-    let mut job = spec.job;
+    publish_loaded(spec.job, &spec.text, options).await
+}
+
+/// [`publish_job`] for a loaded, checked job (a job file, or one step of a pipeline).
+pub async fn publish_loaded(
+    mut job: ResolvedJob,
+    spec_text: &str,
+    options: &SubmitOptions,
+) -> Result<Published, ProducerError> {
     check_consumer_timeout(&job, options.consumer_timeout)?;
     let code = shippable_code(&job)?;
     kind_of(&options.broker).map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
@@ -112,7 +120,7 @@ pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerE
         if let Some(code) = code {
             job.task.code = upload_code(&root, &code).await?;
         }
-        root.write_spec(&spec.text, &job).await?;
+        root.write_spec(spec_text, &job).await?;
         eprintln!("{}", effective_settings(&job, &root));
         eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
         declare_job_queue(broker.as_ref(), &root.job_id).await?;

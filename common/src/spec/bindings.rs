@@ -1,5 +1,6 @@
 //! `${{inputs.NAME}}`, `${{outputs.NAME}}` and, inside a pipeline step, `${{parent.inputs.NAME}}`
-//! / `${{parent.outputs.NAME}}`: Azure's way of pointing one part of a job at another.
+//! / `${{parent.outputs.NAME}}` / `${{parent.jobs.STEP.outputs.NAME}}`: Azure's way of pointing
+//! one part of a job at another.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,8 @@ pub(crate) enum Side {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Binding {
     pub parent: bool,
+    /// `parent.jobs.STEP.outputs.NAME`: another step's output.
+    pub step: Option<String>,
     pub side: Side,
     pub name: String,
 }
@@ -32,17 +35,25 @@ impl Binding {
 
     fn inner(inner: &str) -> Result<Binding, String> {
         let parts: Vec<&str> = inner.trim().split('.').collect();
-        let (parent, rest) = match parts.as_slice() {
-            ["parent", rest @ ..] => (true, rest),
-            rest => (false, rest),
+        let (parent, step, rest) = match parts.as_slice() {
+            ["parent", "jobs", step, rest @ ..] if !step.is_empty() => {
+                if rest.first() != Some(&"outputs") {
+                    return Err(format!("`${{{{{inner}}}}}` should name one output of step `{step}`, as `${{{{parent.jobs.{step}.outputs.NAME}}}}`"));
+                }
+                (true, Some(step.to_string()), rest)
+            }
+            ["parent", rest @ ..] => (true, None, rest),
+            rest => (false, None, rest),
         };
         let side = match rest.first() {
             Some(&"inputs") => Side::Inputs,
             Some(&"outputs") => Side::Outputs,
-            _ => return Err(format!("`${{{{{inner}}}}}` is not a binding batchfleet knows; allowed: `${{{{inputs.NAME}}}}`, `${{{{outputs.NAME}}}}`, and in a pipeline step `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}`")),
+            _ => return Err(format!("`${{{{{inner}}}}}` is not a binding batchfleet knows; allowed: `${{{{inputs.NAME}}}}`, `${{{{outputs.NAME}}}}`, and in a pipeline step `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}`, `${{{{parent.jobs.STEP.outputs.NAME}}}}`")),
         };
         match rest {
-            [_, name] if !name.is_empty() => Ok(Binding { parent, side, name: name.to_string() }),
+            [_, name] if !name.is_empty() => {
+                Ok(Binding { parent, step, side, name: name.to_string() })
+            }
             _ => Err(format!(
                 "`${{{{{inner}}}}}` should name one {}, as `${{{{{}.NAME}}}}`",
                 side.noun(),
@@ -53,7 +64,11 @@ impl Binding {
 
     /// As written, for messages.
     pub fn display(&self) -> String {
-        let parent = if self.parent { "parent." } else { "" };
+        let parent = match (&self.step, self.parent) {
+            (Some(step), _) => format!("parent.jobs.{step}."),
+            (None, true) => "parent.".to_string(),
+            (None, false) => String::new(),
+        };
         format!("${{{{{parent}{}.{}}}}}", self.side.key(), self.name)
     }
 }
@@ -102,6 +117,8 @@ pub(crate) fn parse_inner(inner: &str) -> Result<Binding, String> {
 pub(crate) struct Scope {
     pub inputs: BTreeMap<String, InputValue>,
     pub outputs: BTreeMap<String, OutputSpec>,
+    /// A pipeline's steps' outputs, with their locations, for `${{parent.jobs.S.outputs.O}}`.
+    pub steps: BTreeMap<String, BTreeMap<String, OutputSpec>>,
 }
 
 /// What a binding points at.
@@ -128,11 +145,41 @@ impl Scope {
                 ))
             }
         };
+        if let Some(step) = &binding.step {
+            return scope.step_output(step, binding);
+        }
         let found = match binding.side {
             Side::Inputs => scope.inputs.get(&binding.name).map(Bound::Input),
             Side::Outputs => scope.outputs.get(&binding.name).map(Bound::Output),
         };
         found.ok_or_else(|| scope.missing(binding))
+    }
+
+    fn step_output<'s>(&'s self, step: &str, binding: &Binding) -> Result<Bound<'s>, String> {
+        let steps: Vec<&str> = self.steps.keys().map(String::as_str).collect();
+        let Some(outputs) = self.steps.get(step) else {
+            let hint = did_you_mean(step, &steps)
+                .map(|s| format!("; did you mean `{s}`?"))
+                .unwrap_or_default();
+            let declared = if steps.is_empty() { "none".to_string() } else { list(&steps) };
+            return Err(format!(
+                "`{}` names no step of the pipeline (steps: {declared}){hint}",
+                binding.display()
+            ));
+        };
+        if let Some(output) = outputs.get(&binding.name) {
+            return Ok(Bound::Output(output));
+        }
+        let names: Vec<&str> = outputs.keys().map(String::as_str).collect();
+        let hint = did_you_mean(&binding.name, &names)
+            .map(|s| format!("; did you mean `{s}`?"))
+            .unwrap_or_default();
+        let declared = if names.is_empty() {
+            format!("step `{step}` declares no outputs")
+        } else {
+            format!("outputs of `{step}`: {}", list(&names))
+        };
+        Err(format!("`{}` names no output of step `{step}`; {declared}{hint}", binding.display()))
     }
 
     fn missing(&self, binding: &Binding) -> String {
@@ -164,7 +211,17 @@ mod tests {
     #[test]
     fn whole_bindings() {
         let b = Binding::whole("${{ inputs.data }}").unwrap().unwrap();
-        assert_eq!(b, Binding { parent: false, side: Side::Inputs, name: "data".into() });
+        assert_eq!(
+            b,
+            Binding { parent: false, step: None, side: Side::Inputs, name: "data".into() }
+        );
+        let b = Binding::whole("${{parent.jobs.prep.outputs.out}}").unwrap().unwrap();
+        assert_eq!(
+            (b.step.as_deref(), b.side, b.name.as_str()),
+            (Some("prep"), Side::Outputs, "out")
+        );
+        assert_eq!(b.display(), "${{parent.jobs.prep.outputs.out}}");
+        assert!(Binding::whole("${{parent.jobs.prep.inputs.x}}").unwrap().is_err());
         let b = Binding::whole("${{parent.outputs.out}}").unwrap().unwrap();
         assert_eq!(b.display(), "${{parent.outputs.out}}");
         assert!(Binding::whole("./data").is_none());

@@ -38,9 +38,15 @@ const OUTPUT_KINDS: &[(&str, &str)] = &[
 const OUTPUT_MODES: &[(&str, &str)] =
     &[("rw_mount", "rw_mount"), ("upload", "upload"), ("direct", "direct")];
 
-/// A path or URL as an absolute URL string; relative paths are taken from `base_dir`.
+/// A path or URL as an absolute URL string; relative paths are taken from `base_dir`. A
+/// `${{…}}` here is refused: the places that can resolve one go through [`bound_location`].
 pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, SpecError> {
     let raw = field.string()?;
+    if let Some(expression) = first_expression(&raw) {
+        return Err(field.error(format!(
+            "`{expression}` cannot be resolved here; a path may be one whole `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}` or `${{{{parent.jobs.STEP.outputs.NAME}}}}` (in a pipeline step's `inputs.*.path` / `outputs.*.path`), or a plain path or URL"
+        )));
+    }
     if is_asset_reference(&raw) {
         return Err(field.error(format!(
             "`{raw}` is an Azure ML asset reference, which exists only inside Azure ML; use the \
@@ -49,6 +55,50 @@ pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, Spe
         )));
     }
     resolve_location(&raw, base_dir).map(String::from).map_err(|e| field.error(e.to_string()))
+}
+
+/// The first `${{…}}` in `text`, as written (an unclosed one counts too).
+pub(crate) fn first_expression(text: &str) -> Option<&str> {
+    let start = text.find("${{")?;
+    let rest = &text[start..];
+    Some(rest.find("}}").map_or(rest, |end| &rest[..end + 2]))
+}
+
+/// An input's or output's `path:`, which in a pipeline step may be one whole binding to the
+/// pipeline's inputs or outputs or to another step's output; anything else goes through
+/// [`location`].
+fn bound_location(
+    field: &Field<'_>,
+    base_dir: &Path,
+    parent: Option<&Scope>,
+) -> Result<String, SpecError> {
+    let raw = field.string()?;
+    let Some(binding) = Binding::whole(&raw) else {
+        return location(field, base_dir);
+    };
+    let binding = binding.map_err(|m| field.error(m))?;
+    if !binding.parent {
+        return Err(field.error(format!(
+            "`{}` cannot be a path; allowed here: `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}`, `${{{{parent.jobs.STEP.outputs.NAME}}}}` in a pipeline step, or a plain path or URL",
+            binding.display()
+        )));
+    }
+    let unknown = |what: &str| {
+        field
+            .error(format!("`{}` {what}, so it cannot be a path; give a `path`", binding.display()))
+    };
+    match Scope::default().resolve(&binding, parent).map_err(|m| field.error(m))? {
+        Bound::Input(InputValue::Data(spec)) => Ok(spec.url.clone()),
+        Bound::Input(InputValue::Literal(serde_json::Value::String(text))) => {
+            resolve_location(text, base_dir)
+                .map(String::from)
+                .map_err(|e| field.error(e.to_string()))
+        }
+        Bound::Input(InputValue::Literal(_)) => Err(unknown("is a literal value that is not text")),
+        Bound::Output(output) => {
+            output.url.clone().ok_or_else(|| unknown("has no location known before the job runs"))
+        }
+    }
 }
 
 /// `azureml:name:version` or `azureml:name@latest`: Azure's short asset form, which would
@@ -81,7 +131,7 @@ fn parse_input(
     parent: Option<&Scope>,
 ) -> Result<InputValue, SpecError> {
     match &field.node.value {
-        Value::Mapping(_) => parse_data_input(name, field, base_dir).map(InputValue::Data),
+        Value::Mapping(_) => parse_data_input(name, field, base_dir, parent).map(InputValue::Data),
         Value::Scalar(s) => match Binding::whole(&s.text) {
             Some(binding) => {
                 let binding = binding.map_err(|m| field.error(m))?;
@@ -100,13 +150,15 @@ fn parse_data_input(
     name: &str,
     field: &Field<'_>,
     base_dir: &Path,
+    parent: Option<&Scope>,
 ) -> Result<InputSpec, SpecError> {
     let map = field.map(INPUT_KEYS)?;
     let kind = match map.get("type") {
         Some(f) => f.choice(INPUT_KINDS, false)?,
         None => InputKind::UriFolder,
     };
-    let url = location(&map.require("path", "the data's folder, file or URL")?, base_dir)?;
+    let url =
+        bound_location(&map.require("path", "the data's folder, file or URL")?, base_dir, parent)?;
     let mode = match map.get("mode") {
         Some(f) => f.choice(INPUT_MODES, false)?,
         None => InputMode::RoMount,
@@ -114,16 +166,17 @@ fn parse_data_input(
     Ok(InputSpec { name: name.to_string(), kind, url, mode })
 }
 
-/// A step input written as `${{parent.inputs.X}}`: the pipeline's input, under the step's name.
+/// A step input written as `${{parent.inputs.X}}`: the pipeline's input, under the step's name;
+/// or `${{parent.jobs.S.outputs.O}}`: another step's output, read as data.
 fn bound_input(
     name: &str,
     field: &Field<'_>,
     binding: &Binding,
     parent: Option<&Scope>,
 ) -> Result<InputValue, SpecError> {
-    if !binding.parent || binding.side != Side::Inputs {
+    if !binding.parent || (binding.side != Side::Inputs && binding.step.is_none()) {
         return Err(field.error(format!(
-            "`{}` cannot define an input; allowed: a value, a mapping with `type` and `path`, or in a pipeline step `${{{{parent.inputs.NAME}}}}`",
+            "`{}` cannot define an input; allowed: a value, a mapping with `type` and `path`, or in a pipeline step `${{{{parent.inputs.NAME}}}}` or `${{{{parent.jobs.STEP.outputs.NAME}}}}`",
             binding.display()
         )));
     }
@@ -133,6 +186,25 @@ fn bound_input(
             Ok(InputValue::Data(InputSpec { name: name.to_string(), ..spec.clone() }))
         }
         Bound::Input(literal) => Ok(literal.clone()),
+        Bound::Output(output) if binding.step.is_some() => {
+            let url = output.url.clone().ok_or_else(|| {
+                field.error(format!(
+                    "`{}` has no location known before the pipeline runs",
+                    binding.display()
+                ))
+            })?;
+            let kind = match output.kind.as_str() {
+                "uri_file" => InputKind::UriFile,
+                "mltable" => InputKind::Mltable,
+                _ => InputKind::UriFolder,
+            };
+            Ok(InputValue::Data(InputSpec {
+                name: name.to_string(),
+                kind,
+                url,
+                mode: InputMode::RoMount,
+            }))
+        }
         Bound::Output(_) => Err(field.error("an input cannot bind to an output")),
     }
 }
@@ -167,11 +239,13 @@ pub(crate) fn to_json(node: &Node) -> serde_json::Value {
 }
 
 /// `outputs:`; an output with no value (or no `path`) gets its location under the job root
-/// when the producer creates it (`ResolvedJob::fill_default_outputs`).
+/// when the producer creates it (`ResolvedJob::fill_default_outputs`), or, for a step of a
+/// multi-step pipeline, here, under `default_base` (`<pipeline folder>/<step>/outputs/`).
 pub(crate) fn parse_outputs(
     field: Option<Field<'_>>,
     base_dir: &Path,
     parent: Option<&Scope>,
+    default_base: Option<&str>,
 ) -> Result<BTreeMap<String, OutputSpec>, SpecError> {
     let mut outputs = BTreeMap::new();
     let Some(field) = field else {
@@ -184,9 +258,22 @@ pub(crate) fn parse_outputs(
                  `outputs/<name>/` of the job root; allowed: a name without `/`, `\\`, or `..`"
             )));
         }
-        outputs.insert(name.to_string(), parse_output(name, &entry, base_dir, parent)?);
+        let mut output = parse_output(name, &entry, base_dir, parent)?;
+        if let (None, Some(base)) = (&output.url, default_base) {
+            output.url = Some(default_output_url(base, name, &output.kind));
+        }
+        outputs.insert(name.to_string(), output);
     }
     Ok(outputs)
+}
+
+/// `<base><name>/` for a folder output, `<base><name>` for a `uri_file` one; `base` ends in `/`.
+pub(crate) fn default_output_url(base: &str, name: &str, kind: &str) -> String {
+    if kind == "uri_file" {
+        format!("{base}{name}")
+    } else {
+        format!("{base}{name}/")
+    }
 }
 
 fn parse_output(
@@ -205,7 +292,7 @@ fn parse_output(
                 Some(f) => f.choice(OUTPUT_KINDS, false)?.to_string(),
                 None => "uri_folder".to_string(),
             };
-            let url = map.get("path").map(|f| location(&f, base_dir)).transpose()?;
+            let url = map.get("path").map(|f| bound_location(&f, base_dir, parent)).transpose()?;
             let mode = map
                 .get("mode")
                 .map(|f| f.choice(OUTPUT_MODES, false).map(str::to_string))

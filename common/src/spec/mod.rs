@@ -20,13 +20,16 @@
 //! - `error_threshold` may be a top-level key or `--error_threshold`; both must then agree.
 
 mod bindings;
+mod command;
 mod error;
+mod expressions;
 pub(crate) mod fields;
 mod io;
 mod mini_batch;
 mod parallel;
 mod pipeline;
 mod program_args;
+mod steps;
 pub(crate) mod suggest;
 pub(crate) mod yaml;
 
@@ -34,8 +37,10 @@ use std::path::{Path, PathBuf};
 
 use crate::job::ResolvedJob;
 
+pub use command::{CommandPiece, CommandStep};
 pub use error::{SpecError, SpecWarning};
 pub use mini_batch::parse_mini_batch_size;
+pub use steps::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};
 
 use fields::{Field, Map};
 use parallel::Context;
@@ -45,6 +50,41 @@ use parallel::Context;
 pub struct ParsedJob {
     pub job: ResolvedJob,
     pub warnings: Vec<SpecWarning>,
+}
+
+/// What a spec file holds: one parallel job (a `type: parallel` file, or a pipeline whose only
+/// step is an inline parallel one), or a pipeline to run step by step.
+#[derive(Debug, Clone)]
+pub enum SpecFile {
+    Job(Box<ParsedJob>),
+    Pipeline(PipelineFile),
+}
+
+/// Read the spec file at `path`: a job is parsed whole; a pipeline is only recognised here, and
+/// resolved with [`PipelineFile::resolve`] once the producer knows its folder.
+pub fn load_spec_file(path: &Path) -> Result<SpecFile, SpecError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        SpecError::file(&path.display().to_string(), format!("cannot read the job file: {e}"))
+    })?;
+    if let Ok(Some(root)) = yaml::parse(&text) {
+        if steps::is_whole_pipeline(&root) {
+            let top = Field { path: String::new(), key_pos: root.pos, node: &root };
+            let name = top
+                .open_map()
+                .ok()
+                .and_then(|m| m.get("name"))
+                .and_then(|f| f.string().ok())
+                .unwrap_or_else(|| {
+                    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+                });
+            return Ok(SpecFile::Pipeline(PipelineFile {
+                spec_file: path.to_path_buf(),
+                text,
+                name,
+            }));
+        }
+    }
+    parse_job_str(&text, path).map(|job| SpecFile::Job(Box::new(job)))
 }
 
 /// Read and parse the job file at `path`.
@@ -87,13 +127,20 @@ fn parse_document(
         default_name: &default_name,
         spec_file: &spec_file.display().to_string(),
         parent: None,
+        output_base: None,
     };
     let top = Field { path: String::new(), key_pos: root.pos, node: &root };
     let kind =
         top.open_map()?.require("type", "`parallel` (or `pipeline` with one parallel step)")?;
     match kind.string()?.as_str() {
-        "parallel" => parallel::parse(&Map::root(&root, parallel::JOB_KEYS)?, &cx, warnings),
-        "pipeline" => pipeline::parse(&Map::root(&root, pipeline::PIPELINE_KEYS)?, &cx, warnings),
+        "parallel" => {
+            expressions::check(&root, expressions::Document::Job)?;
+            parallel::parse(&Map::root(&root, parallel::JOB_KEYS)?, &cx, warnings)
+        }
+        "pipeline" => {
+            expressions::check(&root, expressions::Document::Pipeline)?;
+            pipeline::parse(&Map::root(&root, pipeline::PIPELINE_KEYS)?, &cx, warnings)
+        }
         other => {
             let hint = suggest::did_you_mean(other, &["parallel", "pipeline"])
                 .map(|s| format!("; did you mean `{s}`?"))

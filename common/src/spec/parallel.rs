@@ -62,6 +62,8 @@ pub(crate) struct Context<'a> {
     pub spec_file: &'a str,
     /// The pipeline's inputs and outputs, for a step's `${{parent.…}}` bindings.
     pub parent: Option<&'a Scope>,
+    /// Where pathless outputs go (a step of a multi-step pipeline); `None`: the job root.
+    pub output_base: Option<&'a str>,
 }
 
 pub(crate) fn parse(
@@ -71,7 +73,8 @@ pub(crate) fn parse(
 ) -> Result<ResolvedJob, SpecError> {
     let scope = Scope {
         inputs: io::parse_inputs(job.get("inputs"), cx.base_dir, cx.parent)?,
-        outputs: io::parse_outputs(job.get("outputs"), cx.base_dir, cx.parent)?,
+        outputs: io::parse_outputs(job.get("outputs"), cx.base_dir, cx.parent, cx.output_base)?,
+        ..Scope::default()
     };
     let input = input_data(
         &job.require("input_data", "`${{inputs.NAME}}`, the data input to split")?,

@@ -26,7 +26,7 @@ pub(crate) const PIPELINE_KEYS: &[&str] = &[
 ];
 
 /// A step takes a parallel job's keys, less those that only make sense for a whole file.
-fn step_keys() -> Vec<&'static str> {
+pub(crate) fn step_keys() -> Vec<&'static str> {
     JOB_KEYS
         .iter()
         .copied()
@@ -41,7 +41,8 @@ pub(crate) fn parse(
 ) -> Result<ResolvedJob, SpecError> {
     let parent = Scope {
         inputs: io::parse_inputs(pipeline.get("inputs"), cx.base_dir, None)?,
-        outputs: io::parse_outputs(pipeline.get("outputs"), cx.base_dir, None)?,
+        outputs: io::parse_outputs(pipeline.get("outputs"), cx.base_dir, None, None)?,
+        ..Scope::default()
     };
     let settings = pipeline.get("settings").map(|f| f.open_map()).transpose()?;
     let default_compute = match &settings {

@@ -335,11 +335,12 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
 
     // Scaled out to 4 workers and in to 1 mid-job: the stopped workers drain on SIGTERM, so no
     // batch is lost and none has a failed attempt.
-    let job = fleet.drop_job("scaled", 60, 0.5);
+    let job = fleet.drop_job("scaled", 100, 1.0);
     let root = fleet.wait_mid_job(&job, 4);
     fleet.compose(&["up", "-d", "--scale", "worker=4"]);
     assert_eq!(fleet.containers("worker").len(), 4, "scaled out to 4");
-    fleet.wait_mid_job(&job, 20);
+    let done = fleet.count(&format!("{root}/status"));
+    assert!(done < job.files, "scaled: the job ended before the scale-in; make it longer");
     fleet.compose(&["up", "-d", "--scale", "worker=1"]);
     assert_eq!(fleet.containers("worker").len(), 1, "scaled in to 1");
     fleet.expect_exactly_once(&job);

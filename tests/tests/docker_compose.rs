@@ -37,6 +37,10 @@ struct Fleet {
     s3_port: u16,
     management_port: u16,
     env_file: tempfile::NamedTempFile,
+    /// The engine's volumes before the test: the anonymous `/scratch` volumes of the worker
+    /// containers that scaling in and `up` replaced are left dangling by compose, and removed
+    /// at the end when they are new.
+    volumes_before: Vec<String>,
     store: Arc<dyn ObjectStore>,
     runtime: tokio::runtime::Runtime,
 }
@@ -236,6 +240,11 @@ impl Drop for Fleet {
             Ok(output) => eprintln!("docker-compose down failed: {}", describe(&output)),
             Err(error) => eprintln!("docker-compose down could not run: {error}"),
         }
+        for volume in dangling_volumes(&self.docker) {
+            if !self.volumes_before.contains(&volume) {
+                let _ = Command::new(&self.docker).args(["volume", "rm", &volume]).output();
+            }
+        }
     }
 }
 
@@ -248,6 +257,13 @@ fn repo_root() -> std::path::PathBuf {
 struct Job {
     tag: String,
     files: usize,
+}
+
+fn dangling_volumes(docker: &str) -> Vec<String> {
+    let output = Command::new(docker).args(["volume", "ls", "-q", "-f", "dangling=true"]).output();
+    output
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 fn free_port() -> u16 {
@@ -276,9 +292,11 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
         .with_secret_access_key("compose-test-secret")
         .build()
         .unwrap();
+    let docker = std::env::var("BATCHFLEET_DOCKER").unwrap_or_else(|_| "docker".into());
     let fleet = Fleet {
         project: format!("bftest{}", std::process::id()),
-        docker: std::env::var("BATCHFLEET_DOCKER").unwrap_or_else(|_| "docker".into()),
+        volumes_before: dangling_volumes(&docker),
+        docker,
         s3_port,
         management_port: free_port(),
         env_file: tempfile::NamedTempFile::new().unwrap(),
@@ -293,6 +311,9 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
     // Nothing going wrong.
     let job = fleet.drop_job("happy", 24, 0.1);
     fleet.expect_exactly_once(&job);
+    let logs = fleet.compose(&["logs", "--no-color", "watch"]);
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("passed the create-only race check"), "watch checked the store:\n{logs}");
     eprintln!("happy path done at {:?}", started.elapsed());
 
     // A worker SIGKILLed mid-job, while the other runs: its batches are redelivered.

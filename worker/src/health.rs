@@ -60,3 +60,38 @@ pub fn check(scratch_dir: &Path) -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_passes_only_while_the_liveness_file_is_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(check(dir.path()), ExitCode::from(1), "no file yet: unhealthy");
+        std::fs::write(alive_file(dir.path()), "w\n").unwrap();
+        assert_eq!(check(dir.path()), ExitCode::SUCCESS, "just written: healthy");
+        let file = std::fs::File::options().write(true).open(alive_file(dir.path())).unwrap();
+        file.set_modified(SystemTime::now() - MAX_AGE - Duration::from_secs(5)).unwrap();
+        assert_eq!(check(dir.path()), ExitCode::from(1), "stale: unhealthy");
+    }
+
+    #[tokio::test]
+    async fn beat_writes_the_liveness_file_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = dir.path().join("scratch");
+        let task = tokio::spawn(beat(scratch.clone(), "w1".into()));
+        let file = alive_file(&scratch);
+        // The first beat is immediate; a bounded wait for its write.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&file).ok().as_deref() != Some("w1\n") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no liveness file with the worker id after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        task.abort();
+        assert_eq!(check(&scratch), ExitCode::SUCCESS);
+    }
+}

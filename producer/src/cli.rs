@@ -130,6 +130,11 @@ pub enum Command {
         #[arg(long, env = "BATCHFLEET_CLAIM_LEASE",
             default_value_t = crate::watch::DEFAULT_CLAIM_LEASE.as_secs())]
         claim_lease: u64,
+        /// Start even when the store fails the create-only race check run at start (several
+        /// concurrent create-only puts to one key, exactly one must win): exactly-once output
+        /// depends on it.
+        #[arg(long, env = "BATCHFLEET_SKIP_STORE_CHECK")]
+        skip_store_check: bool,
     },
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
@@ -216,6 +221,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             once,
             wake_queue,
             claim_lease,
+            skip_store_check,
         } => {
             let options = WatchOptions {
                 prefix,
@@ -229,6 +235,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 once,
                 wake_queue,
                 claim_lease: std::time::Duration::from_secs(claim_lease.max(1)),
+                skip_store_check,
             };
             match watch(&options).await {
                 Ok(summary) => {

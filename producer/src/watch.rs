@@ -41,6 +41,7 @@ use crate::submit::{
 };
 
 pub mod claims;
+pub mod store_check;
 
 pub use claims::DEFAULT_CLAIM_LEASE;
 use claims::{HeldClaim, Observer, Written};
@@ -65,6 +66,9 @@ pub struct WatchOptions {
     /// The lease of this watcher's claims (renewed every third of it), and how long it waits
     /// before taking over a claim it has not seen renewed (at least the claim's own lease).
     pub claim_lease: Duration,
+    /// Start without the create-only race check (see [`store_check`]); for stores known to be
+    /// sound that the check cannot reach, or to run on a store that fails it anyway.
+    pub skip_store_check: bool,
 }
 
 /// `<manifest>.job.json`: the job a claimed manifest became.
@@ -104,6 +108,11 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
         url.set_path(&format!("{}/", url.path()));
     }
     let location = store::open(&url)?;
+    if options.skip_store_check {
+        tracing::warn!(%url, "the create-only race check is skipped (--skip-store-check)");
+    } else {
+        store_check::require_create_only(&location, &options.watcher_id).await?;
+    }
     let waker = Waker::connect(options).await?;
     let mut summary = WatchSummary::default();
     let mut observer = Observer::default();

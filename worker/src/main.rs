@@ -24,6 +24,8 @@ use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
 use batchfleet_worker::{Worker, WorkerConfig};
 
+mod health;
+
 /// Exit code for a usage or configuration error (bad URL, bad option).
 const EXIT_CONFIG: u8 = 2;
 
@@ -35,8 +37,13 @@ const EXIT_CONFIG: u8 = 2;
 )]
 struct Args {
     /// Broker to consume from: amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS).
-    #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
-    broker: String,
+    #[arg(
+        long,
+        env = "BATCHFLEET_BROKER",
+        hide_env_values = true,
+        required_unless_present = "check"
+    )]
+    broker: Option<String>,
     /// The store job roots live in (a folder or URL). Optional: every message names its job
     /// root; given, it is checked at start so that a worker that cannot reach it says so.
     #[arg(long, env = "BATCHFLEET_STORE")]
@@ -76,10 +83,17 @@ struct Args {
     /// Names this worker in statuses, failure records and user logs; default `<host>-<pid>`.
     #[arg(long, env = "BATCHFLEET_WORKER_ID")]
     worker_id: Option<String>,
+    /// Health check (a container's HEALTHCHECK): exit 0 when the worker using the same scratch
+    /// folder wrote its liveness file (`<scratch dir>/alive`, every 5 s) in the last 20 s.
+    #[arg(long)]
+    check: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.check {
+        return health::check(&scratch_dir_of(&args));
+    }
     batchfleet_common::logging::init("info");
     // One thread: the worker's own work is I/O orchestration (the entry scripts do the
     // computing, in their own processes), and on a multi-threaded runtime every message cost
@@ -103,7 +117,11 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
-    if let Err(error) = batchfleet_common::broker::connect::kind_of(&args.broker) {
+    let Some(broker_url) = args.broker.clone() else {
+        eprintln!("error: --broker (or BATCHFLEET_BROKER) is required");
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    };
+    if let Err(error) = batchfleet_common::broker::connect::kind_of(&broker_url) {
         eprintln!("error: --broker: {error}");
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
@@ -122,8 +140,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
     // Made absolute here too (`Worker::run` does it for every caller) so that a folder that
     // cannot be named exits 2 before the broker is even tried.
-    let scratch_dir =
-        args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"));
+    let scratch_dir = scratch_dir_of(&args);
     let scratch_dir = match std::path::absolute(&scratch_dir) {
         Ok(dir) => dir,
         Err(error) => {
@@ -146,16 +163,16 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
-    let broker = match connect_with_prefetch(&args.broker, options, Some(prefetch)).await {
+    let broker = match connect_with_prefetch(&broker_url, options, Some(prefetch)).await {
         Ok(broker) => broker,
         Err(error) => {
-            eprintln!("error: connecting to {}: {error}", redact(&args.broker));
+            eprintln!("error: connecting to {}: {error}", redact(&broker_url));
             // A URL this build cannot serve is a usage error; an unreachable broker is not.
             let code = if error.retry() == Retry::Permanent { EXIT_CONFIG } else { 1 };
             return Ok(ExitCode::from(code));
         }
     };
-    tracing::info!(broker = %redact(&args.broker), pool = %args.pool, %worker_id,
+    tracing::info!(broker = %redact(&broker_url), pool = %args.pool, %worker_id,
         concurrency = args.concurrency, prefetch, "connected");
 
     let config = WorkerConfig {
@@ -168,11 +185,13 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     };
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(on_signals(shutdown.clone()));
+    let beat = tokio::spawn(health::beat(config.scratch_dir.clone(), config.worker_id.clone()));
     let worker = Worker::new(Arc::clone(&broker), config)
         .with_drain_grace(Duration::from_secs(args.drain_grace))
         .with_lease(Duration::from_secs(args.lease));
     let outcome = worker.run(shutdown).await;
     signals.abort();
+    beat.abort();
     match outcome {
         Ok(summary) => {
             tracing::info!(?summary, "batchfleet-worker exiting");
@@ -217,6 +236,11 @@ async fn on_signals(shutdown: CancellationToken) {
             std::process::exit(1);
         }
     }
+}
+
+/// `--scratch-dir`, by default `<temp dir>/batchfleet-worker`.
+fn scratch_dir_of(args: &Args) -> PathBuf {
+    args.scratch_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("batchfleet-worker"))
 }
 
 fn default_worker_id() -> String {

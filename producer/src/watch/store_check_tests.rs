@@ -1,0 +1,109 @@
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+use super::*;
+
+/// A store that accepts create-only puts and ignores the condition (every put overwrites), as
+/// some S3-compatible servers do with `If-None-Match: *`.
+#[derive(Debug)]
+struct IgnoresCreateOnly(InMemory);
+
+impl std::fmt::Display for IgnoresCreateOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IgnoresCreateOnly")
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for IgnoresCreateOnly {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let opts = PutOptions { mode: PutMode::Overwrite, ..opts };
+        self.0.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.0.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.0.get_opts(location, options).await
+    }
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.0.delete_stream(locations)
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.0.list(prefix)
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.0.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.0.copy_opts(from, to, options).await
+    }
+}
+
+fn location(store: Arc<dyn ObjectStore>) -> StoreLocation {
+    let url = url::Url::parse("s3://bucket/manifests/").unwrap();
+    StoreLocation { store, prefix: Path::from("manifests"), url }
+}
+
+#[tokio::test]
+async fn a_store_with_atomic_create_only_puts_passes_and_keeps_nothing() {
+    let memory = Arc::new(InMemory::new());
+    let location = location(memory.clone());
+    let outcome = race(&location, "test").await.unwrap();
+    assert!(outcome.passed(), "{outcome:?}");
+    assert_eq!((outcome.winners, outcome.losers), (1, RACERS - 1));
+    require_create_only(&location, "test").await.unwrap();
+    let left: Vec<_> = memory.list(None).collect::<Vec<_>>().await;
+    assert!(left.is_empty(), "the check's object was not removed: {left:?}");
+}
+
+#[tokio::test]
+async fn a_store_that_ignores_create_only_is_refused_with_a_message_naming_the_way_out() {
+    let location = location(Arc::new(IgnoresCreateOnly(InMemory::new())));
+    let outcome = race(&location, "test").await.unwrap();
+    assert_eq!(outcome.winners, RACERS, "{outcome:?}");
+    assert!(!outcome.passed());
+    let error = require_create_only(&location, "test").await.unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("s3://bucket/manifests/"), "{message}");
+    assert!(message.contains(&format!("{RACERS} succeeded")), "{message}");
+    assert!(message.contains("--skip-store-check"), "{message}");
+    assert_eq!(error.exit_code(), 2, "a refused store is a configuration error");
+}
+
+#[tokio::test]
+async fn a_local_folder_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url::Url::from_directory_path(dir.path()).unwrap();
+    let location = batchfleet_common::store::open(&url).unwrap();
+    require_create_only(&location, "test").await.unwrap();
+}

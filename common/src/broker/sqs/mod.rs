@@ -85,7 +85,6 @@ use aws_sdk_sqs::types::{
     Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
 };
 use aws_sdk_sqs::Client;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -96,6 +95,7 @@ use self::queues::Queues;
 use self::topology::Redrive;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
 use crate::broker::embedded::DELIVERY_LIMIT;
+use crate::retry::RetryPolicy;
 
 /// Added to every visibility timeout asked of SQS, so that this process's view of a lease
 /// (counted from when the call returned) ends before SQS's (counted from when it served it).
@@ -274,12 +274,7 @@ impl SqsBroker {
                     .map_err(|e| BrokerError::Refused(format!("SQS batch entry: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(2))
-            .with_max_times(self.inner.options.publish_attempts.saturating_sub(1))
-            .with_jitter()
-            .build();
+        let mut delays = RetryPolicy::republish(self.inner.options.publish_attempts).delays();
         loop {
             let output = self
                 .client()

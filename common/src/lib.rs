@@ -8,6 +8,7 @@
 //! - [`store`]: turning URLs and plain paths into object stores.
 //! - [`broker`]: the `Broker` seam and its embedded in-process backend.
 //! - [`error`]: the error kinds shared by every library boundary.
+//! - [`retry`]: the one retry policy for transient errors, over [`retry::ClassifiedError`].
 
 pub mod broker;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod job;
 pub mod layout;
 pub mod logging;
 pub mod message;
+pub mod retry;
 pub mod spec;
 pub mod status;
 pub mod store;

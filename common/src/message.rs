@@ -5,7 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::broker::{Broker, BrokerError, QueueSpec};
 use crate::status::{BatchStatus, FailureRecord};
 use crate::table::TableBatch;
 
@@ -146,20 +145,6 @@ impl QueueNames {
             work: format!("batchfleet.work.{pool}"),
             dead_letter: format!("batchfleet.dead.{pool}"),
         }
-    }
-
-    /// Declare the pool's dead-letter queue, then its work queue (with the pool-level delivery
-    /// backstop). Idempotent: producers and workers both declare what they use, so neither
-    /// waits for the other to come first.
-    pub async fn declare_pool(&self, broker: &dyn Broker) -> Result<(), BrokerError> {
-        broker.declare_queue(&QueueSpec::plain(&self.dead_letter)).await?;
-        broker
-            .declare_queue(&QueueSpec {
-                name: self.work.clone(),
-                max_deliveries: Some(POOL_MAX_DELIVERIES),
-                dead_letter_queue: Some(self.dead_letter.clone()),
-            })
-            .await
     }
 
     /// The queue a job's producer reads batch events from.

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use batchfleet_common::broker::connect::RabbitMqConnect;
 use clap::{Parser, Subcommand};
 
 use batchfleet_common::spec::{self, PipelineFile, SpecFile};
@@ -172,8 +173,11 @@ pub async fn main(cli: Cli) -> ExitCode {
                 store,
                 broker,
                 pool,
-                consumer_timeout: (consumer_timeout > 0)
-                    .then(|| std::time::Duration::from_secs(consumer_timeout)),
+                rabbitmq: RabbitMqConnect {
+                    consumer_timeout: (consumer_timeout > 0)
+                        .then(|| std::time::Duration::from_secs(consumer_timeout)),
+                    ..RabbitMqConnect::default()
+                },
                 detach,
                 interactive: interactive(no_progress),
             };

@@ -11,16 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 
 use batchfleet_common::broker::{
     Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec,
 };
-use batchfleet_common::Retry;
-
-/// Retry transient failures for about this long before giving up.
-const RIDE_OUT: Duration = Duration::from_secs(120);
+use batchfleet_common::retry::{retry, RetryPolicy};
 
 /// Wraps a broker: transient errors retried, stale settlements forgiven.
 pub struct SteadyBroker {
@@ -33,27 +29,13 @@ impl SteadyBroker {
     }
 }
 
-fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(5))
-        .with_total_delay(Some(RIDE_OUT))
-        .without_max_times()
-        .with_jitter()
-}
-
+/// Every call but `depth` is retried with [`RetryPolicy::RIDE_OUT`] (about 2 minutes).
 async fn steadily<T, F, Fut>(operation: &'static str, op: F) -> Result<T, BrokerError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, BrokerError>>,
 {
-    op.retry(backoff())
-        .when(|e: &BrokerError| e.retry() == Retry::Transient)
-        .notify(|error: &BrokerError, after: Duration| {
-            tracing::warn!(operation, %error, retry_in_ms = after.as_millis() as u64,
-                "broker call failed; retrying");
-        })
-        .await
+    retry(&RetryPolicy::RIDE_OUT, operation, op).await
 }
 
 /// A delivery lost with its connection is back in its queue: nothing left to settle.

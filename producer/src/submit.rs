@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use batchfleet_common::broker::connect::{connect, kind_of, redact, ConnectOptions};
+use batchfleet_common::broker::connect::{
+    connect, kind_of, redact, BrokerKind, ConnectOptions, RabbitMqConnect,
+};
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
@@ -27,7 +29,7 @@ use crate::settings::effective_settings;
 use crate::steady::SteadyBroker;
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
-pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(1800);
+pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;
 /// Time a worker may hold a delivery beyond `run()` and loading its inputs: writing the
 /// result part, status and event, acking, or holding it for a delayed nack (at most 10 s).
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(60);
@@ -44,8 +46,9 @@ pub struct SubmitOptions {
     pub broker: String,
     /// Worker pool: the work queue is `batchfleet.work.<pool>`.
     pub pool: String,
-    /// The broker's consumer timeout; `None` when it has none.
-    pub consumer_timeout: Option<Duration>,
+    /// What only a RabbitMQ broker needs (its `consumer_timeout`); read only when `broker`
+    /// names RabbitMQ.
+    pub rabbitmq: RabbitMqConnect,
     /// Return once the mini-batches are published.
     pub detach: bool,
     /// Show a progress bar (a terminal) instead of log lines.
@@ -108,9 +111,10 @@ pub async fn publish_loaded(
     spec_text: &str,
     options: &SubmitOptions,
 ) -> Result<Published, ProducerError> {
-    check_consumer_timeout(&job, options.consumer_timeout)?;
+    let kind = kind_of(&options.broker)
+        .map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
+    check_backend_limits(&job, kind, &options.rabbitmq)?;
     let code = shippable_code(&job)?;
-    kind_of(&options.broker).map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
     let broker = connect_broker(options).await?;
     let queues = QueueNames::for_pool(&options.pool);
     declare_pool_queues(broker.as_ref(), &queues).await?;
@@ -152,7 +156,20 @@ pub async fn follow_published(
     Ok(report)
 }
 
-/// Refuse a job whose mini-batches could be held longer than the broker lets a consumer hold
+/// Check the job against the limits of the broker it goes to, and only those: RabbitMQ's
+/// `consumer_timeout`. SQS has none to check here (a lease is renewed by the worker's heartbeat).
+pub fn check_backend_limits(
+    job: &ResolvedJob,
+    kind: BrokerKind,
+    rabbitmq: &RabbitMqConnect,
+) -> Result<(), ProducerError> {
+    match kind {
+        BrokerKind::RabbitMq => check_consumer_timeout(job, rabbitmq.consumer_timeout),
+        BrokerKind::Sqs => Ok(()),
+    }
+}
+
+/// Refuse a job whose mini-batches could be held longer than RabbitMQ lets a consumer hold
 /// a delivery: RabbitMQ would close the worker's channel mid-`run()` and redeliver the batch,
 /// burning attempts on a batch that was fine.
 pub fn check_consumer_timeout(
@@ -203,7 +220,7 @@ async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, Prod
 /// connection losses.
 pub async fn producer_broker(url: &str, pool: &str) -> Result<Arc<dyn Broker>, ProducerError> {
     let name = format!("batchfleet-producer/{pool}/{}", std::process::id());
-    let options = ConnectOptions { connection_name: Some(name) };
+    let options = ConnectOptions { connection_name: Some(name), ..ConnectOptions::default() };
     let connected = connect(url, options).await?;
     Ok(Arc::new(SteadyBroker::new(connected)))
 }
@@ -270,6 +287,21 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("1741 s") && text.contains("1800 s"), "{text}");
         assert!(check_consumer_timeout(&job, None).is_ok(), "no consumer timeout, no limit");
+    }
+
+    #[test]
+    fn the_consumer_timeout_is_checked_only_for_rabbitmq() {
+        let mut job = crate::test_support::minimal_job();
+        job.retry.timeout_secs = 1741;
+        job.task.program_args.task_overhead_timeout_secs = 0;
+        let rabbitmq = RabbitMqConnect {
+            consumer_timeout: Some(DEFAULT_CONSUMER_TIMEOUT),
+            ..RabbitMqConnect::default()
+        };
+        let err = check_backend_limits(&job, BrokerKind::RabbitMq, &rabbitmq).unwrap_err();
+        assert!(err.to_string().contains("consumer timeout"), "{err}");
+        check_backend_limits(&job, BrokerKind::Sqs, &rabbitmq)
+            .expect("SQS has no consumer timeout: the job is accepted");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
+use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
 use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
@@ -364,7 +365,10 @@ async fn submitted(
         store: options.store.clone(),
         broker: options.broker.clone(),
         pool: options.pool.clone(),
-        consumer_timeout: options.consumer_timeout,
+        rabbitmq: RabbitMqConnect {
+            consumer_timeout: options.consumer_timeout,
+            ..RabbitMqConnect::default()
+        },
         detach: false,
         interactive: false,
     };

@@ -91,3 +91,29 @@ def run(mini_batch):
     assert_rows_exactly(&fixture, &files);
     drop(survivor);
 }
+
+/// RabbitMQ's `consumer_timeout` is RabbitMQ's: a job whose `timeout + task_overhead_timeout`
+/// plus the settle margin exceeds its 1800 s default is accepted on SQS, whose leases are
+/// renewed by the worker's heartbeat.
+#[test]
+fn a_job_longer_than_rabbitmqs_consumer_timeout_is_accepted_on_sqs() {
+    use batchfleet_tests::fleet::run_bounded;
+    use fleet_suite::{EVENT_LIMIT, PRELUDE};
+
+    let pool = Pool::sqs("long");
+    let files = batchfleet_tests::file_names(2);
+    let script = format!("{PRELUDE}\ndef run(mini_batch):\n    return mini_batch\n");
+    let settings = "mini_batch_size: 1\nmax_concurrency_per_instance: 1\n\
+                    retry_settings: {max_retries: 0, timeout: 1790}\n";
+    let fixture = batchfleet_tests::JobFixture::new(&files, &script, settings, "");
+    let jobs = fixture.path().join("jobs");
+    let output = run_bounded(
+        pool.submit(&fixture.path().join("job.yaml"), &jobs).arg("--detach"),
+        EVENT_LIMIT,
+    );
+    assert!(output.status.success(), "{}", batchfleet_tests::describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("job id:"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("consumer timeout"), "{stderr}");
+}

@@ -4,10 +4,9 @@
 //! the batch a delivery; only when the retries run out does the attempt give up.
 
 use std::future::Future;
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use batchfleet_common::broker::BrokerError;
+use batchfleet_common::retry::{retry, ClassifiedError, RetryPolicy};
 use batchfleet_common::store::StoreError;
 use batchfleet_common::{ErrorKind, Retry};
 
@@ -48,28 +47,21 @@ impl InfraError {
     }
 }
 
-/// The backoff for infrastructure operations: quick at first, then patient enough (about a
-/// minute in all) to ride out a store or broker restart while the batch's lease is held by
-/// its heartbeat, so that an outage rarely costs the user one of their `max_retries`.
-fn backoff() -> ExponentialBuilder {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(10))
-        .with_max_times(9)
-        .with_jitter()
+impl ClassifiedError for InfraError {
+    fn kind(&self) -> ErrorKind {
+        InfraError::kind(self)
+    }
+    fn retry(&self) -> Retry {
+        InfraError::retry(self)
+    }
 }
 
-/// Run `op`, retrying transient failures with backoff.
+/// Run `op`, retrying transient failures on the spot with the batch-infrastructure policy
+/// ([`RetryPolicy::BATCH_INFRA`]).
 pub(crate) async fn retrying<T, F, Fut>(operation: &'static str, op: F) -> Result<T, InfraError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, InfraError>>,
 {
-    op.retry(backoff())
-        .when(|e: &InfraError| e.retry() == Retry::Transient)
-        .notify(|error: &InfraError, after: Duration| {
-            tracing::warn!(operation, %error, retry_in_ms = after.as_millis() as u64,
-                "infrastructure operation failed; retrying");
-        })
-        .await
+    retry(&RetryPolicy::BATCH_INFRA, operation, op).await
 }

@@ -18,7 +18,9 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-use batchfleet_common::broker::connect::{connect_with_prefetch, redact, ConnectOptions};
+use batchfleet_common::broker::connect::{
+    connect, kind_of, redact, BrokerKind, ConnectOptions, RabbitMqConnect,
+};
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
@@ -121,10 +123,13 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         eprintln!("error: --broker (or BATCHFLEET_BROKER) is required");
         return Ok(ExitCode::from(EXIT_CONFIG));
     };
-    if let Err(error) = batchfleet_common::broker::connect::kind_of(&broker_url) {
-        eprintln!("error: --broker: {error}");
-        return Ok(ExitCode::from(EXIT_CONFIG));
-    }
+    let kind = match kind_of(&broker_url) {
+        Ok(kind) => kind,
+        Err(error) => {
+            eprintln!("error: --broker: {error}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
     if let Some(store) = &args.store {
         let cwd = std::env::current_dir().context("reading the current folder")?;
         match resolve_location(store, &cwd) {
@@ -137,7 +142,6 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     }
     let worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     let queues = QueueNames::for_pool(&args.pool);
-    let options = ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)) };
     // Made absolute here too (`Worker::run` does it for every caller) so that a folder that
     // cannot be named exits 2 before the broker is even tried.
     let scratch_dir = scratch_dir_of(&args);
@@ -148,22 +152,16 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
-    // The work queue's consumer holds at most `prefetch` messages (see the RabbitMQ backend):
-    // by default one per slot.
-    let prefetch = match args.prefetch {
-        None => args.concurrency,
-        Some(prefetch) if prefetch >= args.concurrency => prefetch,
-        Some(prefetch) => {
-            eprintln!(
-                "error: --prefetch ({prefetch}) must be at least --concurrency ({}): every slot \
-                 holds one message",
-                args.concurrency
-            );
+    let rabbitmq = match rabbitmq_options(&args, kind) {
+        Ok(rabbitmq) => rabbitmq,
+        Err(message) => {
+            eprintln!("error: {message}");
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
-    let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
-    let broker = match connect_with_prefetch(&broker_url, options, Some(prefetch)).await {
+    let options =
+        ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)), rabbitmq };
+    let broker = match connect(&broker_url, options).await {
         Ok(broker) => broker,
         Err(error) => {
             eprintln!("error: connecting to {}: {error}", redact(&broker_url));
@@ -173,7 +171,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     tracing::info!(broker = %redact(&broker_url), pool = %args.pool, %worker_id,
-        concurrency = args.concurrency, prefetch, "connected");
+        concurrency = args.concurrency, prefetch = ?rabbitmq.prefetch, "connected");
 
     let config = WorkerConfig {
         worker_id,
@@ -206,6 +204,32 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(code))
         }
     }
+}
+
+/// The RabbitMQ part of the connect options; `--prefetch` is checked only when the broker is
+/// RabbitMQ (SQS has no prefetch: there it is ignored, with a warning).
+fn rabbitmq_options(args: &Args, kind: BrokerKind) -> Result<RabbitMqConnect, String> {
+    if kind != BrokerKind::RabbitMq {
+        if args.prefetch.is_some() {
+            tracing::warn!("--prefetch is a RabbitMQ setting; this broker does not use it");
+        }
+        return Ok(RabbitMqConnect::default());
+    }
+    // The work queue's consumer holds at most `prefetch` messages (see the RabbitMQ backend):
+    // by default one per slot.
+    let prefetch = match args.prefetch {
+        None => args.concurrency,
+        Some(prefetch) if prefetch >= args.concurrency => prefetch,
+        Some(prefetch) => {
+            return Err(format!(
+                "--prefetch ({prefetch}) must be at least --concurrency ({}): every slot holds \
+                 one message",
+                args.concurrency
+            ))
+        }
+    };
+    let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
+    Ok(RabbitMqConnect { prefetch: Some(prefetch), ..RabbitMqConnect::default() })
 }
 
 /// First SIGTERM / SIGINT: drain. Second: exit now (the broker connection closes with the

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use batchfleet_common::broker::{BrokerError, Delivery, DeliveryHandle};
 use batchfleet_common::message::{JobEvent, MiniBatchMessage};
+use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_common::{ErrorKind, Retry};
 use tokio_util::sync::CancellationToken;
@@ -42,7 +42,7 @@ const ENDED_RECHECK: Duration = Duration::from_secs(2);
 /// Longest pause between receives while the broker is failing.
 const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
 /// Longest pause between tries at starting a runtime whose init() keeps failing.
-const MAX_INIT_RETRY_DELAY: Duration = Duration::from_secs(30);
+const MAX_INIT_RETRY_DELAY: Duration = RetryPolicy::RUNTIME_START.max_delay;
 
 /// The slot's runtime and the job it serves.
 struct ActiveRuntime {
@@ -562,12 +562,7 @@ impl Slot {
             }
         }
         self.stop_runtime().await;
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(MAX_INIT_RETRY_DELAY)
-            .without_max_times()
-            .with_jitter()
-            .build();
+        let mut delays = RetryPolicy::RUNTIME_START.delays();
         loop {
             let started = Instant::now();
             let error = match self.start_runtime(job, tabular).await {

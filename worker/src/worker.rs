@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use batchfleet_common::broker::declare::declare_pool_queues;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::{ErrorKind, Retry};
@@ -203,7 +204,7 @@ impl Worker {
             queue = %self.config.queues.work, scratch = %dir.display(), "worker started");
         // Declare the pool's queues, so a worker started before any producer waits for work
         // instead of failing to find its queue. A broker that is down is retried by the slots.
-        if let Err(error) = self.config.queues.declare_pool(self.broker.as_ref()).await {
+        if let Err(error) = declare_pool_queues(self.broker.as_ref(), &self.config.queues).await {
             tracing::warn!(%error, "could not declare the pool's queues yet");
         }
         let hard_stop = CancellationToken::new();

@@ -7,8 +7,12 @@
 //!   chain); the rest of the URL is not read.
 //! - Anything else is refused naming only the scheme: a broker URL carries a password, and
 //!   errors end up in logs.
+//!
+//! Options that only one backend has live in that backend's part of [`ConnectOptions`]
+//! ([`RabbitMqConnect`]); they are read, and checked, only when the URL names that backend.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{Broker, BrokerError};
 
@@ -18,6 +22,25 @@ pub struct ConnectOptions {
     /// The name the connection shows in the broker's own tools (RabbitMQ's connection list),
     /// so that an operator can tell a producer from a worker. `None`: the backend's default.
     pub connection_name: Option<String>,
+    /// Read only when the URL names RabbitMQ.
+    pub rabbitmq: RabbitMqConnect,
+}
+
+/// What only a RabbitMQ broker needs to be told.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RabbitMqConnect {
+    /// How many messages of one queue this process may hold unsettled at most (the consumer's
+    /// prefetch): a worker passes its `--prefetch`. `None`: the backend's default.
+    pub prefetch: Option<u16>,
+    /// The broker's `consumer_timeout`: a delivery held unacknowledged longer is taken back.
+    /// `None`: the broker has none. Not sent to the broker: a producer checks a job against it
+    /// ([`RabbitMqConnect::consumer_timeout`] is RabbitMQ's server setting, `rabbitmq.conf`).
+    pub consumer_timeout: Option<Duration>,
+}
+
+impl RabbitMqConnect {
+    /// RabbitMQ's default `consumer_timeout` (30 minutes).
+    pub const DEFAULT_CONSUMER_TIMEOUT: Duration = Duration::from_secs(1800);
 }
 
 /// The broker families a URL can name.
@@ -45,47 +68,28 @@ pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
     }
 }
 
-/// Connect to the broker `url` names.
+/// Connect to the broker `url` names; only the options of that backend are read.
 pub async fn connect(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
-    connect_with_prefetch(url, options, None).await
-}
-
-/// Connect, telling a push-based backend (RabbitMQ) how many messages of one queue this process
-/// may hold unsettled at most: a worker passes its concurrency. `None`: the backend's default.
-/// SQS has no prefetch and ignores it.
-pub async fn connect_with_prefetch(
-    url: &str,
-    options: ConnectOptions,
-    prefetch: Option<u16>,
-) -> Result<Arc<dyn Broker>, BrokerError> {
     match kind_of(url)? {
-        BrokerKind::RabbitMq => rabbitmq(url, options, prefetch).await,
+        BrokerKind::RabbitMq => rabbitmq(url, options).await,
         BrokerKind::Sqs => sqs().await,
     }
 }
 
 #[cfg(feature = "rabbitmq")]
-async fn rabbitmq(
-    url: &str,
-    options: ConnectOptions,
-    prefetch: Option<u16>,
-) -> Result<Arc<dyn Broker>, BrokerError> {
+async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
     use super::rabbitmq::{RabbitMqBroker, RabbitMqOptions};
     let defaults = RabbitMqOptions::default();
     let options = RabbitMqOptions {
         connection_name: options.connection_name,
-        prefetch: prefetch.unwrap_or(defaults.prefetch),
+        prefetch: options.rabbitmq.prefetch.unwrap_or(defaults.prefetch),
         ..defaults
     };
     Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))
 }
 
 #[cfg(not(feature = "rabbitmq"))]
-async fn rabbitmq(
-    _url: &str,
-    _options: ConnectOptions,
-    _prefetch: Option<u16>,
-) -> Result<Arc<dyn Broker>, BrokerError> {
+async fn rabbitmq(_url: &str, _options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
     Err(BrokerError::Refused(
         "this build of batchfleet has no RabbitMQ support (the `rabbitmq` feature is off)".into(),
     ))

@@ -2,7 +2,8 @@
 //!
 //! Backends: [`embedded::EmbeddedBroker`] (in-process, for the laptop mode and unit tests);
 //! RabbitMQ (lapin) and SQS (aws-sdk-sqs) implement the same trait. Every backend must pass the
-//! one behaviour suite in [`conformance`].
+//! one behaviour suite in `conformance` (compiled with the `conformance` feature, which the
+//! crate's own tests turn on).
 //!
 //! Semantics every backend keeps:
 //! - **Leases.** A received message is invisible to other receivers until it is acked, nacked,
@@ -20,8 +21,10 @@
 //!   holds it (SQS); within one process a backend never hands out a message it still leases.
 //!   Exactly-once *output* comes from the store (create-only batch statuses), not the broker.
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod connect;
+pub mod declare;
 pub mod embedded;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;

@@ -4,6 +4,7 @@
 //! paths are made absolute against a base folder (the YAML file's folder, or the current one)
 //! and become `file://` URLs, so a job root written on a laptop is still meaningful to a worker.
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod listing;
 

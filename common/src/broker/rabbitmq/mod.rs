@@ -82,7 +82,6 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::ExponentialBuilder;
 use bytes::Bytes;
 use lapin::options::{
     BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
@@ -98,6 +97,7 @@ use self::management::Management;
 use self::session::{Endpoint, Session, Sessions};
 use self::topology::short;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
+use crate::retry::RetryPolicy;
 
 /// AMQP `delivery_mode` of a message RabbitMQ writes to disk.
 const PERSISTENT: u8 = 2;
@@ -176,11 +176,7 @@ impl RabbitMqBroker {
         let instance = instance_id();
         let connection_name =
             options.connection_name.unwrap_or_else(|| format!("batchfleet-{instance}"));
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(5))
-            .with_max_times(options.connect_attempts.saturating_sub(1))
-            .with_jitter();
+        let backoff = RetryPolicy::reconnect(options.connect_attempts);
         let sessions =
             Sessions::new(endpoint, connection_name.clone(), backoff, options.connect_timeout);
         sessions.get().await?;

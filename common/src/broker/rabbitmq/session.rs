@@ -11,7 +11,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use lapin::options::ConfirmSelectOptions;
 use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{Channel, Connection, ConnectionProperties};
@@ -20,6 +20,7 @@ use tokio::sync::Mutex;
 use super::error;
 use super::feed::Feed;
 use crate::broker::BrokerError;
+use crate::retry::RetryPolicy;
 
 /// Where the broker is, with the password kept out of everything that is displayed.
 #[derive(Clone)]
@@ -129,7 +130,7 @@ impl Session {
 pub(super) struct Sessions {
     endpoint: Endpoint,
     connection_name: String,
-    reconnect: ExponentialBuilder,
+    reconnect: RetryPolicy,
     connect_timeout: Duration,
     current: Mutex<Option<Arc<Session>>>,
 }
@@ -138,7 +139,7 @@ impl Sessions {
     pub(super) fn new(
         endpoint: Endpoint,
         connection_name: String,
-        reconnect: ExponentialBuilder,
+        reconnect: RetryPolicy,
         connect_timeout: Duration,
     ) -> Self {
         Sessions {
@@ -170,7 +171,7 @@ impl Sessions {
 
     async fn connect_with_backoff(&self) -> Result<Session, BrokerError> {
         (|| self.connect_once())
-            .retry(self.reconnect)
+            .retry(self.reconnect.builder())
             .when(|e| matches!(e, BrokerError::Connection(_)))
             .notify(|error, wait| {
                 tracing::warn!(broker = %self.endpoint.redacted, %error,

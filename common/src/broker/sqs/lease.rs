@@ -8,7 +8,7 @@
 //!
 //! That instant is never later than SQS's own: a lease is counted from the moment the receive
 //! (or extension) call returned, and SQS is asked for the lease rounded up to whole seconds plus
-//! [`LEASE_MARGIN`](super::LEASE_MARGIN). So when this process says "still held", no other
+//! [`SqsOptions::lease_margin`](super::SqsOptions::lease_margin). So when this process says "still held", no other
 //! receiver can have the message yet. The price: a message whose holder dies reappears up to
 //! about a second after its lease.
 //!

@@ -21,7 +21,7 @@
 //!   *up* to whole seconds (at most 20; a longer wait polls again), so a wait of 0.5 s waits up
 //!   to 1 s. Once something arrived it asks again without waiting until `max` (10 per call)
 //!   came or a call returns nothing. `VisibilityTimeout` is the lease rounded up to whole seconds
-//!   plus [`LEASE_MARGIN`]. A message whose body cannot be decoded is logged and left invisible:
+//!   plus [`SqsOptions::lease_margin`] (1 s). A message whose body cannot be decoded is logged and left invisible:
 //!   its receive count goes up and the redrive policy takes it to the dead-letter queue.
 //! - **Leases** are also tracked in this process (module `lease`), because SQS cannot tell a
 //!   stale receipt handle: the handle of a delivery that was settled, or whose lease ran out by
@@ -67,10 +67,13 @@
 //!   that is deleted gets `QueueNotFound` at its next call, not at once.
 
 mod body;
+mod delivery;
 mod error;
 mod lease;
 mod names;
+mod publish;
 mod queues;
+mod seconds;
 mod topology;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,24 +84,20 @@ use async_trait::async_trait;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::BehaviorVersion;
-use aws_sdk_sqs::types::{
-    Message, MessageSystemAttributeName, QueueAttributeName, SendMessageBatchRequestEntry,
-};
+use aws_sdk_sqs::types::QueueAttributeName;
 use aws_sdk_sqs::Client;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use self::body::Body;
-use self::lease::{after, Lease, Leases};
+use self::lease::{after, Leases};
 use self::names::sqs_name;
 use self::queues::Queues;
+use self::seconds::{visibility_secs, wait_secs};
 use self::topology::Redrive;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
-use crate::broker::embedded::DELIVERY_LIMIT;
 
-/// Added to every visibility timeout asked of SQS, so that this process's view of a lease
-/// (counted from when the call returned) ends before SQS's (counted from when it served it).
+/// The default of [`SqsOptions::lease_margin`].
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 /// Messages per `ReceiveMessage` / `SendMessageBatch` call: SQS's limit.
 const MAX_BATCH: usize = 10;
@@ -123,6 +122,10 @@ pub struct SqsOptions {
     pub attempt_timeout: Duration,
     /// Times the entries of a publish that SQS failed on its side are sent, in all.
     pub publish_attempts: usize,
+    /// Added to every visibility timeout asked of SQS, so that this process's view of a lease
+    /// (counted from when the call returned) ends before SQS's (counted from when it served
+    /// it).
+    pub lease_margin: Duration,
 }
 
 impl Default for SqsOptions {
@@ -132,6 +135,7 @@ impl Default for SqsOptions {
             connect_timeout: Duration::from_secs(5),
             attempt_timeout: Duration::from_secs(15),
             publish_attempts: 4,
+            lease_margin: LEASE_MARGIN,
         }
     }
 }
@@ -252,244 +256,6 @@ impl SqsBroker {
         }
         Ok(())
     }
-
-    /// Send `bodies` (at most [`MAX_BATCH`]) in one `SendMessageBatch`, sending again what SQS
-    /// failed on its side.
-    async fn send_batch(
-        &self,
-        url: &str,
-        queue: &str,
-        bodies: Vec<Body>,
-    ) -> Result<(), BrokerError> {
-        let count = bodies.len();
-        let mut entries = bodies
-            .into_iter()
-            .enumerate()
-            .map(|(i, body)| {
-                SendMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .message_body(body.text)
-                    .set_message_attributes(Some(body.attributes).filter(|a| !a.is_empty()))
-                    .build()
-                    .map_err(|e| BrokerError::Refused(format!("SQS batch entry: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(2))
-            .with_max_times(self.inner.options.publish_attempts.saturating_sub(1))
-            .with_jitter()
-            .build();
-        loop {
-            let output = self
-                .client()
-                .send_message_batch()
-                .queue_url(url)
-                .set_entries(Some(entries.clone()))
-                .send()
-                .await
-                .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
-            let failed = output.failed();
-            let Some(first) = failed.first() else {
-                return Ok(());
-            };
-            let what = format!(
-                "{} of {count} messages published to `{queue}`: {}{}",
-                failed.len(),
-                first.code(),
-                first.message().map(|m| format!(": {m}")).unwrap_or_default()
-            );
-            if failed.iter().any(|f| !error::entry_is_transient(f.code(), f.sender_fault())) {
-                return Err(BrokerError::Refused(format!("SQS refused {what}")));
-            }
-            let Some(delay) = delays.next() else {
-                return Err(BrokerError::Connection(format!(
-                    "SQS kept failing {what} ({} attempts)",
-                    self.inner.options.publish_attempts
-                )));
-            };
-            tracing::warn!(
-                queue,
-                failed = failed.len(),
-                code = first.code(),
-                retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                "SQS failed part of a batch; sending that part again"
-            );
-            entries.retain(|entry| failed.iter().any(|f| f.id() == entry.id()));
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// One `ReceiveMessage` call; its messages leased from `arrived` on.
-    async fn receive_batch(
-        &self,
-        queue: &str,
-        url: &str,
-        want: usize,
-        lease: Duration,
-        wait_secs: u64,
-    ) -> Result<Vec<Delivery>, BrokerError> {
-        let output = self
-            .client()
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(clamp_i32(want as u64))
-            .visibility_timeout(visibility_secs(lease + LEASE_MARGIN))
-            .wait_time_seconds(clamp_i32(wait_secs))
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .message_attribute_names(body::ENCODING)
-            .message_attribute_names(body::DEAD_LETTER_REASON)
-            .send()
-            .await
-            .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
-        let arrived = Instant::now();
-        let messages = output.messages();
-        let unexplained = messages
-            .iter()
-            .any(|m| body::attribute(m.message_attributes(), body::DEAD_LETTER_REASON).is_none());
-        // Asked only when a message might have been moved by SQS itself. A failed lookup must
-        // not lose the messages just leased: they go out without a reason instead.
-        let from_dead_letter_queue = if unexplained {
-            self.queues().is_dead_letter_queue(url, queue).await.unwrap_or_else(|error| {
-                tracing::warn!(queue, %error,
-                    "could not tell whether the queue is a dead-letter queue; no reason given");
-                false
-            })
-        } else {
-            false
-        };
-        Ok(messages
-            .iter()
-            .filter_map(|m| {
-                self.lease(queue, url, m, after(arrived, lease), from_dead_letter_queue)
-            })
-            .collect())
-    }
-
-    /// A received message as a leased delivery; `None` (logged) when it cannot be one.
-    fn lease(
-        &self,
-        queue: &str,
-        url: &str,
-        message: &Message,
-        expires: Instant,
-        from_dead_letter_queue: bool,
-    ) -> Option<Delivery> {
-        let id = message.message_id().unwrap_or("?");
-        let Some(receipt) = message.receipt_handle() else {
-            tracing::error!(
-                queue,
-                message_id = id,
-                "SQS returned a message without a receipt handle"
-            );
-            return None;
-        };
-        let attributes = message.message_attributes();
-        let payload = match body::decode(message.body().unwrap_or(""), attributes) {
-            Ok(payload) => payload,
-            Err(error) => {
-                tracing::error!(queue, message_id = id, %error,
-                    "undecodable message left to SQS's redrive policy");
-                return None;
-            }
-        };
-        let delivery_count = receive_count(message);
-        let dead_letter_reason = match body::attribute(attributes, body::DEAD_LETTER_REASON) {
-            Some(reason) => Some(reason.to_owned()),
-            None if from_dead_letter_queue => Some(DELIVERY_LIMIT.to_owned()),
-            None => None,
-        };
-        // Without a message id (never seen), the delivery is its own identity: no dedup.
-        let identity = message.message_id().unwrap_or(receipt);
-        let Some(handle) =
-            self.leases().grant(queue, url, identity, receipt.to_owned(), payload.clone(), expires)
-        else {
-            tracing::debug!(
-                queue,
-                message_id = id,
-                "SQS delivered a message this process holds already; kept the held lease"
-            );
-            return None;
-        };
-        tracing::trace!(queue, handle = %handle.0, message_id = id, delivery_count, "leased");
-        Some(Delivery { handle, payload, delivery_count, dead_letter_reason })
-    }
-
-    /// `ChangeMessageVisibility` of a held delivery.
-    async fn set_visibility(
-        &self,
-        held: &Lease,
-        handle: &DeliveryHandle,
-        secs: i32,
-    ) -> Result<(), BrokerError> {
-        self.client()
-            .change_message_visibility()
-            .queue_url(&held.queue_url)
-            .receipt_handle(&held.receipt)
-            .visibility_timeout(secs)
-            .send()
-            .await
-            .map(drop)
-            .map_err(|e| self.lost(&held.queue, error::on_receipt(&e, &held.queue, &handle.0)))
-    }
-
-    /// `DeleteMessage` of a held delivery.
-    async fn delete(&self, held: &Lease, handle: &DeliveryHandle) -> Result<(), BrokerError> {
-        self.client()
-            .delete_message()
-            .queue_url(&held.queue_url)
-            .receipt_handle(&held.receipt)
-            .send()
-            .await
-            .map(drop)
-            .map_err(|e| self.lost(&held.queue, error::on_receipt(&e, &held.queue, &handle.0)))
-    }
-
-    /// End the lease unless `outcome` is an error worth retrying with the same handle.
-    fn settle(
-        &self,
-        handle: &DeliveryHandle,
-        outcome: Result<(), BrokerError>,
-    ) -> Result<(), BrokerError> {
-        if !matches!(outcome, Err(BrokerError::Connection(_))) {
-            self.leases().release(handle);
-        }
-        outcome
-    }
-
-    /// Send the dead-letter copy of `held` to its queue's dead-letter queue; `false` when the
-    /// queue has none (the message is to be dropped).
-    async fn send_dead_letter_copy(&self, held: &Lease, reason: &str) -> Result<bool, BrokerError> {
-        let redrive = self
-            .queues()
-            .redrive(&held.queue_url, &held.queue)
-            .await
-            .map_err(|e| self.lost(&held.queue, e))?;
-        let Some(redrive) = redrive else {
-            return Ok(false);
-        };
-        let dlq = &redrive.dead_letter_queue;
-        let dlq_url = match self.queues().url_by_sqs_name(dlq, dlq).await {
-            Ok(url) => url,
-            Err(BrokerError::QueueNotFound(_)) => return Ok(false),
-            Err(other) => return Err(other),
-        };
-        // SQS refuses empty attribute values.
-        let reason = if reason.is_empty() { "dead_lettered" } else { reason };
-        let copy = Body::encode(&held.payload)?
-            .with(body::DEAD_LETTER_REASON, reason)?
-            .with(body::DEAD_LETTER_SOURCE, &held.queue)?;
-        self.client()
-            .send_message()
-            .queue_url(&dlq_url)
-            .message_body(copy.text)
-            .set_message_attributes(Some(copy.attributes))
-            .send()
-            .await
-            .map_err(|e| error::on_queue(&e, dlq))?;
-        self.queues().mark_dead_letter_queue(dlq);
-        Ok(true)
-    }
 }
 
 #[async_trait]
@@ -608,7 +374,14 @@ impl Broker for SqsBroker {
     ) -> Result<(), BrokerError> {
         let held = self.leases().get(delivery)?;
         let asked = Instant::now();
-        match self.set_visibility(&held, delivery, visibility_secs(lease + LEASE_MARGIN)).await {
+        match self
+            .set_visibility(
+                &held,
+                delivery,
+                visibility_secs(lease + self.inner.options.lease_margin),
+            )
+            .await
+        {
             Ok(()) => self.leases().extend(delivery, after(asked, lease)),
             Err(error) => self.settle(delivery, Err(error)),
         }
@@ -655,39 +428,6 @@ impl Broker for SqsBroker {
     }
 }
 
-/// The delivery count of a received message: its `ApproximateReceiveCount`.
-fn receive_count(message: &Message) -> u32 {
-    let count = message
-        .attributes()
-        .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
-        .and_then(|n| n.parse::<u32>().ok());
-    count.unwrap_or_else(|| {
-        tracing::warn!(
-            message_id = message.message_id().unwrap_or("?"),
-            "SQS returned no ApproximateReceiveCount; counting this delivery as the first"
-        );
-        1
-    })
-}
-
-/// A duration as whole seconds for SQS, rounded up, at most 12 hours.
-fn visibility_secs(duration: Duration) -> i32 {
-    clamp_i32(ceil_secs(duration).min(MAX_VISIBILITY_SECS))
-}
-
-/// `WaitTimeSeconds` for a receive that may wait until `deadline`: rounded up, at most 20.
-fn wait_secs(deadline: Instant) -> u64 {
-    ceil_secs(deadline.saturating_duration_since(Instant::now())).min(MAX_WAIT_SECS)
-}
-
-fn ceil_secs(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
-}
-
-fn clamp_i32(n: u64) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
 /// Unique per broker instance, across processes: handles of one are never valid in another.
 fn instance_id() -> String {
     static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -695,26 +435,4 @@ fn instance_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.subsec_nanos());
     format!("{:x}-{nanos:x}-{}", std::process::id(), COUNT.fetch_add(1, Ordering::Relaxed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_round_up_to_whole_seconds() {
-        assert_eq!(visibility_secs(Duration::ZERO), 0);
-        assert_eq!(visibility_secs(Duration::from_millis(1)), 1);
-        assert_eq!(visibility_secs(Duration::from_millis(2000)), 2);
-        assert_eq!(visibility_secs(Duration::from_millis(2001)), 3);
-        assert_eq!(visibility_secs(Duration::from_secs(100_000)), 43_200);
-    }
-
-    #[tokio::test]
-    async fn long_polls_wait_at_most_20_s() {
-        let now = Instant::now();
-        assert_eq!(wait_secs(now), 0);
-        assert_eq!(wait_secs(now + Duration::from_millis(500)), 1);
-        assert_eq!(wait_secs(now + Duration::from_secs(60)), 20);
-    }
 }

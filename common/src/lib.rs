@@ -4,6 +4,7 @@
 //! - [`job`]: the resolved job, the one description of a job that every process works from.
 //! - [`message`]: the wire messages on the broker (mini-batches out, batch events back).
 //! - [`layout`]: where a job keeps its files under its job root in the object store.
+//! - [`job_root`]: the one type that reads and writes a job root (the exactly-once protocol).
 //! - [`status`]: the per-batch status record written before a message is acknowledged.
 //! - [`store`]: turning URLs and plain paths into object stores.
 //! - [`broker`]: the `Broker` seam and its embedded in-process backend.
@@ -13,6 +14,7 @@
 pub mod broker;
 pub mod error;
 pub mod job;
+pub mod job_root;
 pub mod layout;
 pub mod logging;
 pub mod message;

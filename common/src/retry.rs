@@ -153,6 +153,15 @@ impl ClassifiedError for crate::store::StoreError {
     }
 }
 
+impl ClassifiedError for crate::job_root::JobRootError {
+    fn kind(&self) -> ErrorKind {
+        crate::job_root::JobRootError::kind(self)
+    }
+    fn retry(&self) -> Retry {
+        crate::job_root::JobRootError::retry(self)
+    }
+}
+
 #[cfg(test)]
 #[path = "retry_tests.rs"]
 mod tests;

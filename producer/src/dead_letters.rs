@@ -7,14 +7,11 @@
 //! queue, exactly as a worker reports a success. Any producer may route any job's dead letters.
 
 use bytes::Bytes;
-use futures::TryStreamExt;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use batchfleet_common::broker::{Broker, BrokerError, Delivery};
-use batchfleet_common::layout::JobLayout;
+use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
-use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 
@@ -35,15 +32,14 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
             return Ok(());
         }
     };
-    let root = store::open_str(&message.job_root)?;
-    let layout = JobLayout::new(root.prefix.clone());
+    let root = JobRoot::open(&message.job_root)?;
     // Statuses are final once written (create-only): a batch that already has one — a success
     // whose worker died before acking, or a failure routed before — keeps it.
-    let status = match read_status(&root, &layout, &message.batch_id).await? {
+    let status = match root.read_status(&message.batch_id).await? {
         Some(existing) => existing,
         None => {
-            let failed = failed_status(&root, &layout, &message, delivery).await?;
-            create_status(&root, &layout, failed).await?
+            let failed = failed_status(&root, &message, delivery).await?;
+            root.create_status(&failed).await?.standing(failed)
         }
     };
     let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
@@ -61,50 +57,21 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
     Ok(())
 }
 
-/// Write `status` unless the batch already has one; returns the status that stands.
-async fn create_status(
-    root: &StoreLocation,
-    layout: &JobLayout,
-    status: BatchStatus,
-) -> Result<BatchStatus, ProducerError> {
-    let json = serde_json::to_vec_pretty(&status).map_err(ProducerError::internal)?;
-    let key = layout.status(&status.batch_id);
-    let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-    match root.store.put_opts(&key, PutPayload::from_bytes(Bytes::from(json)), options).await {
-        Ok(_) => Ok(status),
-        Err(object_store::Error::AlreadyExists { .. }) => {
-            read_status(root, layout, &status.batch_id).await?.ok_or_else(|| {
-                ProducerError::internal(format!("{key} exists but cannot be read back"))
-            })
-        }
-        Err(e) => Err(StoreError::io("put", &key, e).into()),
-    }
-}
-
-async fn read_status(
-    root: &StoreLocation,
-    layout: &JobLayout,
-    batch_id: &str,
-) -> Result<Option<BatchStatus>, ProducerError> {
-    let key = layout.status(batch_id);
-    match root.store.get(&key).await {
-        Ok(result) => {
-            let bytes = result.bytes().await.map_err(|e| StoreError::io("get", &key, e))?;
-            Ok(serde_json::from_slice(&bytes).ok())
-        }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(StoreError::io("get", &key, e).into()),
-    }
-}
-
 async fn failed_status(
-    root: &StoreLocation,
-    layout: &JobLayout,
+    root: &JobRoot,
     message: &MiniBatchMessage,
     delivery: &Delivery,
 ) -> Result<BatchStatus, ProducerError> {
     let reason = delivery.dead_letter_reason.clone().unwrap_or_else(|| "dead-lettered".into());
-    let error = match last_failure(root, layout, &message.batch_id).await? {
+    // A failure record that does not decode must not keep the batch from being recorded.
+    let last = root.last_failure(&message.batch_id).await.or_else(|error| match error {
+        JobRootError::Corrupt { .. } => {
+            tracing::warn!(batch_id = %message.batch_id, %error, "unreadable failure record");
+            Ok(None)
+        }
+        other => Err(other),
+    })?;
+    let error = match last {
         Some(record) => record,
         None => FailureRecord {
             kind: FailureKind::DeliveriesExhausted,
@@ -134,39 +101,4 @@ async fn failed_status(
         ended_at_ms: now,
         error: Some(error),
     })
-}
-
-/// The failure record of the highest attempt under `failures/<batch>/`.
-async fn last_failure(
-    root: &StoreLocation,
-    layout: &JobLayout,
-    batch_id: &str,
-) -> Result<Option<FailureRecord>, ProducerError> {
-    let folder = layout.failures_of(batch_id);
-    let listed: Vec<object_store::ObjectMeta> = root
-        .store
-        .list(Some(&folder))
-        .try_collect()
-        .await
-        .map_err(|e| StoreError::io("list", &folder, e))?;
-    let latest = listed
-        .iter()
-        .filter_map(|meta| {
-            let name = meta.location.filename()?;
-            let attempt: u32 = name.strip_suffix(".json")?.parse().ok()?;
-            Some((attempt, meta.location.clone()))
-        })
-        .max_by_key(|(attempt, _)| *attempt);
-    let Some((_, key)) = latest else {
-        return Ok(None);
-    };
-    let bytes = root
-        .store
-        .get(&key)
-        .await
-        .map_err(|e| StoreError::io("get", &key, e))?
-        .bytes()
-        .await
-        .map_err(|e| StoreError::io("get", &key, e))?;
-    Ok(serde_json::from_slice(&bytes).ok())
 }

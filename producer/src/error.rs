@@ -1,6 +1,7 @@
 //! The producer's one error type, and what each error means for the exit code.
 
 use batchfleet_common::broker::BrokerError;
+use batchfleet_common::job_root::JobRootError;
 use batchfleet_common::spec::SpecError;
 use batchfleet_common::store::StoreError;
 use batchfleet_common::ErrorKind;
@@ -13,6 +14,8 @@ pub enum ProducerError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error(transparent)]
+    JobRoot(#[from] JobRootError),
     #[error("input `{input}` ({url}) holds no files: there is nothing to run")]
     EmptyInput { input: String, url: String },
     #[error("input `{input}` ({url}) does not exist")]
@@ -39,6 +42,7 @@ impl ProducerError {
             | ProducerError::MissingEntryScript { .. } => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
             ProducerError::Broker(e) => e.kind(),
+            ProducerError::JobRoot(e) => e.kind(),
             ProducerError::EmptyInput { .. } | ProducerError::MissingInput { .. } => {
                 ErrorKind::InputData
             }

@@ -16,15 +16,14 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use object_store::ObjectStoreExt;
 use tokio_util::sync::CancellationToken;
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job_root::JobRootError;
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::status::{BatchState, BatchStatus};
-use batchfleet_common::store::StoreError;
 
 use crate::error::ProducerError;
 use crate::job_root::JobRoot;
@@ -111,12 +110,15 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
 }
 
 async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
-    let text = read_text(root, &root.layout.job_json()).await?.ok_or_else(|| {
-        ProducerError::Unsupported(format!("no job at {}: it has no job.json", root.url()))
-    })?;
-    serde_json::from_str(&text).map_err(|e| {
-        ProducerError::Unsupported(format!("{}: not a resolved job: {e}", root.layout.job_json()))
-    })
+    match root.read_job().await {
+        Err(error) if error.is_not_found() => {
+            Err(ProducerError::Unsupported(format!("no job at {}: it has no job.json", root.url())))
+        }
+        Err(JobRootError::Corrupt { key, source, .. }) => {
+            Err(ProducerError::Unsupported(format!("{key}: not a resolved job: {source}")))
+        }
+        other => Ok(other?),
+    }
 }
 
 /// `resume` finishes an unfinished job; `--failed-only` re-runs part of a finished one.
@@ -146,19 +148,12 @@ async fn forget_unsuccessful(
     let (kept, rerun): (Vec<_>, Vec<_>) =
         statuses.into_iter().partition(|s| s.state == BatchState::Succeeded);
     for status in &rerun {
-        delete(root, &root.layout.status(&status.batch_id)).await?;
+        root.delete_status(&status.batch_id).await?;
     }
-    delete(root, &root.layout.cancel_marker()).await?;
-    delete(root, &root.layout.job_result()).await?;
+    root.delete(&root.layout.cancel_marker()).await?;
+    root.delete(&root.layout.job_result()).await?;
     eprintln!("re-running {} mini-batches that did not succeed", rerun.len());
     Ok(kept)
-}
-
-async fn delete(root: &JobRoot, key: &object_store::path::Path) -> Result<(), ProducerError> {
-    match root.location.store.delete(key).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(StoreError::io("delete", key, e).into()),
-    }
 }
 
 /// Publish every planned batch that has not ended; plan again when the plan is incomplete.

@@ -1,0 +1,91 @@
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+use bytes::Bytes;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+
+use super::*;
+
+fn names(folder: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_status_is_created_once_with_its_folder_and_no_staging_file_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("status/00000001.json");
+    assert!(create_only(&path, b"first").unwrap());
+    assert!(!create_only(&path, b"second").unwrap(), "the second writer loses");
+    assert_eq!(std::fs::read(&path).unwrap(), b"first");
+    assert_eq!(names(&dir.path().join("status")), ["00000001.json"]);
+}
+
+#[test]
+fn one_of_eight_racing_writers_creates_the_status() {
+    // Twenty races, each into a folder that does not exist yet (the writers make it).
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..20 {
+        let folder = dir.path().join(format!("round-{round}/status"));
+        let path = Arc::new(folder.join("00000002.json"));
+        let start = Arc::new(Barrier::new(8));
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let (path, start) = (Arc::clone(&path), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    start.wait();
+                    create_only(&path, format!("writer {i}").as_bytes()).unwrap()
+                })
+            })
+            .collect();
+        let won = writers.into_iter().map(|w| w.join().unwrap()).filter(|won| *won).count();
+        assert_eq!(won, 1, "round {round}");
+        let text = String::from_utf8(std::fs::read(&*path).unwrap()).unwrap();
+        assert!(text.starts_with("writer "), "{text}");
+        assert_eq!(names(&folder), ["00000002.json"], "no staging file left");
+    }
+}
+
+/// The key of an absolute local path in `LocalFileSystem::new()`.
+fn key_of(path: &Path) -> Key {
+    Key::from(path.to_str().unwrap().trim_start_matches('/'))
+}
+
+#[tokio::test]
+async fn local_and_store_writers_agree_on_who_was_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalFileSystem::new();
+    let create = || PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+    // The store first: the local writer loses.
+    let first = dir.path().join("status/a.json");
+    let key = key_of(&first);
+    store.put_opts(&key, Bytes::from("store").into(), create()).await.unwrap();
+    assert!(!create_only(&first, b"local").unwrap());
+    // The local writer first: the store's create-only put finds it.
+    let second = dir.path().join("status/b.json");
+    assert!(create_only(&second, b"local").unwrap());
+    let key = key_of(&second);
+    let lost = store.put_opts(&key, Bytes::from("store").into(), create()).await;
+    assert!(matches!(lost, Err(object_store::Error::AlreadyExists { .. })), "{lost:?}");
+    // And the key maps to the file the store reads.
+    assert_eq!(LocalFileSystem::new().path_to_filesystem(&key).unwrap(), second);
+    let read = store.get(&key).await.unwrap().bytes().await.unwrap();
+    assert_eq!(read, Bytes::from("local"));
+}
+
+#[test]
+fn an_output_file_moves_into_a_new_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("out.txt");
+    std::fs::write(&source, "row\n").unwrap();
+    let destination = dir.path().join("results/00000003.1-w-s0");
+    move_into_place(&source, &destination).unwrap();
+    assert_eq!(std::fs::read_to_string(&destination).unwrap(), "row\n");
+    assert!(!source.exists());
+}

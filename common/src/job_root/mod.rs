@@ -1,0 +1,319 @@
+//! A job's root folder: the one place that reads and writes it.
+//!
+//! Everything a producer, a worker, the dead-letter router, `status`, `resume`, aggregation and
+//! the watcher know about a job lives under its root (`<store>/<job id>/`, keys in
+//! [`JobLayout`]). [`JobRoot`] owns the store location and the layout, and holds the protocol
+//! that makes output exactly-once:
+//!
+//! - result parts, one per attempt (`results/<batch>.<part>`);
+//! - the batch status, created **create-only** ([`JobRoot::create_status`]): the first final
+//!   status stands, and a writer that finds one learns whose it is ([`StatusWrite`]);
+//! - statuses read back with one decode policy: missing is `None`, unreadable is
+//!   [`JobRootError::Corrupt`] — named, and never retried (retrying reads the same bytes);
+//! - failure records, claim-checked item lists, the cancel marker, the spec files;
+//! - the local-folder fast path: a job root in a local folder is read and written in place,
+//!   creating statuses exactly as the local store does (a staging file hard-linked to the key,
+//!   see [`local`]), so in-place and store writers agree on who was first.
+//!
+//! Retries are the caller's: every error says [`JobRootError::retry`], and the callers wrap
+//! calls in their retry policy.
+
+pub mod local;
+mod status;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use url::Url;
+
+use crate::error::{ErrorKind, Retry};
+use crate::job::ResolvedJob;
+use crate::layout::JobLayout;
+use crate::message::ItemsRef;
+use crate::status::FailureRecord;
+use crate::store::{self, StoreError, StoreLocation};
+
+pub use status::StatusWrite;
+
+/// A job's root: its id, the store location that holds it and the keys under it.
+#[derive(Debug, Clone)]
+pub struct JobRoot {
+    pub job_id: String,
+    pub location: StoreLocation,
+    pub layout: JobLayout,
+    /// A local root's `results/` folder exists (see [`JobRoot::local_part_file`]).
+    results_ready: Arc<AtomicBool>,
+}
+
+/// Reading or writing a job root failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JobRootError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record under the root does not decode: retrying reads the same bytes.
+    #[error("`{key}` is not a valid {what}: {source}")]
+    Corrupt {
+        key: String,
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A record could not be encoded (a bug, not a store problem).
+    #[error("encoding {what} for `{key}` failed: {source}")]
+    Encode {
+        key: String,
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl JobRootError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            JobRootError::Store(e) => e.kind(),
+            JobRootError::Corrupt { .. } | JobRootError::Encode { .. } => ErrorKind::Infra,
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            JobRootError::Store(e) => e.retry(),
+            JobRootError::Corrupt { .. } | JobRootError::Encode { .. } => Retry::Permanent,
+        }
+    }
+
+    /// The key was not there.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, JobRootError::Store(e) if e.is_not_found())
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    key: &Key,
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, JobRootError> {
+    serde_json::from_slice(bytes).map_err(|source| JobRootError::Corrupt {
+        key: key.to_string(),
+        what,
+        source,
+    })
+}
+
+fn encode(
+    key: &Key,
+    what: &'static str,
+    value: &impl serde::Serialize,
+    pretty: bool,
+) -> Result<Bytes, JobRootError> {
+    let json = if pretty { serde_json::to_vec_pretty(value) } else { serde_json::to_vec(value) };
+    json.map(Bytes::from).map_err(|source| JobRootError::Encode {
+        key: key.to_string(),
+        what,
+        source,
+    })
+}
+
+impl JobRoot {
+    fn new(job_id: String, location: StoreLocation) -> JobRoot {
+        let layout = JobLayout::new(location.prefix.clone());
+        JobRoot { job_id, location, layout, results_ready: Arc::default() }
+    }
+
+    /// The root of job `job_id` under the store URL `store_url` (`<store>/<job id>/`).
+    pub fn create(store_url: &Url, job_id: &str) -> Result<JobRoot, StoreError> {
+        let mut url = store_url.clone();
+        if !url.path().ends_with('/') {
+            url.set_path(&format!("{}/", url.path()));
+        }
+        let url = url.join(&format!("{job_id}/")).map_err(|e| StoreError::InvalidLocation {
+            location: store_url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let location = store::open(&url)?;
+        Ok(JobRoot::new(job_id.to_string(), location))
+    }
+
+    /// The root at `url` (as messages carry it, `…/<job id>/`); the job id is its last segment.
+    pub fn open(url: &str) -> Result<JobRoot, StoreError> {
+        let location = store::open_str(url)?;
+        let job_id = location.prefix.filename().unwrap_or_default().to_string();
+        Ok(JobRoot::new(job_id, location))
+    }
+
+    /// The root's URL, as messages carry it.
+    pub fn url(&self) -> String {
+        self.location.url.to_string()
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.location.store
+    }
+
+    /// The URL of a key under this job's store.
+    pub fn key_url(&self, key: &Key) -> String {
+        store::object_url(&self.location, key)
+    }
+
+    /// The file that holds `key` when the root is a local folder (the in-place fast path).
+    pub fn local_file(&self, key: &Key) -> Option<PathBuf> {
+        store::local_file(&self.location.url, key)
+    }
+
+    pub async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), JobRootError> {
+        self.location
+            .store
+            .put(key, PutPayload::from_bytes(bytes))
+            .await
+            .map_err(|e| StoreError::io("put", key, e))?;
+        Ok(())
+    }
+
+    pub async fn get(&self, key: &Key) -> Result<Bytes, JobRootError> {
+        let result =
+            self.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+        Ok(result.bytes().await.map_err(|e| StoreError::io("get", key, e))?)
+    }
+
+    /// The object at `key`, or `None` when there is none.
+    pub async fn get_if_exists(&self, key: &Key) -> Result<Option<Bytes>, JobRootError> {
+        match self.get(key).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// A small text record (verdict, cancel reason, …), or `None` when there is none.
+    pub async fn read_text(&self, key: &Key) -> Result<Option<String>, JobRootError> {
+        Ok(self.get_if_exists(key).await?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    }
+
+    pub async fn exists(&self, key: &Key) -> Result<bool, JobRootError> {
+        match self.location.store.head(key).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(StoreError::io("head", key, e).into()),
+        }
+    }
+
+    /// Remove `key`; a key that is not there is fine.
+    pub async fn delete(&self, key: &Key) -> Result<(), JobRootError> {
+        match self.location.store.delete(key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(StoreError::io("delete", key, e).into()),
+        }
+    }
+
+    /// Every object under the folder `prefix`.
+    pub async fn list(&self, prefix: &Key) -> Result<Vec<object_store::ObjectMeta>, JobRootError> {
+        Ok(self
+            .location
+            .store
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| StoreError::io("list", prefix, e))?)
+    }
+
+    /// Record the spec as written and the resolved job that workers read.
+    pub async fn write_spec(&self, spec_yaml: &str, job: &ResolvedJob) -> Result<(), JobRootError> {
+        self.put(&self.layout.job_yaml(), Bytes::from(spec_yaml.to_string())).await?;
+        let key = self.layout.job_json();
+        let json = encode(&key, "resolved job", job, true)?;
+        self.put(&key, json).await
+    }
+
+    /// The resolved job (`job.json`).
+    pub async fn read_job(&self) -> Result<ResolvedJob, JobRootError> {
+        let key = self.layout.job_json();
+        let bytes = self.get(&key).await?;
+        decode(&key, "resolved job (job.json)", &bytes)
+    }
+
+    /// `failures/<batch>/<attempt>.json`.
+    pub async fn write_failure(
+        &self,
+        batch_id: &str,
+        record: &FailureRecord,
+    ) -> Result<(), JobRootError> {
+        let key = self.layout.failure(batch_id, record.attempt);
+        let json = encode(&key, "failure record", record, true)?;
+        self.put(&key, json).await
+    }
+
+    /// The failure record of the highest attempt under `failures/<batch>/`.
+    pub async fn last_failure(
+        &self,
+        batch_id: &str,
+    ) -> Result<Option<FailureRecord>, JobRootError> {
+        let listed = self.list(&self.layout.failures_of(batch_id)).await?;
+        let latest = listed
+            .iter()
+            .filter_map(|meta| {
+                let name = meta.location.filename()?;
+                let attempt: u32 = name.strip_suffix(".json")?.parse().ok()?;
+                Some((attempt, meta.location.clone()))
+            })
+            .max_by_key(|(attempt, _)| *attempt);
+        let Some((_, key)) = latest else {
+            return Ok(None);
+        };
+        let bytes = self.get(&key).await?;
+        decode(&key, "failure record", &bytes).map(Some)
+    }
+
+    /// Store the item list of a claim-checked batch; returns the key relative to the root.
+    pub async fn write_claimed_items(
+        &self,
+        batch_id: &str,
+        stored: Bytes,
+    ) -> Result<String, JobRootError> {
+        let rel = JobLayout::plan_items_rel(batch_id);
+        self.put(&self.layout.relative(&rel), stored).await?;
+        Ok(rel)
+    }
+
+    /// The stored item list a claim check points at.
+    pub async fn read_claimed_items(&self, items_ref: &ItemsRef) -> Result<Bytes, JobRootError> {
+        self.get(&self.layout.relative(&items_ref.key)).await
+    }
+
+    /// Stop the job early: workers settle its remaining messages without running them.
+    pub async fn cancel(&self, reason: &str) -> Result<(), JobRootError> {
+        self.put(&self.layout.cancel_marker(), Bytes::from(reason.to_string())).await
+    }
+
+    /// Whether the job was cancelled (a HEAD of the marker).
+    pub async fn is_cancelled(&self) -> Result<bool, JobRootError> {
+        self.exists(&self.layout.cancel_marker()).await
+    }
+
+    /// Why the job was cancelled, when it was.
+    pub async fn cancel_reason(&self) -> Result<Option<String>, JobRootError> {
+        self.read_text(&self.layout.cancel_marker()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_root_is_a_folder_named_after_the_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&url, "j-1").unwrap();
+        assert!(root.url().ends_with("/j-1/"), "{}", root.url());
+        assert!(root.layout.job_json().as_ref().ends_with("j-1/job.json"));
+        let reopened = JobRoot::open(&root.url()).unwrap();
+        assert_eq!(reopened.job_id, "j-1");
+        assert_eq!(reopened.layout, root.layout);
+    }
+}

@@ -166,7 +166,7 @@ impl Follow<'_> {
 
     /// Record the final statuses in the store that no event reported; returns how many.
     async fn reconcile(&self, tracker: &mut Tracker) -> u64 {
-        let statuses = match crate::status::read_statuses(self.root).await {
+        let statuses = match self.root.read_statuses().await {
             Ok(statuses) => statuses,
             Err(error) => {
                 tracing::warn!(%error, "could not read the job's statuses to reconcile");

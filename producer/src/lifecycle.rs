@@ -233,7 +233,7 @@ pub async fn stop_the_rest(
     end: &FollowEnd,
 ) -> Result<(), ProducerError> {
     let reason = end.failure().unwrap_or("stopped").to_string();
-    root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
+    root.cancel(&reason).await?;
     tracker.cancel_unfinished();
     Ok(())
 }

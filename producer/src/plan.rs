@@ -12,7 +12,6 @@ use object_store::{ObjectMeta, ObjectStoreExt};
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
-use batchfleet_common::layout::JobLayout;
 use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::store::{self, StoreLocation};
 use batchfleet_common::table::{TableBatch, TableFormat};
@@ -216,13 +215,12 @@ async fn encode(
     if json.len() <= CLAIM_CHECK_BYTES {
         return Ok(json);
     }
-    let rel = JobLayout::plan_items_rel(&msg.batch_id);
     let count = msg.item_count();
     let (stored, table) = match msg.table.take() {
         Some(table) => (serde_json::to_vec(&table).map_err(ProducerError::internal)?, true),
         None => (serde_json::to_vec(&msg.items).map_err(ProducerError::internal)?, false),
     };
-    target.root.put(&target.root.layout.relative(&rel), Bytes::from(stored)).await?;
+    let rel = target.root.write_claimed_items(&msg.batch_id, Bytes::from(stored)).await?;
     msg.items_ref = Some(ItemsRef { key: rel, count, table });
     msg.items = Vec::new();
     serde_json::to_vec(msg).map_err(ProducerError::internal)
@@ -305,13 +303,8 @@ pub async fn read_plan(root: &JobRoot) -> Result<Vec<MiniBatchMessage>, Producer
     let mut messages = Vec::new();
     for chunk_no in 0.. {
         let key = root.layout.plan_chunk(chunk_no);
-        let bytes = match root.location.store.get(&key).await {
-            Ok(result) => result
-                .bytes()
-                .await
-                .map_err(|e| batchfleet_common::store::StoreError::io("get", &key, e))?,
-            Err(object_store::Error::NotFound { .. }) => break,
-            Err(e) => return Err(batchfleet_common::store::StoreError::io("get", &key, e).into()),
+        let Some(bytes) = root.get_if_exists(&key).await? else {
+            break;
         };
         for (line_no, line) in
             bytes.split(|b| *b == b'\n').enumerate().filter(|(_, l)| !l.is_empty())

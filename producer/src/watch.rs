@@ -384,8 +384,7 @@ async fn submitted(
         // Another watcher took the manifest over while this one was publishing: its job is the
         // manifest's. Workers settle this job's messages without running them.
         let reason = format!("the manifest {manifest} was taken over by another watcher");
-        let marker = published.root.layout.cancel_marker();
-        if let Err(error) = published.root.put(&marker, Bytes::from(reason.clone())).await {
+        if let Err(error) = published.root.cancel(&reason).await {
             tracing::warn!(%error, "could not cancel the job this watcher published");
         }
         remove_events_queue(published.broker.as_ref(), &published.root.job_id).await;

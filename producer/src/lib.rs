@@ -13,6 +13,7 @@ pub mod outcome;
 pub mod pipeline;
 pub mod plan;
 mod plan_table;
+mod plan_writer;
 pub mod progress;
 pub mod queues;
 pub mod resume;

@@ -9,11 +9,11 @@ use url::Url;
 use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
+use crate::job::lifecycle::store_url;
+use crate::job::plan::PlanSummary;
+use crate::job::tracker::{Counts, Tracker};
 use crate::job_root::JobRoot;
-use crate::lifecycle::store_url;
-use crate::plan::PlanSummary;
-use crate::submit::DETACHED_MARKER;
-use crate::tracker::{Counts, Tracker};
+use crate::modes::submit::DETACHED_MARKER;
 
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq)]

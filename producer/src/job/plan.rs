@@ -12,9 +12,9 @@ use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::store::{self, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::job::plan_writer::PlanWriter;
+pub use crate::job::plan_writer::{publish, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
-use crate::plan_writer::PlanWriter;
-pub use crate::plan_writer::{publish, PlanSummary, PlanTarget};
 use batchfleet_common::store::listing::list_in_key_order;
 
 /// Plan the job's mini-batches and publish them; returns the totals.
@@ -24,9 +24,9 @@ pub async fn plan_and_publish(
 ) -> Result<PlanSummary, ProducerError> {
     let mut writer = PlanWriter::new(target);
     if job.input.kind == InputKind::Mltable {
-        crate::plan_table::plan_table(job, &mut writer).await?;
+        crate::job::plan_table::plan_table(job, &mut writer).await?;
     } else if !job.partition_keys.is_empty() {
-        crate::plan_table::plan_folder_partitions(job, &mut writer).await?;
+        crate::job::plan_table::plan_folder_partitions(job, &mut writer).await?;
     } else {
         plan_files(job, &mut writer).await?;
     }

@@ -26,15 +26,15 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
+use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+use crate::job::lifecycle::{self, finish, stop_the_rest, JobReport};
+use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
-use crate::lifecycle::{self, finish, stop_the_rest, JobReport};
-use crate::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
-use crate::queues::{declare_job_queue, declare_pool_queues};
-use crate::run::{
+use crate::modes::run::{
     fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
-use crate::status::locate;
-use crate::submit::{producer_broker, remove_events_queue};
+use crate::modes::status::locate;
+use crate::modes::submit::{producer_broker, remove_events_queue};
 
 /// Options of `batchfleet resume`.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! The plan writer: numbers the planned batches, records them under `plan/` a chunk at a time
 //! (claim-checking items too large for a message) and publishes each chunk once it is recorded.
-//! Both planners ([`crate::plan`] for file lists, [`crate::plan_table`] for tables and
+//! Both planners ([`crate::job::plan`] for file lists, [`crate::job::plan_table`] for tables and
 //! partitions) feed it.
 
 use std::collections::HashSet;

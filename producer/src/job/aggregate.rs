@@ -16,8 +16,8 @@ use batchfleet_common::message::batch_id;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
-use crate::tracker::Tracker;
 
 /// File name used inside an output folder, as Azure names it.
 pub const OUTPUT_FILE_NAME: &str = "parallel_run_step.txt";

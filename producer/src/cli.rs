@@ -10,13 +10,13 @@ use clap::{Parser, Subcommand};
 use batchfleet_common::spec::{self, PipelineFile, SpecFile};
 
 use crate::error::ProducerError;
-use crate::lifecycle::JobReport;
-use crate::pipeline::{run_pipeline, Fleet, PipelineReport};
-use crate::resume::{resume, ResumeOptions};
-use crate::run::{run_embedded, RunOptions};
-use crate::status::{job_status, JobStatus};
-use crate::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
-use crate::watch::{watch, WatchOptions};
+use crate::job::lifecycle::JobReport;
+use crate::modes::pipeline::{run_pipeline, Fleet, PipelineReport};
+use crate::modes::resume::{resume, ResumeOptions};
+use crate::modes::run::{run_embedded, RunOptions};
+use crate::modes::status::{job_status, JobStatus};
+use crate::modes::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
+use crate::modes::watch::{watch, WatchOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -129,7 +129,7 @@ pub enum Command {
         /// Seconds of this watcher's claim leases (renewed every third of it). A claim that
         /// another watcher has not renewed for this long (or its own longer lease) is taken over.
         #[arg(long, env = "BATCHFLEET_CLAIM_LEASE",
-            default_value_t = crate::watch::DEFAULT_CLAIM_LEASE.as_secs())]
+            default_value_t = crate::modes::watch::DEFAULT_CLAIM_LEASE.as_secs())]
         claim_lease: u64,
         /// Start even when the store fails the create-only race check run at start (several
         /// concurrent create-only puts to one key, exactly one must win): exactly-once output

@@ -1,28 +1,18 @@
 //! The batchfleet producer: plans a job's mini-batches, publishes them, follows the job to its
 //! end, aggregates the output and writes the job result. The `batchfleet` binary is a thin
 //! shell over [`cli`].
+//!
+//! - [`modes`]: the commands (`run`, `submit`, `resume`, `watch`, `status`, pipeline files);
+//! - [`job`]: the stages of one parallel job (plan, follow, track, aggregate, verdict);
+//! - [`infra`]: the broker wrapper, queue declarations, settings;
+//! - [`job_root`] (the job root handle) and [`error`] (the producer's one error type).
 
-pub mod aggregate;
 pub mod cli;
-pub mod dead_letters;
 pub mod error;
-pub mod follow;
+pub mod infra;
+pub mod job;
 pub mod job_root;
-pub mod lifecycle;
-pub mod outcome;
-pub mod pipeline;
-pub mod plan;
-mod plan_table;
-pub mod progress;
-pub mod queues;
-pub mod resume;
-pub mod run;
-pub mod settings;
-pub mod status;
-pub mod steady;
-pub mod submit;
-pub mod tracker;
-pub mod watch;
+pub mod modes;
 
 #[cfg(test)]
 mod test_support;

@@ -10,13 +10,13 @@ use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::{batch_id, JobEvent, QueueNames};
 use batchfleet_common::status::FailureRecord;
 
-use crate::dead_letters;
 use crate::error::ProducerError;
+use crate::infra::settings::progress_update_timeout;
+use crate::job::dead_letters;
+use crate::job::outcome::threshold_exceeded;
+use crate::job::progress::{overview_text, Progress};
+use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
-use crate::outcome::threshold_exceeded;
-use crate::progress::{overview_text, Progress};
-use crate::settings::progress_update_timeout;
-use crate::tracker::Tracker;
 
 /// Lease on events and dead letters while the producer handles them.
 const HANDLING_LEASE: Duration = Duration::from_secs(60);
@@ -166,7 +166,7 @@ impl Follow<'_> {
 
     /// Record the final statuses in the store that no event reported; returns how many.
     async fn reconcile(&self, tracker: &mut Tracker) -> u64 {
-        let statuses = match crate::status::read_statuses(self.root).await {
+        let statuses = match self.root.read_statuses().await {
             Ok(statuses) => statuses,
             Err(error) => {
                 tracing::warn!(%error, "could not read the job's statuses to reconcile");
@@ -426,8 +426,8 @@ mod tests {
     use batchfleet_common::broker::embedded::EmbeddedBroker;
     use batchfleet_common::status::{BatchState, BatchStatus};
 
-    use crate::plan::PlanSummary;
-    use crate::queues::{declare_job_queue, declare_pool_queues};
+    use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+    use crate::job::plan::PlanSummary;
 
     fn succeeded(index: u64) -> BatchStatus {
         BatchStatus {

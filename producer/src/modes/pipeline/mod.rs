@@ -16,10 +16,10 @@ use bytes::Bytes;
 use batchfleet_common::spec::{ParsedPipeline, PipelineFile, StepKind};
 
 use crate::error::ProducerError;
+use crate::job::lifecycle::{check_entry_script, store_url, JobReport};
 use crate::job_root::{new_job_id, JobRoot};
-use crate::lifecycle::{check_entry_script, store_url, JobReport};
-use crate::run::{run_job, RunOptions};
-use crate::submit::{follow_published, publish_loaded, SubmitOptions};
+use crate::modes::run::{run_job, RunOptions};
+use crate::modes::submit::{follow_published, publish_loaded, SubmitOptions};
 
 /// The file in the pipeline folder that records how the pipeline ended.
 pub const RESULT_FILE: &str = "pipeline_result.txt";

@@ -16,13 +16,13 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_worker::{Worker, WorkerConfig};
 
 use crate::error::ProducerError;
-use crate::follow::FollowEnd;
+use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+use crate::infra::settings::effective_settings;
+use crate::job::follow::FollowEnd;
+use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
+pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
+use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
-use crate::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
-pub use crate::lifecycle::{JobReport, DEFAULT_STORE};
-use crate::queues::{declare_job_queue, declare_pool_queues};
-use crate::settings::effective_settings;
-use crate::tracker::Tracker;
 
 /// How long workers get to finish and call `shutdown()` once the job is over.
 pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);

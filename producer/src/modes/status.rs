@@ -4,19 +4,16 @@
 //! `status/` which of them ended and how, `logs/job_result.txt` whether a producer finished the
 //! job. That is enough to show a detached job's progress from any machine.
 
-use futures::TryStreamExt;
-use object_store::ObjectStoreExt;
 use url::Url;
 
-use batchfleet_common::status::BatchStatus;
-use batchfleet_common::store::{resolve_location, StoreError};
+use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
+use crate::job::lifecycle::store_url;
+use crate::job::plan::PlanSummary;
+use crate::job::tracker::{Counts, Tracker};
 use crate::job_root::JobRoot;
-use crate::lifecycle::store_url;
-use crate::plan::PlanSummary;
-use crate::submit::DETACHED_MARKER;
-use crate::tracker::{Counts, Tracker};
+use crate::modes::submit::DETACHED_MARKER;
 
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,13 +98,13 @@ fn counts_line(counts: &Counts) -> String {
 /// The status of `job`: a job id under `store`, or a job root (path or URL).
 pub async fn job_status(job: &str, store: Option<&str>) -> Result<StatusReport, ProducerError> {
     let root = locate(job, store)?;
-    if !exists(&root, &root.layout.job_json()).await? {
+    if !root.exists(&root.layout.job_json()).await? {
         return Err(ProducerError::Unsupported(format!(
             "no job at {}: it has no job.json (give a job id with --store, or the job root)",
             root.url()
         )));
     }
-    let status = match read_text(&root, &root.layout.job_result()).await? {
+    let status = match root.read_text(&root.layout.job_result()).await? {
         Some(job_result) => {
             let succeeded = job_result.lines().next() == Some("succeeded");
             JobStatus::Finished { job_result, succeeded }
@@ -152,14 +149,14 @@ fn percent_decode(text: &str) -> String {
 }
 
 async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
-    let cancelled = read_text(root, &root.layout.cancel_marker()).await?;
-    let summary = match read_text(root, &root.layout.plan_summary()).await? {
+    let cancelled = root.cancel_reason().await?;
+    let summary = match root.read_text(&root.layout.plan_summary()).await? {
         Some(text) => Some(serde_json::from_str::<PlanSummary>(&text).map_err(|e| {
             ProducerError::internal(format!("{}: {e}", root.layout.plan_summary()))
         })?),
         None => None,
     };
-    let statuses = read_statuses(root).await?;
+    let statuses = root.read_statuses().await?;
     let plan = summary.unwrap_or(PlanSummary {
         batches: statuses.iter().map(|s| s.index + 1).max().unwrap_or(0),
         items: 0,
@@ -171,7 +168,7 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     }
     let counts = tracker.counts();
     if summary.is_some() && tracker.is_complete() {
-        let detached = match read_text(root, &root.layout.relative(DETACHED_MARKER)).await? {
+        let detached = match root.read_text(&root.layout.relative(DETACHED_MARKER)).await? {
             Some(text) => {
                 let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                 let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
@@ -182,46 +179,6 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
         return Ok(JobStatus::Unaggregated { counts, detached });
     }
     Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled })
-}
-
-/// Every final status under `status/`; an unreadable one is an error naming its key.
-pub async fn read_statuses(root: &JobRoot) -> Result<Vec<BatchStatus>, ProducerError> {
-    let prefix = root.layout.status_prefix();
-    let listed: Vec<object_store::ObjectMeta> = root
-        .location
-        .store
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(|e| StoreError::io("list", &prefix, e))?;
-    let mut statuses = Vec::with_capacity(listed.len());
-    for meta in listed {
-        let bytes = root.get(&meta.location).await?;
-        let status: BatchStatus = serde_json::from_slice(&bytes).map_err(|e| {
-            ProducerError::Unsupported(format!("{}: not a batch status: {e}", meta.location))
-        })?;
-        statuses.push(status);
-    }
-    Ok(statuses)
-}
-
-pub async fn exists(root: &JobRoot, key: &object_store::path::Path) -> Result<bool, ProducerError> {
-    match root.location.store.head(key).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(StoreError::io("head", key, e).into()),
-    }
-}
-
-pub async fn read_text(
-    root: &JobRoot,
-    key: &object_store::path::Path,
-) -> Result<Option<String>, ProducerError> {
-    match root.get(key).await {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(error) if error.is_not_found() => Ok(None),
-        Err(error) => Err(error.into()),
-    }
 }
 
 #[cfg(test)]
@@ -240,7 +197,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unaggregated_job_names_the_command_and_says_detached_only_when_it_was() {
-        use batchfleet_common::status::BatchState;
+        use batchfleet_common::status::{BatchState, BatchStatus};
         let dir = tempfile::tempdir().unwrap();
         let store = Url::from_directory_path(dir.path()).unwrap();
         let root = JobRoot::create(&store, "j1").unwrap();

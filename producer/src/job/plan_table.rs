@@ -22,7 +22,7 @@ use batchfleet_common::table::{
 };
 
 use crate::error::ProducerError;
-use crate::plan::PlanWriter;
+use crate::job::plan_writer::PlanWriter;
 
 /// The file an `mltable` input's folder must hold.
 pub const MLTABLE_FILE: &str = "MLTable";

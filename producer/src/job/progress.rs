@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::tracker::Counts;
+use crate::job::tracker::Counts;
 
 /// How often a non-interactive run prints a progress line.
 const LOG_EVERY: Duration = Duration::from_secs(10);

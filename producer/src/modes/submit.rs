@@ -20,13 +20,13 @@ use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
 
 use crate::error::ProducerError;
+use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+use crate::infra::settings::effective_settings;
+use crate::infra::steady::SteadyBroker;
+use crate::job::lifecycle::JobReport;
+use crate::job::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
+use crate::job::plan::PlanSummary;
 use crate::job_root::JobRoot;
-use crate::lifecycle::JobReport;
-use crate::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
-use crate::plan::PlanSummary;
-use crate::queues::{declare_job_queue, declare_pool_queues};
-use crate::settings::effective_settings;
-use crate::steady::SteadyBroker;
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;

@@ -5,7 +5,7 @@
 
 use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
 
-use crate::plan::PlanSummary;
+use crate::job::plan::PlanSummary;
 
 /// The final state of one batch, as far as counting needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,15 +26,15 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
+use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+use crate::job::lifecycle::{self, finish, stop_the_rest, JobReport};
+use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
-use crate::lifecycle::{self, finish, stop_the_rest, JobReport};
-use crate::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
-use crate::queues::{declare_job_queue, declare_pool_queues};
-use crate::run::{
+use crate::modes::run::{
     fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
-use crate::status::{exists, locate, read_statuses, read_text};
-use crate::submit::{producer_broker, remove_events_queue};
+use crate::modes::status::locate;
+use crate::modes::submit::{producer_broker, remove_events_queue};
 
 /// Options of `batchfleet resume`.
 #[derive(Debug, Clone)]
@@ -55,7 +55,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let root = locate(&options.job, options.store.as_deref())?;
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
-    let mut statuses = read_statuses(&root).await?;
+    let mut statuses = root.read_statuses().await?;
     if options.failed_only {
         statuses = forget_unsuccessful(&root, statuses).await?;
     }
@@ -123,7 +123,7 @@ async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
 
 /// `resume` finishes an unfinished job; `--failed-only` re-runs part of a finished one.
 async fn check_state(root: &JobRoot, failed_only: bool) -> Result<(), ProducerError> {
-    let finished = read_text(root, &root.layout.job_result()).await?;
+    let finished = root.read_text(&root.layout.job_result()).await?;
     match (finished, failed_only) {
         (Some(result), false) => Err(ProducerError::Unsupported(format!(
             "job {} already finished ({}); `batchfleet resume --failed-only` re-runs the \
@@ -164,12 +164,12 @@ async fn republish(
     queues: &QueueNames,
     ended: &HashSet<u64>,
 ) -> Result<PlanSummary, ProducerError> {
-    if !exists(root, &root.layout.plan_summary()).await? {
+    if !root.exists(&root.layout.plan_summary()).await? {
         eprintln!("the plan was not complete: planning again");
         let target = PlanTarget { root, broker, queue: &queues.work, skip: Some(ended) };
         return plan_and_publish(job, &target).await;
     }
-    let summary_text = read_text(root, &root.layout.plan_summary()).await?.unwrap_or_default();
+    let summary_text = root.read_text(&root.layout.plan_summary()).await?.unwrap_or_default();
     let summary: PlanSummary = serde_json::from_str(&summary_text)
         .map_err(|e| ProducerError::internal(format!("{}: {e}", root.layout.plan_summary())))?;
     let mut payloads = Vec::new();

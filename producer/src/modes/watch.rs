@@ -34,10 +34,10 @@ use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
-use crate::lifecycle::JobReport;
-use crate::resume::{resume, ResumeOptions};
-use crate::status::{job_status, JobStatus};
-use crate::submit::{
+use crate::job::lifecycle::JobReport;
+use crate::modes::resume::{resume, ResumeOptions};
+use crate::modes::status::{job_status, JobStatus};
+use crate::modes::submit::{
     follow_published, producer_broker, publish_job, remove_events_queue, SubmitOptions,
 };
 
@@ -384,8 +384,7 @@ async fn submitted(
         // Another watcher took the manifest over while this one was publishing: its job is the
         // manifest's. Workers settle this job's messages without running them.
         let reason = format!("the manifest {manifest} was taken over by another watcher");
-        let marker = published.root.layout.cancel_marker();
-        if let Err(error) = published.root.put(&marker, Bytes::from(reason.clone())).await {
+        if let Err(error) = published.root.cancel(&reason).await {
             tracing::warn!(%error, "could not cancel the job this watcher published");
         }
         remove_events_queue(published.broker.as_ref(), &published.root.job_id).await;
@@ -475,8 +474,8 @@ fn invalid(error: String) -> ManifestResult {
 
 fn from_report(report: JobReport) -> ManifestResult {
     let (status, first_error) = match &report.verdict {
-        crate::outcome::Verdict::Succeeded => ("succeeded", None),
-        crate::outcome::Verdict::Failed(reason) => ("failed", Some(reason.clone())),
+        crate::job::outcome::Verdict::Succeeded => ("succeeded", None),
+        crate::job::outcome::Verdict::Failed(reason) => ("failed", Some(reason.clone())),
     };
     ManifestResult {
         manifest: String::new(),

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::batch_id;
 
-use crate::aggregate::Aggregated;
+use crate::job::aggregate::Aggregated;
+use crate::job::tracker::{Counts, Tracker};
 use crate::job_root::JobRoot;
-use crate::tracker::{Counts, Tracker};
 
 /// The verdict of a job.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,8 +16,8 @@ use batchfleet_common::message::batch_id;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
-use crate::tracker::Tracker;
 
 /// File name used inside an output folder, as Azure names it.
 pub const OUTPUT_FILE_NAME: &str = "parallel_run_step.txt";
@@ -137,7 +137,7 @@ async fn fetch_part(root: &JobRoot, key: &object_store::path::Path) -> Result<Pa
     if let Some(part) = read_small_local_part(root, key) {
         return Ok(Part::Small(part));
     }
-    let got = root.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+    let got = root.store().get(key).await.map_err(|e| StoreError::io("get", key, e))?;
     if got.meta.size > SMALL_PART {
         return Ok(Part::Large(got));
     }
@@ -149,7 +149,7 @@ async fn fetch_part(root: &JobRoot, key: &object_store::path::Path) -> Result<Pa
 /// it, and reports what went wrong): not local, larger than [`SMALL_PART`], or unreadable.
 fn read_small_local_part(root: &JobRoot, key: &object_store::path::Path) -> Option<Bytes> {
     use std::io::Read;
-    let path = store::local_file(&root.location.url, key)?;
+    let path = root.local_file(key)?;
     let mut file = std::fs::File::open(path).ok()?;
     let size = file.metadata().ok()?.len();
     if size > SMALL_PART {

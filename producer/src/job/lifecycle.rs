@@ -16,14 +16,14 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec;
 use batchfleet_common::store::resolve_location;
 
-use crate::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::error::ProducerError;
-use crate::follow::{Follow, FollowEnd, RECONCILE_AFTER};
+use crate::job::aggregate::{aggregate, output_location, partial_location, Aggregated};
+use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
+use crate::job::outcome::{job_result_text, verdict, Verdict};
+use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
+use crate::job::progress::Progress;
+use crate::job::tracker::Tracker;
 use crate::job_root::{new_job_id, JobRoot};
-use crate::outcome::{job_result_text, verdict, Verdict};
-use crate::plan::{plan_and_publish, PlanSummary, PlanTarget};
-use crate::progress::Progress;
-use crate::tracker::Tracker;
 
 /// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
 pub const DEFAULT_STORE: &str = "batchfleet-jobs";
@@ -233,7 +233,7 @@ pub async fn stop_the_rest(
     end: &FollowEnd,
 ) -> Result<(), ProducerError> {
     let reason = end.failure().unwrap_or("stopped").to_string();
-    root.put(&root.layout.cancel_marker(), Bytes::from(reason)).await?;
+    root.cancel(&reason).await?;
     tracker.cancel_unfinished();
     Ok(())
 }

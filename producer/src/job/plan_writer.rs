@@ -1,0 +1,181 @@
+//! The plan writer: numbers the planned batches, records them under `plan/` a chunk at a time
+//! (claim-checking items too large for a message) and publishes each chunk once it is recorded.
+//! Both planners ([`crate::job::plan`] for file lists, [`crate::job::plan_table`] for tables and
+//! partitions) feed it.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
+use batchfleet_common::table::{TableBatch, TableFormat};
+
+use crate::error::ProducerError;
+use crate::job_root::JobRoot;
+
+/// Batches per plan chunk (one `plan/batches-*.jsonl` object, published in one go).
+const BATCHES_PER_CHUNK: usize = 1000;
+/// Batches in the first chunk: small, so that workers start their runtimes (and `init()`)
+/// while the rest of the input is still being listed and planned.
+const FIRST_CHUNK_BATCHES: usize = 32;
+/// Messages per `publish` call: the broker pipelines its confirms within one call (RabbitMQ),
+/// so one call per chunk waits for one round of confirms instead of one per group.
+const PUBLISH_GROUP: usize = BATCHES_PER_CHUNK;
+
+/// What planning produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlanSummary {
+    pub batches: u64,
+    pub items: u64,
+    /// A tabular plan: `items` counts pieces (ranges, files), since rows are known only once
+    /// read; the tracker counts each ended batch's rows instead.
+    #[serde(default)]
+    pub tabular: bool,
+}
+
+/// Where the planner sends the batches.
+pub struct PlanTarget<'a> {
+    pub root: &'a JobRoot,
+    pub broker: &'a dyn Broker,
+    pub queue: &'a str,
+    /// Batches that already ended (a resumed job): planned and recorded, not published again.
+    pub skip: Option<&'a HashSet<u64>>,
+}
+
+/// Numbers the planned batches, writes them to `plan/` a chunk at a time and publishes each
+/// chunk once it is recorded. Memory stays bounded by one chunk.
+pub(crate) struct PlanWriter<'a> {
+    target: &'a PlanTarget<'a>,
+    chunk: Vec<MiniBatchMessage>,
+    chunk_no: u64,
+    summary: PlanSummary,
+}
+
+impl<'a> PlanWriter<'a> {
+    pub(crate) fn new(target: &'a PlanTarget<'a>) -> Self {
+        PlanWriter {
+            target,
+            chunk: Vec::new(),
+            chunk_no: 0,
+            summary: PlanSummary { batches: 0, items: 0, tabular: false },
+        }
+    }
+
+    /// The next batch: a list of files relative to the input.
+    pub(crate) async fn push_files(&mut self, items: Vec<String>) -> Result<(), ProducerError> {
+        self.summary.items += items.len() as u64;
+        let message = self.message(items, None);
+        self.push(message).await
+    }
+
+    /// The next batch: a tabular batch (items are its pieces until its rows are read).
+    pub(crate) async fn push_table(&mut self, table: TableBatch) -> Result<(), ProducerError> {
+        self.summary.items += table.pieces.len() as u64;
+        self.summary.tabular |= table.read.format != TableFormat::FileList;
+        let message = self.message(Vec::new(), Some(table));
+        self.push(message).await
+    }
+
+    fn message(&self, items: Vec<String>, table: Option<TableBatch>) -> MiniBatchMessage {
+        let index = self.summary.batches;
+        MiniBatchMessage {
+            job_id: self.target.root.job_id.clone(),
+            job_root: self.target.root.url(),
+            batch_id: batch_id(index),
+            index,
+            items,
+            items_ref: None,
+            table,
+        }
+    }
+
+    async fn push(&mut self, message: MiniBatchMessage) -> Result<(), ProducerError> {
+        self.summary.batches += 1;
+        self.chunk.push(message);
+        let limit = if self.chunk_no == 0 { FIRST_CHUNK_BATCHES } else { BATCHES_PER_CHUNK };
+        if self.chunk.len() >= limit {
+            flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
+            self.chunk_no += 1;
+        }
+        Ok(())
+    }
+
+    /// Flush the last chunk and record the plan's summary.
+    pub(crate) async fn finish(mut self, job: &ResolvedJob) -> Result<PlanSummary, ProducerError> {
+        if self.summary.batches == 0 {
+            return Err(ProducerError::EmptyInput {
+                input: job.input.name.clone(),
+                url: job.input.url.clone(),
+            });
+        }
+        flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
+        let summary = self.summary;
+        let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
+        self.target
+            .root
+            .put(&self.target.root.layout.plan_summary(), Bytes::from(summary_json))
+            .await?;
+        Ok(summary)
+    }
+}
+
+/// The message as published: with its items inline, or claim-checked when they would make it
+/// larger than `CLAIM_CHECK_BYTES` (the items go to `plan/items/<batch id>.json` first).
+async fn encode(
+    target: &PlanTarget<'_>,
+    msg: &mut MiniBatchMessage,
+) -> Result<Vec<u8>, ProducerError> {
+    let json = serde_json::to_vec(msg).map_err(ProducerError::internal)?;
+    if json.len() <= CLAIM_CHECK_BYTES {
+        return Ok(json);
+    }
+    let count = msg.item_count();
+    let (stored, table) = match msg.table.take() {
+        Some(table) => (serde_json::to_vec(&table).map_err(ProducerError::internal)?, true),
+        None => (serde_json::to_vec(&msg.items).map_err(ProducerError::internal)?, false),
+    };
+    let rel = target.root.write_claimed_items(&msg.batch_id, Bytes::from(stored)).await?;
+    msg.items_ref = Some(ItemsRef { key: rel, count, table });
+    msg.items = Vec::new();
+    serde_json::to_vec(msg).map_err(ProducerError::internal)
+}
+
+async fn flush_chunk(
+    target: &PlanTarget<'_>,
+    chunk_no: u64,
+    chunk: &mut Vec<MiniBatchMessage>,
+) -> Result<(), ProducerError> {
+    if chunk.is_empty() {
+        return Ok(());
+    }
+    let mut lines = Vec::new();
+    let mut payloads = Vec::with_capacity(chunk.len());
+    for msg in chunk.iter_mut() {
+        let json = encode(target, msg).await?;
+        lines.extend_from_slice(&json);
+        lines.push(b'\n');
+        payloads.push(Bytes::from(json));
+    }
+    target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
+    let ended = |msg: &MiniBatchMessage| target.skip.is_some_and(|skip| skip.contains(&msg.index));
+    let payloads: Vec<Bytes> =
+        chunk.iter().zip(payloads).filter(|(msg, _)| !ended(msg)).map(|(_, p)| p).collect();
+    publish(target.broker, target.queue, payloads).await?;
+    tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
+    chunk.clear();
+    Ok(())
+}
+
+/// Publish payloads in groups of `PUBLISH_GROUP`.
+pub async fn publish(
+    broker: &dyn Broker,
+    queue: &str,
+    payloads: Vec<Bytes>,
+) -> Result<(), ProducerError> {
+    for group in payloads.chunks(PUBLISH_GROUP) {
+        broker.publish(queue, group.to_vec()).await?;
+    }
+    Ok(())
+}

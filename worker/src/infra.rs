@@ -6,15 +6,20 @@
 use std::future::Future;
 
 use batchfleet_common::broker::BrokerError;
+use batchfleet_common::job_root::JobRootError;
 use batchfleet_common::retry::{retry, ClassifiedError, RetryPolicy};
 use batchfleet_common::store::StoreError;
 use batchfleet_common::{ErrorKind, Retry};
 
-/// A store, broker or local-disk failure.
+/// A store, job-root, broker or local-disk failure.
 #[derive(Debug, thiserror::Error)]
 pub enum InfraError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Reading or writing the job root; a corrupt record there is permanent (retrying reads
+    /// the same bytes).
+    #[error(transparent)]
+    JobRoot(#[from] JobRootError),
     #[error(transparent)]
     Broker(#[from] BrokerError),
     #[error("{what}: {source}")]
@@ -33,6 +38,7 @@ impl InfraError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             InfraError::Store(e) => e.kind(),
+            InfraError::JobRoot(e) => e.kind(),
             InfraError::Broker(e) => e.kind(),
             InfraError::Io { .. } => ErrorKind::Infra,
         }
@@ -41,8 +47,18 @@ impl InfraError {
     pub fn retry(&self) -> Retry {
         match self {
             InfraError::Store(e) => e.retry(),
+            InfraError::JobRoot(e) => e.retry(),
             InfraError::Broker(e) => e.retry(),
             InfraError::Io { .. } => Retry::Transient,
+        }
+    }
+
+    /// The key was not there.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            InfraError::Store(e) => e.is_not_found(),
+            InfraError::JobRoot(e) => e.is_not_found(),
+            _ => false,
         }
     }
 }

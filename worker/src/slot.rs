@@ -21,7 +21,7 @@ use crate::infra::{retrying, InfraError};
 use crate::jobs::{JobLoadError, LoadedJob};
 use crate::materialize::materialize;
 use crate::mounts;
-use crate::output::{self, StatusWrite};
+use crate::output;
 use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
 use crate::runtime::TABULAR_ENV;
 use crate::runtime::{
@@ -31,6 +31,7 @@ use crate::runtime::{
 use crate::table_input::{self, TableReaders};
 use crate::worker::Shared;
 use crate::{WorkerError, WorkerSummary};
+use batchfleet_common::job_root::StatusWrite;
 use batchfleet_common::table::TableFormat;
 
 /// How long a receive waits for a message, so that a shutdown is noticed quickly.
@@ -725,9 +726,7 @@ impl Slot {
         self.ended_checked = Some(Instant::now());
         let job = Arc::clone(&active.job);
         let ended = job.is_cancelled().await
-            || object_store::ObjectStoreExt::head(&job.root.store, &job.layout.job_result())
-                .await
-                .is_ok();
+            || job.root.exists(&job.root.layout.job_result()).await.unwrap_or(false);
         if ended {
             tracing::info!(job_id = %job.job_id, "the job ended; stopping its runtime");
             self.stop_runtime().await;

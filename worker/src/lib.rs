@@ -11,6 +11,7 @@
 //! local paths), `output` (result parts, statuses, failure records, events, user logs),
 //! `heartbeat` (lease extension), `infra` (retries for store and broker calls).
 
+mod events;
 mod heartbeat;
 mod infra;
 mod jobs;
@@ -21,6 +22,7 @@ mod output_folder;
 pub mod runtime;
 mod slot;
 mod table_input;
+mod user_logs;
 mod worker;
 
 pub use infra::InfraError;

@@ -30,6 +30,7 @@ use crate::runtime::{
 };
 use crate::table_input::{self, TableReaders};
 use crate::worker::Shared;
+use crate::{events, user_logs};
 use crate::{WorkerError, WorkerSummary};
 use batchfleet_common::job_root::StatusWrite;
 use batchfleet_common::table::TableFormat;
@@ -492,7 +493,7 @@ impl Slot {
                     let worker_id = &self.shared.config.worker_id;
                     let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
                     drop(active.process);
-                    output::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+                    user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
                     self.log_uploaded(&job).await;
                 }
                 Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
@@ -512,7 +513,7 @@ impl Slot {
             match output::write_part_and_status(job, part, output, status).await? {
                 StatusWrite::Won => {
                     // Coalesced and published in the background: the status is in the store,
-                    // so the ack need not wait for the event (see `output::BatchEvents`).
+                    // so the ack need not wait for the event (see `events::BatchEvents`).
                     self.shared.events.batch_ended(&job.job_id, status.clone());
                     Ok(())
                 }
@@ -615,7 +616,7 @@ impl Slot {
 
     /// Events about runtimes help the producer but must not fail a batch.
     async fn publish_best_effort(&self, job: &LoadedJob, event: &JobEvent) {
-        if let Err(error) = output::publish(self.shared.broker.as_ref(), job, event).await {
+        if let Err(error) = events::publish(self.shared.broker.as_ref(), job, event).await {
             tracing::warn!(%error, "could not tell the producer about the runtime");
         }
     }
@@ -678,7 +679,7 @@ impl Slot {
                     let _ = tokio::fs::remove_file(&log_path).await;
                 } else {
                     let worker_id = &self.shared.config.worker_id;
-                    output::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                    user_logs::upload_user_log(job, worker_id, &log_path, &log_name).await;
                     self.logged_start_error = error.is_deterministic().then_some(seen);
                 }
                 Err(error)
@@ -701,7 +702,8 @@ impl Slot {
                 "uploading the output folders' files after shutdown() failed");
         }
         let worker_id = &self.shared.config.worker_id;
-        output::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name).await;
+        user_logs::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name)
+            .await;
         self.log_uploaded(&active.job).await;
     }
 

@@ -13,8 +13,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::events::BatchEvents;
 use crate::jobs::JobCache;
-use crate::output::BatchEvents;
 use crate::runtime::install_driver;
 use crate::slot::Slot;
 

@@ -20,10 +20,12 @@ mod mounts;
 mod output;
 mod output_folder;
 pub mod runtime;
+mod shared;
 mod slot;
 mod table_input;
 mod user_logs;
 mod worker;
 
 pub use infra::InfraError;
-pub use worker::{Worker, WorkerConfig, WorkerError, WorkerSummary, DEFAULT_LEASE};
+pub use shared::{WorkerConfig, WorkerError, WorkerSummary};
+pub use worker::{Worker, DEFAULT_LEASE};

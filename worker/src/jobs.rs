@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 
 use crate::infra::{retrying, InfraError};
 use crate::materialize::InputBase;
-use crate::mounts::JobMounts;
+use crate::mounts::{JobMounts, MountedJob};
 
 /// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
 /// job per interval, however many batches run.
@@ -42,6 +42,11 @@ pub(crate) struct LoadedJob {
 }
 
 impl LoadedJob {
+    /// What binding the job's inputs for a runtime needs.
+    pub fn mounted(&self) -> MountedJob<'_> {
+        MountedJob { job: &self.job, job_id: &self.job_id, mounts: &self.mounts }
+    }
+
     pub fn run_timeout(&self) -> Duration {
         Duration::from_secs(self.job.retry.timeout_secs)
     }

@@ -128,10 +128,10 @@ impl Slot {
             what: "data bindings",
             source: std::io::Error::other(message),
         };
-        let outputs = RuntimeOutputs::for_job(job, &self.dir.join("outputs"))
+        let outputs = RuntimeOutputs::new(&job.job, &job.job_root, &self.dir.join("outputs"))
             .map_err(|e| bindings_failed(e.to_string()))?;
         let worker_dir = self.dir.parent().unwrap_or(&self.dir);
-        let script_args = mounts::script_args(job, &outputs, worker_dir)
+        let script_args = mounts::script_args(&job.mounted(), &outputs, worker_dir)
             .await
             .map_err(|e| bindings_failed(e.to_string()))?;
         let mut env = job.job.environment_variables.clone();

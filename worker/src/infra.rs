@@ -81,3 +81,21 @@ where
 {
     retry(&RetryPolicy::BATCH_INFRA, operation, op).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_corrupt_job_root_record_is_permanent_and_a_lost_connection_is_not() {
+        let source = serde_json::from_slice::<serde_json::Value>(b"{").unwrap_err();
+        let corrupt = InfraError::from(JobRootError::Corrupt {
+            key: "j/status/00000001.json".into(),
+            what: "batch status",
+            source,
+        });
+        assert_eq!(corrupt.retry(), Retry::Permanent);
+        let dropped = InfraError::io("reading", std::io::Error::other("connection reset"));
+        assert_eq!(dropped.retry(), Retry::Transient);
+    }
+}

@@ -7,16 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::layout::JobLayout;
+use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::message::MiniBatchMessage;
-use batchfleet_common::store::{self, StoreLocation};
+use batchfleet_common::store;
 use batchfleet_common::Retry;
-use object_store::ObjectStoreExt;
 use tokio::sync::Mutex;
 
 use crate::infra::{retrying, InfraError};
 use crate::materialize::InputBase;
-use crate::mounts::JobMounts;
+use crate::mounts::{JobMounts, MountedJob};
 
 /// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
 /// job per interval, however many batches run.
@@ -28,8 +27,8 @@ pub(crate) struct LoadedJob {
     /// The job root URL as messages spell it.
     pub job_root: String,
     pub job: ResolvedJob,
-    pub root: StoreLocation,
-    pub layout: JobLayout,
+    /// Where the job's results, statuses, failures and logs go (`common::job_root`).
+    pub root: JobRoot,
     pub code_dir: PathBuf,
     /// The downloaded copy of code kept in an object store; removed with the job.
     _code_download: Option<tempfile::TempDir>,
@@ -40,11 +39,14 @@ pub(crate) struct LoadedJob {
     cancelled: AtomicBool,
     /// When the cancel marker was last looked for.
     cancel_checked: std::sync::Mutex<Option<Instant>>,
-    /// The local job root's `results/` folder exists (see `output::local_part_file`).
-    pub local_results_ready: AtomicBool,
 }
 
 impl LoadedJob {
+    /// What binding the job's inputs for a runtime needs.
+    pub fn mounted(&self) -> MountedJob<'_> {
+        MountedJob { job: &self.job, job_id: &self.job_id, mounts: &self.mounts }
+    }
+
     pub fn run_timeout(&self) -> Duration {
         Duration::from_secs(self.job.retry.timeout_secs)
     }
@@ -66,14 +68,13 @@ impl LoadedJob {
             }
             *checked = Some(Instant::now());
         }
-        let marker = self.layout.cancel_marker();
-        match self.root.store.head(&marker).await {
-            Ok(_) => {
+        match self.root.is_cancelled().await {
+            Ok(true) => {
                 self.cancelled.store(true, Ordering::Relaxed);
                 tracing::info!(job_id = %self.job_id, "job cancelled by its producer");
                 true
             }
-            Err(object_store::Error::NotFound { .. }) => false,
+            Ok(false) => false,
             Err(error) => {
                 tracing::debug!(job_id = %self.job_id, %error, "looking for the cancel marker failed");
                 false
@@ -120,24 +121,19 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
     let root_url = &message.job_root;
     let unusable =
         |reason: String| JobLoadError::Unusable(format!("job root `{root_url}`: {reason}"));
-    let root = store::open_str(root_url).map_err(|e| unusable(e.to_string()))?;
-    let layout = JobLayout::new(root.prefix.clone());
-    let key = layout.job_json();
-    let bytes = retrying("read job.json", || async {
-        let got = root.store.get(&key).await.map_err(|e| store::StoreError::io("get", &key, e))?;
-        got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
-    })
-    .await;
-    let bytes = match bytes {
-        Ok(bytes) => bytes,
-        Err(InfraError::Store(e)) if e.is_not_found() => {
+    let root = JobRoot::open(root_url).map_err(|e| unusable(e.to_string()))?;
+    let read = retrying("read job.json", || async { Ok(root.read_job().await?) }).await;
+    let job = match read {
+        Ok(job) => job,
+        Err(e) if e.is_not_found() => {
             return Err(unusable("it has no job.json (was the job's root deleted?)".into()))
+        }
+        Err(InfraError::JobRoot(JobRootError::Corrupt { source, .. })) => {
+            return Err(unusable(format!("its job.json is not a valid resolved job: {source}")))
         }
         Err(e) if e.retry() == Retry::Permanent => return Err(unusable(e.to_string())),
         Err(e) => return Err(JobLoadError::Infra(e)),
     };
-    let job: ResolvedJob = serde_json::from_slice(&bytes)
-        .map_err(|e| unusable(format!("its job.json is not a valid resolved job: {e}")))?;
     let (code_dir, code_download) = code_dir(&job.task.code).await?;
     let input = InputBase::for_input(&job.input).map_err(unusable)?;
     let mounts = JobMounts::new(&job.inputs);
@@ -146,14 +142,12 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
         job_root: message.job_root.clone(),
         job,
         root,
-        layout,
         code_dir,
         _code_download: code_download,
         input,
         mounts,
         cancelled: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
-        local_results_ready: AtomicBool::new(false),
     })
 }
 

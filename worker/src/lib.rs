@@ -11,6 +11,7 @@
 //! local paths), `output` (result parts, statuses, failure records, events, user logs),
 //! `heartbeat` (lease extension), `infra` (retries for store and broker calls).
 
+mod events;
 mod heartbeat;
 mod infra;
 mod jobs;
@@ -19,9 +20,12 @@ mod mounts;
 mod output;
 mod output_folder;
 pub mod runtime;
+mod shared;
 mod slot;
 mod table_input;
+mod user_logs;
 mod worker;
 
 pub use infra::InfraError;
-pub use worker::{Worker, WorkerConfig, WorkerError, WorkerSummary, DEFAULT_LEASE};
+pub use shared::{WorkerConfig, WorkerError, WorkerSummary};
+pub use worker::{Worker, DEFAULT_LEASE};

@@ -14,13 +14,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use batchfleet_common::job::{ArgPiece, InputKind, InputMode, InputSpec, InputValue, ScriptArg};
+use batchfleet_common::job::{
+    ArgPiece, InputKind, InputMode, InputSpec, InputValue, ResolvedJob, ScriptArg,
+};
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 use tokio::sync::OnceCell;
 use url::Url;
 
 use crate::infra::InfraError;
-use crate::jobs::LoadedJob;
 use crate::output_folder::RuntimeOutputs;
 
 /// Why a binding could not be given to the script.
@@ -59,10 +60,18 @@ impl JobMounts {
     }
 }
 
+/// What binding a job's inputs needs of it (`LoadedJob::mounted`): its spec, its id and the
+/// downloads its runtimes on this worker share.
+pub(crate) struct MountedJob<'a> {
+    pub job: &'a ResolvedJob,
+    pub job_id: &'a str,
+    pub mounts: &'a JobMounts,
+}
+
 /// The entry script's arguments with every binding resolved: inputs here, outputs to the
 /// runtime's `outputs`. `worker_dir` is the worker's scratch folder.
 pub(crate) async fn script_args(
-    job: &LoadedJob,
+    job: &MountedJob<'_>,
     outputs: &RuntimeOutputs,
     worker_dir: &Path,
 ) -> Result<Vec<String>, MountError> {
@@ -91,7 +100,11 @@ pub(crate) async fn script_args(
 }
 
 /// What `${{inputs.NAME}}` becomes for the script.
-async fn input_value(job: &LoadedJob, name: &str, worker_dir: &Path) -> Result<String, MountError> {
+async fn input_value(
+    job: &MountedJob<'_>,
+    name: &str,
+    worker_dir: &Path,
+) -> Result<String, MountError> {
     let undeclared =
         || MountError::Undeclared { binding: format!("${{{{inputs.{name}}}}}"), what: "input" };
     let spec = match job.job.inputs.get(name) {
@@ -125,7 +138,7 @@ async fn input_value(job: &LoadedJob, name: &str, worker_dir: &Path) -> Result<S
 
 /// Download `spec` whole into the job's folder under `worker_dir`.
 async fn download(
-    job: &LoadedJob,
+    job: &MountedJob<'_>,
     spec: &InputSpec,
     url: &Url,
     worker_dir: &Path,
@@ -138,7 +151,7 @@ async fn download(
             std::fs::create_dir_all(&jobs)
                 .map_err(|e| InfraError::io(format!("creating {}", jobs.display()), e))?;
             tempfile::Builder::new()
-                .prefix(&format!("job-{}-", safe_name(&job.job_id)))
+                .prefix(&format!("job-{}-", safe_name(job.job_id)))
                 .tempdir_in(&jobs)
                 .map_err(|e| {
                     InfraError::io(format!("creating a job folder in {}", jobs.display()), e)

@@ -20,7 +20,6 @@ use batchfleet_common::job::{OutputSpec, ResolvedJob};
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::infra::{retrying, InfraError};
-use crate::jobs::LoadedJob;
 
 /// The variable the entry script reads its output folder from.
 pub(crate) const OUTPUT_PATH_ENV: &str = "AZUREML_BI_OUTPUT_PATH";
@@ -45,13 +44,9 @@ pub(crate) struct RuntimeOutputs {
 }
 
 impl RuntimeOutputs {
-    /// The outputs of `job` for one runtime, created (locally, or as staging folders under
-    /// `staging`) before the runtime starts.
-    pub fn for_job(job: &LoadedJob, staging: &Path) -> Result<RuntimeOutputs, InfraError> {
-        RuntimeOutputs::new(&job.job, &job.job_root, staging)
-    }
-
-    fn new(
+    /// The outputs of `job` (rooted at `job_root`) for one runtime, created (locally, or as
+    /// staging folders under `staging`) before the runtime starts.
+    pub fn new(
         job: &ResolvedJob,
         job_root: &str,
         staging: &Path,

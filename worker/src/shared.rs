@@ -1,0 +1,149 @@
+//! What a worker and its slots share: the worker's configuration, its summary and errors, and
+//! the state every slot reads (`Shared`). Its own module so that `worker` (which starts slots)
+//! and `slot` (which reads this) do not import each other.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use batchfleet_common::broker::Broker;
+use batchfleet_common::message::QueueNames;
+use batchfleet_common::{ErrorKind, Retry};
+use tokio_util::sync::CancellationToken;
+
+use crate::events::BatchEvents;
+use crate::jobs::JobCache;
+
+/// How a worker runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Names this worker in statuses, failure records and user-log folders.
+    pub worker_id: String,
+    /// Mini-batches processed at once, each in its own runtime process.
+    pub concurrency: usize,
+    pub queues: QueueNames,
+    /// The Python interpreter entry scripts run with.
+    pub python: PathBuf,
+    /// Local folder for the driver, runtime working folders, downloads and logs; the worker
+    /// uses `<scratch_dir>/<worker_id>/`.
+    pub scratch_dir: PathBuf,
+    /// Stop after this long without any message received while no slot is busy.
+    pub idle_exit: Option<Duration>,
+}
+
+/// What a worker did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerSummary {
+    pub batches_succeeded: u64,
+    /// Attempts that failed (each one has a failure record).
+    pub batches_failed_attempts: u64,
+    /// Batches this worker dead-lettered after their last attempt failed.
+    pub batches_dead_lettered: u64,
+    /// Messages dead-lettered because they could not be processed at all.
+    pub invalid_messages: u64,
+    pub runtimes_started: u64,
+    pub runtime_start_failures: u64,
+    /// Slots dropped with a batch in hand when the drain grace ran out (their batches go back
+    /// to the queue).
+    pub batches_abandoned: u64,
+}
+
+impl WorkerSummary {
+    pub(crate) fn add(&mut self, other: &WorkerSummary) {
+        self.batches_succeeded += other.batches_succeeded;
+        self.batches_failed_attempts += other.batches_failed_attempts;
+        self.batches_dead_lettered += other.batches_dead_lettered;
+        self.invalid_messages += other.invalid_messages;
+        self.runtimes_started += other.runtimes_started;
+        self.runtime_start_failures += other.runtime_start_failures;
+        self.batches_abandoned += other.batches_abandoned;
+    }
+}
+
+/// Why a worker could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
+    #[error("preparing the scratch folder `{}` failed: {source}", path.display())]
+    Scratch {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("slot {slot} stopped unexpectedly: {message}")]
+    SlotFailed { slot: usize, message: String },
+}
+
+impl WorkerError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            WorkerError::Config(_) => ErrorKind::Config,
+            WorkerError::Scratch { .. } | WorkerError::SlotFailed { .. } => ErrorKind::Infra,
+        }
+    }
+
+    pub fn retry(&self) -> Retry {
+        match self {
+            WorkerError::Config(_) => Retry::Permanent,
+            WorkerError::Scratch { .. } | WorkerError::SlotFailed { .. } => Retry::Transient,
+        }
+    }
+}
+
+/// Whether any slot is busy, and since when nothing happened (for `idle_exit`).
+pub(crate) struct Activity {
+    busy: AtomicUsize,
+    last: Mutex<Instant>,
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Activity { busy: AtomicUsize::new(0), last: Mutex::new(Instant::now()) }
+    }
+
+    fn touch(&self) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Instant::now();
+        }
+    }
+
+    pub(crate) fn begin(&self) {
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+    }
+
+    pub(crate) fn end(&self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        self.touch();
+    }
+
+    /// Zero while a slot is busy; otherwise the time since the last batch began or ended.
+    pub(crate) fn idle_for(&self) -> Duration {
+        if self.busy.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
+        self.last.lock().map(|last| last.elapsed()).unwrap_or(Duration::ZERO)
+    }
+}
+
+/// What every slot of a worker shares.
+pub(crate) struct Shared {
+    pub broker: Arc<dyn Broker>,
+    pub config: WorkerConfig,
+    pub driver: PathBuf,
+    pub jobs: JobCache,
+    pub activity: Activity,
+    /// Cancelled when a draining worker's grace period is over: a slot still running a batch
+    /// then abandons it (kills its runtime, gives the message back at once) instead of
+    /// finishing it.
+    pub hard_stop: CancellationToken,
+    /// The lease deliveries are held under (heartbeat every third of it).
+    pub lease: Duration,
+    /// Batch events on their way to the jobs' producers (coalesced).
+    pub events: BatchEvents,
+    /// Tells this process's result parts from those of an earlier process with the same
+    /// worker id (see `Slot::part_name`).
+    pub instance: String,
+}

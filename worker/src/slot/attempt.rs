@@ -1,0 +1,336 @@
+//! One attempt at a batch: load its items, run them in the slot's runtime, store the result
+//! part and the status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use batchfleet_common::job_root::StatusWrite;
+use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind};
+use batchfleet_common::table::TableFormat;
+use tokio_util::sync::CancellationToken;
+
+use crate::infra::InfraError;
+use crate::jobs::LoadedJob;
+use crate::materialize::materialize;
+use crate::output;
+use crate::runtime::{
+    MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeError, UserFailure,
+    UserFailureKind,
+};
+use crate::shared::Shared;
+use crate::table_input;
+use crate::user_logs;
+
+use super::Slot;
+
+/// Why an attempt at a batch failed; becomes its `FailureRecord`.
+#[derive(Debug)]
+pub(super) struct AttemptFailure {
+    pub(super) kind: FailureKind,
+    pub(super) message: String,
+    pub(super) detail: Option<String>,
+}
+
+impl AttemptFailure {
+    pub(super) fn infra(what: &str, error: impl std::fmt::Display) -> Self {
+        AttemptFailure {
+            kind: FailureKind::Infra,
+            message: format!("{what}: {error}"),
+            detail: None,
+        }
+    }
+
+    fn user(failure: UserFailure) -> Self {
+        let during = match failure.kind {
+            UserFailureKind::InputError => "reading the mini-batch failed",
+            _ => "run() failed",
+        };
+        AttemptFailure {
+            kind: FailureKind::UserError,
+            message: format!("{during}: {failure}"),
+            detail: failure.traceback,
+        }
+    }
+
+    /// A runtime that could not be started, or died under a batch.
+    pub(super) fn runtime(error: RuntimeError, during: &str, limit_name: &str) -> Self {
+        match error {
+            RuntimeError::InitFailed(failure) => AttemptFailure {
+                kind: FailureKind::UserError,
+                message: format!("init() failed: {failure}"),
+                detail: failure.traceback,
+            },
+            RuntimeError::LoadFailed(failure) => AttemptFailure {
+                kind: FailureKind::UserError,
+                message: format!("loading the entry script failed: {failure}"),
+                detail: failure.traceback,
+            },
+            RuntimeError::Timeout { secs } => AttemptFailure {
+                kind: FailureKind::Timeout,
+                message: format!(
+                    "{during} did not return within {limit_name} ({secs} s); its process was killed"
+                ),
+                detail: None,
+            },
+            RuntimeError::Crashed { status, stderr_tail } => AttemptFailure {
+                kind: FailureKind::RuntimeCrash,
+                message: format!("the entry-script process died during {during} ({status})"),
+                detail: Some(stderr_tail),
+            },
+            other => AttemptFailure::infra("entry-script runtime", other),
+        }
+    }
+}
+
+/// A `run()` that succeeded, with what its status records about the attempt.
+struct Ran {
+    success: RunSuccess,
+    attempt: u32,
+    part: String,
+    started_ms: u64,
+}
+
+/// How an attempt ended without a result.
+#[derive(Debug)]
+pub(super) enum AttemptEnd {
+    /// The attempt failed: it is recorded and counts against the job's retries.
+    Failed(AttemptFailure),
+    /// Not the batch's fault and not a try at it (the worker is stopping): give it back now.
+    GiveBack(String),
+    /// The job was stopped by its producer: settle the message without running it.
+    Cancelled,
+}
+
+impl From<AttemptFailure> for AttemptEnd {
+    fn from(failure: AttemptFailure) -> Self {
+        AttemptEnd::Failed(failure)
+    }
+}
+
+impl Slot {
+    /// One attempt: load the items, run them, write result part, status and event.
+    pub(super) async fn attempt(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        message: &MiniBatchMessage,
+        attempt: u32,
+        started_ms: u64,
+        stop: &CancellationToken,
+    ) -> Result<BatchStatus, AttemptEnd> {
+        // The runtime first: init() has its own budget (first_task_creation_timeout) and must
+        // not eat into the time allowed for loading the batch.
+        let tabular =
+            message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
+        self.ensure_runtime(job, tabular, attempt, stop).await?;
+        let scratch = self.dir.join("inputs");
+        let load = async {
+            match &message.table {
+                Some(table) => table_input::prepare(table, &self.tables, &scratch).await,
+                None => materialize(&job.input, &message.items, &scratch).await,
+            }
+        };
+        let inputs = tokio::time::timeout(job.overhead_timeout(), load)
+            .await
+            .map_err(|_| AttemptFailure {
+                kind: FailureKind::Timeout,
+                message: format!(
+                    "loading the mini-batch took longer than task_overhead_timeout ({} s)",
+                    job.overhead_timeout().as_secs()
+                ),
+                detail: None,
+            })?
+            .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
+        let part = self.part_name(attempt);
+        // A local job root gets the rows where they stay (no rename afterwards); an object
+        // store gets them uploaded from the slot's folder.
+        let in_place = output::local_part_file(job, &message.batch_id, &part);
+        let output = match &in_place {
+            Some(file) => file.clone(),
+            None => self.local_output_file(&message.batch_id).await?,
+        };
+        let request = RunRequest {
+            batch_id: message.batch_id.clone(),
+            items: inputs.paths.clone(),
+            context: batch_context(message),
+            output: output.clone(),
+            table: inputs.table.clone(),
+        };
+        // No early return from here on: the output file is cleaned up below.
+        let result = match self.run(request, job.run_timeout()).await {
+            Ok(success) => {
+                let ran = Ran { success, attempt, part, started_ms };
+                self.record_success(job, message, &output, ran).await
+            }
+            Err(end) => Err(end),
+        };
+        drop(inputs);
+        // The rows stay only as the result part of a success written in place; elsewhere they
+        // are uploaded or moved by now, or belong to a failed attempt. One unlink, done in
+        // place: a trip to the blocking pool costs more than the syscall.
+        if in_place.is_none() || result.is_err() {
+            if let Err(error) = std::fs::remove_file(&output) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!(%error, "removing the local output file");
+                }
+            }
+        }
+        result
+    }
+
+    /// Store what a successful `run()` produced: the output folder's files, the result part and
+    /// the status (see `write_success`).
+    async fn record_success(
+        &self,
+        job: &LoadedJob,
+        message: &MiniBatchMessage,
+        output: &std::path::Path,
+        ran: Ran,
+    ) -> Result<BatchStatus, AttemptEnd> {
+        self.publish_output_folder().await?;
+        let Ran { success, attempt, part, started_ms } = ran;
+        let status = succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
+        self.write_success(job, message, output, &status).await?;
+        Ok(status)
+    }
+
+    /// This attempt's result part: `<attempt>-<worker>-s<slot>-<process><n>`. The attempt
+    /// alone does not make it unique: a batch published twice (a resumed job) is delivered
+    /// twice with the same count, possibly to the same slot, and a part that another attempt's
+    /// status already names must never be overwritten or deleted.
+    fn part_name(&mut self, attempt: u32) -> String {
+        self.attempts += 1;
+        let (worker, instance) = (&self.shared.config.worker_id, &self.shared.instance);
+        format!("{attempt}-{worker}-s{}-{instance}{}", self.index, self.attempts)
+    }
+
+    /// `run()`'s output file in the slot's folder (for a job root in an object store).
+    async fn local_output_file(&mut self, batch_id: &str) -> Result<PathBuf, AttemptEnd> {
+        let out_dir = self.dir.join("out");
+        if !self.out_dir_ready {
+            tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
+                AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
+            })?;
+            self.out_dir_ready = true;
+        }
+        Ok(out_dir.join(format!("{batch_id}.txt")))
+    }
+
+    /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard
+    /// stop), the runtime is killed and the batch given back to run elsewhere.
+    async fn run(
+        &mut self,
+        request: RunRequest,
+        timeout: Duration,
+    ) -> Result<RunSuccess, AttemptEnd> {
+        let Some(active) = self.runtime.as_mut() else {
+            return Err(
+                AttemptFailure::infra("entry-script runtime", "no runtime is running").into()
+            );
+        };
+        let hard_stop = self.shared.hard_stop.clone();
+        let outcome = tokio::select! {
+            outcome = active.process.run(request, timeout) => Some(outcome),
+            _ = hard_stop.cancelled() => None,
+        };
+        match outcome {
+            Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
+            Some(Ok(RunOutcome::Failed(failure))) => Err(AttemptFailure::user(failure).into()),
+            Some(Err(error)) => {
+                tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");
+                self.stop_runtime().await;
+                Err(AttemptFailure::runtime(error, "run()", "retry_settings.timeout").into())
+            }
+            None => {
+                // Dropping the runtime kills its process group; its log is still uploaded.
+                if let Some(active) = self.runtime.take() {
+                    let worker_id = &self.shared.config.worker_id;
+                    let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
+                    drop(active.process);
+                    user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+                    self.log_uploaded(&job).await;
+                }
+                Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
+            }
+        }
+    }
+
+    async fn write_success(
+        &self,
+        job: &LoadedJob,
+        message: &MiniBatchMessage,
+        output: &std::path::Path,
+        status: &BatchStatus,
+    ) -> Result<(), AttemptFailure> {
+        let part = status.result_part.as_deref().unwrap_or_default();
+        let written = async {
+            match output::write_part_and_status(job, part, output, status).await? {
+                StatusWrite::Won => {
+                    // Coalesced and published in the background: the status is in the store,
+                    // so the ack need not wait for the event (see `events::BatchEvents`).
+                    self.shared.events.batch_ended(&job.job_id, status.clone());
+                    Ok(())
+                }
+                StatusWrite::AlreadyFinal(existing) => {
+                    // Another attempt finished this batch first: its part counts, ours goes.
+                    tracing::info!(winner_attempt = existing.attempt, winner = %existing.worker,
+                        state = ?existing.state, "batch already final; this attempt's output discarded");
+                    output::delete_result_part(job, &message.batch_id, part).await;
+                    Ok(())
+                }
+            }
+        };
+        written
+            .await
+            .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
+    }
+
+    /// Store the files the script wrote under its output folders (object-store outputs).
+    async fn publish_output_folder(&self) -> Result<(), AttemptEnd> {
+        let Some(active) = &self.runtime else { return Ok(()) };
+        let uploaded = active
+            .outputs
+            .publish()
+            .await
+            .map_err(|e| AttemptFailure::infra("uploading the output folder's files", e))?;
+        if uploaded > 0 {
+            tracing::debug!(files = uploaded, "output folder files uploaded");
+        }
+        Ok(())
+    }
+}
+
+fn succeeded_status(
+    message: &MiniBatchMessage,
+    success: &RunSuccess,
+    attempt: u32,
+    part: String,
+    shared: &Shared,
+    started_ms: u64,
+) -> BatchStatus {
+    let items_in = success.items_in.unwrap_or_else(|| message.item_count());
+    BatchStatus {
+        batch_id: message.batch_id.clone(),
+        index: message.index,
+        state: BatchState::Succeeded,
+        items_in,
+        items_out: success.items_out.min(items_in),
+        rows: success.rows,
+        result_part: Some(part),
+        header: success.header.clone(),
+        attempt,
+        worker: shared.config.worker_id.clone(),
+        started_at_ms: started_ms,
+        ended_at_ms: now_ms(),
+        error: None,
+    }
+}
+
+/// What `run(mini_batch, mini_batch_context)` sees: the index, and a partition's key values.
+fn batch_context(message: &MiniBatchMessage) -> MiniBatchContext {
+    match &message.table {
+        Some(table) => MiniBatchContext::for_table(message.index, &table.partition_key_value, 0),
+        None => MiniBatchContext::for_files(message.index),
+    }
+}

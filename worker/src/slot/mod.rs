@@ -1,0 +1,259 @@
+//! One concurrency slot: receive a mini-batch, run it in the slot's runtime, settle it.
+//!
+//! A slot owns at most one runtime process at a time, for one job. The order of settling is
+//! what makes output exactly-once: result part, status and event are written *before* the ack,
+//! under keys that are the same on every attempt.
+//!
+//! `attempt` is one batch's run (load the items, run them, write the result), `runtimes` the
+//! slot's runtime process (start with init() retries, stop, retire when its job ended), `settle`
+//! what happens to a message afterwards (failure record, ack, nack, dead-letter).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchfleet_common::broker::{BrokerError, Delivery};
+use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::status::now_ms;
+use batchfleet_common::Retry;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::heartbeat::Heartbeat;
+use crate::jobs::JobLoadError;
+use crate::output;
+use crate::shared::{Shared, WorkerError, WorkerSummary};
+use crate::table_input::TableReaders;
+
+use attempt::AttemptEnd;
+use runtimes::ActiveRuntime;
+use settle::nack_delay;
+
+mod attempt;
+mod runtimes;
+mod settle;
+
+/// How long a receive waits for a message, so that a shutdown is noticed quickly.
+const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// Longest pause between receives while the broker is failing.
+const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
+
+pub(crate) struct Slot {
+    index: usize,
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    runtime: Option<ActiveRuntime>,
+    /// Open stores and header lines for tabular batches.
+    tables: TableReaders,
+    /// The slot's local output folder exists (created once, not per batch).
+    out_dir_ready: bool,
+    /// Runtimes started by this slot, for unique log names.
+    seq: u64,
+    /// Attempts made by this slot, for unique result part names.
+    attempts: u64,
+    summary: WorkerSummary,
+    /// Set when this worker cannot run any batch (e.g. no Python interpreter): the slot gives
+    /// its message back without burning a delivery on it and the worker stops.
+    fatal: Option<WorkerError>,
+    /// The last deterministic start error this slot logged (job id and error): a runtime that
+    /// fails the same way again adds nothing, so its identical log is not uploaded.
+    logged_start_error: Option<(String, String)>,
+    /// When [`Slot::retire_ended_job`] last looked whether the runtime's job ended.
+    ended_checked: Option<Instant>,
+}
+
+/// How a slot ended.
+pub(crate) struct SlotEnd {
+    pub summary: WorkerSummary,
+    pub fatal: Option<WorkerError>,
+}
+
+impl Slot {
+    pub(crate) fn new(index: usize, shared: Arc<Shared>, dir: PathBuf) -> Self {
+        Slot {
+            index,
+            shared,
+            dir,
+            runtime: None,
+            tables: TableReaders::default(),
+            out_dir_ready: false,
+            seq: 0,
+            attempts: 0,
+            summary: WorkerSummary::default(),
+            fatal: None,
+            logged_start_error: None,
+            ended_checked: None,
+        }
+    }
+
+    /// Serve until `stop` is cancelled (a batch in progress is finished first).
+    pub(crate) async fn serve(mut self, stop: CancellationToken) -> SlotEnd {
+        tracing::debug!(dir = %self.dir.display(), "slot started");
+        let mut receive_failures = 0u32;
+        while !stop.is_cancelled() {
+            match self.receive().await {
+                Ok(Some(delivery)) => {
+                    receive_failures = 0;
+                    self.shared.activity.begin();
+                    self.handle(delivery, &stop).await;
+                    self.shared.activity.end();
+                    if let Some(error) = &self.fatal {
+                        tracing::error!(%error, "this worker cannot run batches; stopping it");
+                        stop.cancel();
+                    }
+                }
+                Ok(None) => {
+                    receive_failures = 0;
+                    self.retire_ended_job().await;
+                    self.stop_when_idle(&stop);
+                }
+                Err(error) => {
+                    receive_failures += 1;
+                    let pause = Duration::from_millis(500 * u64::from(receive_failures))
+                        .min(MAX_RECEIVE_PAUSE);
+                    tracing::warn!(%error, pause_ms = pause.as_millis() as u64,
+                        "receiving from the work queue failed");
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        self.stop_runtime().await;
+        tracing::debug!("slot stopped");
+        SlotEnd { summary: self.summary, fatal: self.fatal }
+    }
+
+    fn stop_when_idle(&self, stop: &CancellationToken) {
+        let Some(limit) = self.shared.config.idle_exit else {
+            return;
+        };
+        if self.shared.activity.idle_for() >= limit {
+            if !stop.is_cancelled() {
+                tracing::info!(idle_secs = limit.as_secs(), "no work for a while; stopping");
+            }
+            stop.cancel();
+        }
+    }
+
+    async fn receive(&self) -> Result<Option<Delivery>, BrokerError> {
+        let queue = &self.shared.config.queues.work;
+        let mut got = self.shared.broker.receive(queue, 1, self.shared.lease, RECEIVE_WAIT).await?;
+        Ok(got.pop())
+    }
+
+    async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
+        let message = match serde_json::from_slice::<MiniBatchMessage>(&delivery.payload) {
+            Ok(message) => message,
+            Err(error) => {
+                let reason = format!("invalid message: {error}");
+                tracing::error!(%reason, attempt = delivery.delivery_count, "dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+        };
+        let span = tracing::info_span!("batch", job_id = %message.job_id,
+            batch_id = %message.batch_id, attempt = delivery.delivery_count);
+        self.handle_batch(delivery, message, stop).instrument(span).await;
+    }
+
+    async fn handle_batch(
+        &mut self,
+        delivery: Delivery,
+        message: MiniBatchMessage,
+        stop: &CancellationToken,
+    ) {
+        let job = match self.shared.jobs.get(&message).await {
+            Ok(job) => job,
+            Err(JobLoadError::Unusable(reason)) => {
+                tracing::error!(%reason, "cannot process this message; dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+            Err(error @ JobLoadError::Infra(_)) => {
+                tracing::warn!(%error, "could not load the job; giving the message back");
+                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                return;
+            }
+        };
+        if job.is_cancelled().await {
+            tracing::info!("the job was stopped by its producer; batch settled without running");
+            self.ack(&delivery.handle, false).await;
+            return;
+        }
+        let max = job.job.retry.max_deliveries();
+        if delivery.delivery_count > max {
+            // The earlier deliveries were attempts whose worker stopped or died before settling.
+            let reason = format!(
+                "deliveries_exhausted: delivered {} times, the job allows {max} attempts; the \
+                 earlier attempts ended without a result (their worker stopped or died)",
+                delivery.delivery_count
+            );
+            tracing::error!(%reason, "dead-lettering");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.batches_dead_lettered += 1;
+            return;
+        }
+        let message = match output::claim_items(&job, message).await {
+            Ok(message) => message,
+            Err(error) if error.retry() == Retry::Permanent => {
+                let reason = format!("invalid message: {error}");
+                tracing::error!(%reason, "dead-lettering");
+                self.dead_letter(&delivery.handle, &reason).await;
+                self.summary.invalid_messages += 1;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "could not read the batch's items; giving the message back");
+                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                return;
+            }
+        };
+        let heartbeat = Heartbeat::start(
+            Arc::clone(&self.shared.broker),
+            delivery.handle.clone(),
+            self.shared.lease,
+        );
+        let started_ms = now_ms();
+        let started = Instant::now();
+        let result = self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
+        let lease_lost = heartbeat.stop().await;
+        match result {
+            Ok(status) => {
+                self.ack(&delivery.handle, lease_lost).await;
+                self.summary.batches_succeeded += 1;
+                tracing::info!(
+                    items_in = status.items_in,
+                    items_out = status.items_out,
+                    rows = status.rows,
+                    duration_ms = elapsed_ms(started),
+                    "batch succeeded"
+                );
+            }
+            Err(AttemptEnd::Failed(failure)) if self.fatal.is_some() => {
+                tracing::warn!(message = %failure.message, "giving the batch back to other workers");
+                self.nack(&delivery.handle, Duration::ZERO).await;
+            }
+            Err(AttemptEnd::Failed(failure)) => {
+                self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+            }
+            Err(AttemptEnd::GiveBack(why)) => {
+                tracing::info!(%why, "giving the batch back without counting an attempt");
+                self.nack(&delivery.handle, Duration::ZERO).await;
+            }
+            Err(AttemptEnd::Cancelled) => {
+                tracing::info!(
+                    "the job was stopped by its producer; batch settled without running"
+                );
+                self.ack(&delivery.handle, lease_lost).await;
+            }
+        }
+    }
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,232 @@
+//! The slot's runtime process: started for a job (init() retried with backoff), stopped with
+//! its user log uploaded, retired when its job ended.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchfleet_common::message::JobEvent;
+use batchfleet_common::retry::RetryPolicy;
+use batchfleet_common::status::FailureRecord;
+use batchfleet_common::ErrorKind;
+use tokio_util::sync::CancellationToken;
+
+use crate::events;
+use crate::jobs::LoadedJob;
+use crate::mounts;
+use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
+use crate::runtime::{RuntimeConfig, RuntimeError, RuntimeProcess, TABULAR_ENV};
+use crate::shared::WorkerError;
+use crate::user_logs;
+
+use super::attempt::{AttemptEnd, AttemptFailure};
+use super::{elapsed_ms, Slot};
+
+/// Time a runtime gets to finish `shutdown()` before it is killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often an idle slot looks whether its runtime's job ended.
+const ENDED_RECHECK: Duration = Duration::from_secs(2);
+/// Longest pause between tries at starting a runtime whose init() keeps failing.
+const MAX_INIT_RETRY_DELAY: Duration = RetryPolicy::RUNTIME_START.max_delay;
+
+/// The slot's runtime and the job it serves.
+pub(super) struct ActiveRuntime {
+    pub(super) process: RuntimeProcess,
+    pub(super) job: Arc<LoadedJob>,
+    /// `AZUREML_BI_OUTPUT_PATH` and the bound outputs of this runtime.
+    pub(super) outputs: RuntimeOutputs,
+    pub(super) log_path: PathBuf,
+    pub(super) log_name: String,
+}
+
+impl Slot {
+    /// Make sure the slot's runtime serves `job`, starting one when needed.
+    ///
+    /// A runtime that fails to start (init() raised, hung or crashed) is not the batch's
+    /// fault: the slot keeps the batch leased and tries again with backoff, telling the
+    /// producer each time (`InitFailed`), until a runtime is ready, the producer stops the job
+    /// (its `first_task_creation_timeout` ran out), or this worker is stopping.
+    pub(super) async fn ensure_runtime(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        tabular: bool,
+        attempt: u32,
+        stop: &CancellationToken,
+    ) -> Result<(), AttemptEnd> {
+        if let Some(active) = &self.runtime {
+            if active.job.job_id == job.job_id && active.process.is_alive() {
+                return Ok(());
+            }
+        }
+        self.stop_runtime().await;
+        let mut delays = RetryPolicy::RUNTIME_START.delays();
+        loop {
+            let started = Instant::now();
+            let error = match self.start_runtime(job, tabular).await {
+                Ok(()) => {
+                    let ready = JobEvent::RuntimeReady {
+                        job_id: job.job_id.clone(),
+                        worker: self.shared.config.worker_id.clone(),
+                    };
+                    self.publish_best_effort(job, &ready).await;
+                    return Ok(());
+                }
+                Err(error) => error,
+            };
+            self.summary.runtime_start_failures += 1;
+            let fatal = error.kind() == ErrorKind::Config;
+            let deterministic = error.is_deterministic();
+            let failure = AttemptFailure::runtime(error, "init()", "first_task_creation_timeout");
+            if fatal {
+                self.fatal = Some(WorkerError::Config(failure.message.clone()));
+                return Err(failure.into());
+            }
+            let record = FailureRecord {
+                kind: failure.kind,
+                message: failure.message.clone(),
+                detail: failure.detail.clone(),
+                attempt,
+                worker: self.shared.config.worker_id.clone(),
+                duration_ms: elapsed_ms(started),
+            };
+            let event = JobEvent::InitFailed {
+                job_id: job.job_id.clone(),
+                worker: self.shared.config.worker_id.clone(),
+                error: record,
+                deterministic,
+            };
+            self.publish_best_effort(job, &event).await;
+            let delay = delays.next().unwrap_or(MAX_INIT_RETRY_DELAY);
+            tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
+                "starting the entry script failed; retrying");
+            tokio::select! {
+                _ = stop.cancelled() => return Err(AttemptEnd::GiveBack("the worker is stopping".into())),
+                _ = tokio::time::sleep(delay) => {}
+            }
+            if job.is_cancelled().await {
+                return Err(AttemptEnd::Cancelled);
+            }
+        }
+    }
+
+    /// Events about runtimes help the producer but must not fail a batch.
+    async fn publish_best_effort(&self, job: &LoadedJob, event: &JobEvent) {
+        if let Err(error) = events::publish(self.shared.broker.as_ref(), job, event).await {
+            tracing::warn!(%error, "could not tell the producer about the runtime");
+        }
+    }
+
+    async fn start_runtime(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        tabular: bool,
+    ) -> Result<(), RuntimeError> {
+        self.seq += 1;
+        let log_name = format!("slot-{}-{}.txt", self.index, self.seq);
+        let log_path = self.dir.join("logs").join(&log_name);
+        let bindings_failed = |message: String| RuntimeError::Io {
+            what: "data bindings",
+            source: std::io::Error::other(message),
+        };
+        let outputs = RuntimeOutputs::new(&job.job, &job.job_root, &self.dir.join("outputs"))
+            .map_err(|e| bindings_failed(e.to_string()))?;
+        let worker_dir = self.dir.parent().unwrap_or(&self.dir);
+        let script_args = mounts::script_args(&job.mounted(), &outputs, worker_dir)
+            .await
+            .map_err(|e| bindings_failed(e.to_string()))?;
+        let mut env = job.job.environment_variables.clone();
+        env.insert(OUTPUT_PATH_ENV.into(), outputs.output_path().to_string_lossy().into_owned());
+        if tabular {
+            env.insert(TABULAR_ENV.into(), "1".into());
+        }
+        let config = RuntimeConfig {
+            python: self.shared.config.python.clone(),
+            driver: self.shared.driver.clone(),
+            code_dir: job.code_dir.clone(),
+            entry_script: job.job.task.entry_script.clone(),
+            script_args,
+            env,
+            work_dir: self.dir.join("work"),
+            log_path: log_path.clone(),
+            init_timeout: Duration::from_secs(
+                job.job.task.program_args.first_task_creation_timeout_secs,
+            ),
+        };
+        let started = Instant::now();
+        match RuntimeProcess::start(&config).await {
+            Ok(process) => {
+                tracing::info!(pid = process.pid(), init_ms = elapsed_ms(started),
+                    log = %log_name, "entry script initialised");
+                self.summary.runtimes_started += 1;
+                self.runtime = Some(ActiveRuntime {
+                    process,
+                    job: Arc::clone(job),
+                    outputs,
+                    log_path,
+                    log_name,
+                });
+                Ok(())
+            }
+            Err(error) => {
+                let seen = (job.job_id.clone(), error.to_string());
+                if error.is_deterministic() && self.logged_start_error.as_ref() == Some(&seen) {
+                    // The same traceback is already in this slot's previous log.
+                    let _ = tokio::fs::remove_file(&log_path).await;
+                } else {
+                    let worker_id = &self.shared.config.worker_id;
+                    user_logs::upload_user_log(job, worker_id, &log_path, &log_name).await;
+                    self.logged_start_error = error.is_deterministic().then_some(seen);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Shut the runtime down (its `shutdown()` runs), upload its user log and tell the
+    /// producer it is there.
+    pub(super) async fn stop_runtime(&mut self) {
+        let Some(active) = self.runtime.take() else {
+            return;
+        };
+        if let Err(error) = active.process.shutdown(SHUTDOWN_GRACE).await {
+            tracing::warn!(job_id = %active.job.job_id, %error, "stopping the runtime");
+        }
+        // What shutdown() wrote (a summary, a last model) is stored as run()'s output is.
+        if let Err(error) = active.outputs.publish().await {
+            tracing::warn!(job_id = %active.job.job_id, %error,
+                "uploading the output folders' files after shutdown() failed");
+        }
+        let worker_id = &self.shared.config.worker_id;
+        user_logs::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name)
+            .await;
+        self.log_uploaded(&active.job).await;
+    }
+
+    pub(super) async fn log_uploaded(&self, job: &LoadedJob) {
+        let stopped = JobEvent::RuntimeStopped {
+            job_id: job.job_id.clone(),
+            worker: self.shared.config.worker_id.clone(),
+        };
+        self.publish_best_effort(job, &stopped).await;
+    }
+
+    /// An idle slot whose runtime serves a job that ended (its producer wrote the result or
+    /// stopped it) stops that runtime, so that `shutdown()` runs and the user log reaches the
+    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`].
+    pub(super) async fn retire_ended_job(&mut self) {
+        let Some(active) = &self.runtime else {
+            return;
+        };
+        if self.ended_checked.is_some_and(|at| at.elapsed() < ENDED_RECHECK) {
+            return;
+        }
+        self.ended_checked = Some(Instant::now());
+        let job = Arc::clone(&active.job);
+        let ended = job.is_cancelled().await
+            || job.root.exists(&job.root.layout.job_result()).await.unwrap_or(false);
+        if ended {
+            tracing::info!(job_id = %job.job_id, "the job ended; stopping its runtime");
+            self.stop_runtime().await;
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Settling a message: record a failed attempt, then ack, nack with a backoff, or dead-letter.
+
+use std::time::Duration;
+
+use batchfleet_common::broker::{Delivery, DeliveryHandle};
+use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::status::FailureRecord;
+
+use crate::infra::{retrying, InfraError};
+use crate::jobs::LoadedJob;
+use crate::output;
+
+use super::attempt::AttemptFailure;
+use super::Slot;
+
+impl Slot {
+    /// Record a failed attempt, then give the message back or, on its last delivery,
+    /// dead-letter it with a one-line reason.
+    pub(super) async fn fail(
+        &mut self,
+        job: &LoadedJob,
+        delivery: &Delivery,
+        message: &MiniBatchMessage,
+        failure: AttemptFailure,
+        duration_ms: u64,
+    ) {
+        let attempt = delivery.delivery_count;
+        let record = FailureRecord {
+            kind: failure.kind,
+            message: failure.message,
+            detail: failure.detail,
+            attempt,
+            worker: self.shared.config.worker_id.clone(),
+            duration_ms,
+        };
+        if let Err(error) = output::write_failure(job, &message.batch_id, &record).await {
+            tracing::warn!(%error, "writing the failure record failed");
+        }
+        self.summary.batches_failed_attempts += 1;
+        let max = job.job.retry.max_deliveries();
+        let kind = record.kind.as_str();
+        if attempt >= max {
+            let reason =
+                one_line(&format!("{kind} on attempt {attempt} of {max}: {}", record.message));
+            tracing::error!(kind, message = %record.message, "batch failed on its last attempt");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.batches_dead_lettered += 1;
+        } else {
+            let delay = nack_delay(attempt);
+            tracing::warn!(kind, message = %record.message, max_attempts = max,
+                retry_in_ms = delay.as_millis() as u64, "batch attempt failed");
+            self.nack(&delivery.handle, delay).await;
+        }
+    }
+
+    pub(super) async fn ack(&self, handle: &DeliveryHandle, lease_lost: bool) {
+        let broker = self.shared.broker.as_ref();
+        let acked =
+            retrying("ack", || async { broker.ack(handle).await.map_err(InfraError::from) }).await;
+        if let Err(error) = acked {
+            // Results are in place under stable keys: a redelivery overwrites, never duplicates.
+            tracing::warn!(%error, lease_lost, "ack failed; the batch may run again");
+        }
+    }
+
+    pub(super) async fn nack(&self, handle: &DeliveryHandle, delay: Duration) {
+        let broker = self.shared.broker.as_ref();
+        let nacked = retrying("nack", || async {
+            broker.nack(handle, delay).await.map_err(InfraError::from)
+        })
+        .await;
+        if let Err(error) = nacked {
+            tracing::warn!(%error, "nack failed; the message returns when its lease runs out");
+        }
+    }
+
+    pub(super) async fn dead_letter(&self, handle: &DeliveryHandle, reason: &str) {
+        let broker = self.shared.broker.as_ref();
+        let moved = retrying("dead-letter", || async {
+            broker.dead_letter(handle, reason).await.map_err(InfraError::from)
+        })
+        .await;
+        if let Err(error) = moved {
+            tracing::warn!(%error, "dead-lettering failed; the message returns when its lease runs out");
+        }
+    }
+}
+
+/// Backoff before a failed batch is delivered again: 1 s per attempt so far, at most 10 s.
+pub(super) fn nack_delay(attempt: u32) -> Duration {
+    Duration::from_secs(u64::from(attempt.max(1)).min(10))
+}
+
+/// Collapse a message to one line of bounded length (dead-letter reasons travel in headers).
+fn one_line(text: &str) -> String {
+    const MAX: usize = 500;
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &flat[..cut]),
+        None => flat,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nack_delays_grow_and_are_capped() {
+        assert_eq!(nack_delay(1), Duration::from_secs(1));
+        assert_eq!(nack_delay(3), Duration::from_secs(3));
+        assert_eq!(nack_delay(40), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn reasons_are_one_bounded_line() {
+        assert_eq!(one_line("a\n  b\tc"), "a b c");
+        assert_eq!(one_line(&"x".repeat(600)).chars().count(), 501);
+    }
+}

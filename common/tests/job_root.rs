@@ -175,6 +175,30 @@ async fn markers_and_records_round_trip(root: JobRoot) {
     );
 }
 
+/// Two dead-letter routers record the same batch as failed (no result part): the second learns
+/// the first one's status instead of taking it for its own.
+async fn a_second_failed_status_sees_the_first(root: JobRoot) {
+    let mut first = status(5, None, BatchState::Failed);
+    first.worker = "router-a".into();
+    assert_eq!(root.create_status(&first).await.unwrap(), StatusWrite::Won);
+    let mut second = status(5, None, BatchState::Failed);
+    second.worker = "router-b".into();
+    let outcome = root.create_status(&second).await.unwrap();
+    assert_eq!(outcome, StatusWrite::AlreadyFinal(Box::new(first.clone())));
+    assert_eq!(outcome.standing(second).worker, "router-a");
+}
+
+#[tokio::test]
+async fn local_root_a_second_failed_status_sees_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    a_second_failed_status_sees_the_first(local_root(&dir)).await;
+}
+
+#[tokio::test]
+async fn s3_root_a_second_failed_status_sees_the_first() {
+    a_second_failed_status_sees_the_first(s3_root()).await;
+}
+
 #[tokio::test]
 async fn local_root_first_final_status_stands() {
     let (dir, scratch) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

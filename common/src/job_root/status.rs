@@ -84,7 +84,13 @@ impl JobRoot {
                 },
             ))
         })?;
-        if existing.result_part == status.result_part && existing.state == status.state {
+        // A retried create whose first try did succeed finds its own status: still a win. Only
+        // a status that names its result part can be told apart from another writer's (two
+        // dead-letter routers both write failed statuses without one).
+        let own = existing.result_part.is_some()
+            && existing.result_part == status.result_part
+            && existing.state == status.state;
+        if own {
             return Ok(StatusWrite::Won);
         }
         Ok(StatusWrite::AlreadyFinal(Box::new(existing)))

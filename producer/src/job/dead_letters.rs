@@ -35,12 +35,21 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
     let root = JobRoot::open(&message.job_root)?;
     // Statuses are final once written (create-only): a batch that already has one — a success
     // whose worker died before acking, or a failure routed before — keeps it.
-    let status = match root.read_status(&message.batch_id).await? {
-        Some(existing) => existing,
-        None => {
+    let status = match root.read_status(&message.batch_id).await {
+        Ok(Some(existing)) => existing,
+        Ok(None) => {
             let failed = failed_status(&root, &message, delivery).await?;
             root.create_status(&failed).await?.standing(failed)
         }
+        // A status that does not decode reads the same on every try: record the batch as
+        // failed with the producer (the store keeps what is there) instead of routing it
+        // again forever.
+        Err(error @ JobRootError::Corrupt { .. }) => {
+            tracing::error!(job_id = %message.job_id, batch_id = %message.batch_id, %error,
+                "the dead-lettered batch's status is unreadable; counted as failed");
+            failed_status(&root, &message, delivery).await?
+        }
+        Err(error) => return Err(error.into()),
     };
     let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;

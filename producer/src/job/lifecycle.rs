@@ -170,6 +170,11 @@ fn name_missing_input(error: ProducerError) -> ProducerError {
 /// shipped) still gets its final result, so that `batchfleet status` never reports it running.
 /// Best effort: the caller reports `error` whatever happens here.
 pub async fn could_not_start(root: &JobRoot, error: &ProducerError) {
+    // Part of the plan may already be published: workers settle what they still receive of
+    // this job without running it.
+    if let Err(cancel_error) = root.cancel(&format!("could not start: {error}")).await {
+        tracing::warn!(%cancel_error, "could not write the cancel marker of a job that could not start");
+    }
     let text = format!(
         "failed: could not start: {error}\njob: {}\njob root: {}\n",
         root.job_id,

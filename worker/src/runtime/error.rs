@@ -117,12 +117,30 @@ impl RuntimeError {
     /// that is down) and is retried.
     pub fn is_deterministic(&self) -> bool {
         match self {
-            RuntimeError::LoadFailed(_) => true,
+            RuntimeError::LoadFailed(failure) => {
+                failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_AT_LOAD.contains(&e))
+            }
             RuntimeError::InitFailed(failure) => failure.exception.as_deref() == Some("SystemExit"),
             _ => false,
         }
     }
 }
+
+/// Exceptions that loading the entry script raises the same way on every attempt: the code
+/// itself (syntax, names, imports, no `run()`), a missing script, an exit. Anything else raised
+/// at module level (a `ConnectionError` while fetching a model, say) may pass, and is retried
+/// like an `init()` failure.
+const DETERMINISTIC_AT_LOAD: &[&str] = &[
+    "SyntaxError",
+    "IndentationError",
+    "TabError",
+    "ImportError",
+    "ModuleNotFoundError",
+    "NameError",
+    "AttributeError",
+    "FileNotFoundError",
+    "SystemExit",
+];
 
 /// A missing or non-executable interpreter: the worker's setup, not a passing condition.
 fn is_setup_problem(error: &std::io::Error) -> bool {
@@ -151,7 +169,12 @@ mod tests {
         assert!(load.to_string().starts_with("loading the entry script failed: SyntaxError"));
         let exit = failure(UserFailureKind::UserError, Some("SystemExit"), "2");
         assert!(RuntimeError::InitFailed(exit).is_deterministic());
-        let raised = failure(UserFailureKind::UserError, Some("ConnectionError"), "model store");
+        let passing = failure(UserFailureKind::UserError, Some("ConnectionError"), "model store");
+        assert!(
+            !RuntimeError::LoadFailed(passing.clone()).is_deterministic(),
+            "an error at module level that may pass is retried like init()'s"
+        );
+        let raised = passing;
         let init = RuntimeError::InitFailed(raised);
         assert!(!init.is_deterministic());
         assert_eq!(init.to_string(), "init() failed: ConnectionError: model store");

@@ -49,9 +49,20 @@ pub(super) async fn declare_with_dead_letter(
     (work, dlq)
 }
 
+/// Clean-up after a behaviour (not part of what it checks): a transient failure is tried once
+/// more. On RabbitMQ, deleting a queue whose idle consumer is being cancelled at that moment can
+/// close the connection (the server's cancel notification crosses the client's cancel); the
+/// backend reconnects on the next call.
 pub(super) async fn delete(broker: &dyn Broker, queues: &[&str]) {
     for queue in queues {
-        ok(broker.delete_queue(queue).await, &format!("delete queue `{queue}`"));
+        let what = format!("delete queue `{queue}`");
+        match broker.delete_queue(queue).await {
+            Err(error) if error.retry() == crate::Retry::Transient => {
+                tracing::warn!(queue, %error, "deleting a queue failed; trying once more");
+                ok(broker.delete_queue(queue).await, &what);
+            }
+            other => ok(other, &what),
+        }
     }
 }
 

@@ -178,3 +178,39 @@ pub fn prepare_example(dir: &Path, count: usize) {
     ]));
     assert!(generated.status.success(), "generate.py failed: {}", describe(&generated));
 }
+
+/// The S3 test bucket (`infra/test-services` writes it to `target/test-services.env`).
+pub fn s3_bucket() -> String {
+    std::env::var("BATCHFLEET_TEST_S3_BUCKET").unwrap_or_else(|_| {
+        panic!(
+            "BATCHFLEET_TEST_S3_BUCKET is not set: start the S3 test server with \
+             infra/test-services and source target/test-services.env (infra/run-tests does both)"
+        )
+    })
+}
+
+/// A fresh `s3://<bucket>/<tag>-<pid>-<nanos>` prefix, one per test run.
+pub fn s3_unique_prefix(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("s3://{}/{tag}-{}-{nanos}", s3_bucket(), std::process::id())
+}
+
+/// Every object under `location`, as (path relative to it, contents).
+pub async fn read_tree(
+    location: &batchfleet_common::store::StoreLocation,
+) -> std::collections::BTreeMap<String, String> {
+    use futures::TryStreamExt;
+    use object_store::ObjectStoreExt;
+    let metas: Vec<object_store::ObjectMeta> =
+        location.store.list(Some(&location.prefix)).try_collect().await.expect("list");
+    let mut tree = std::collections::BTreeMap::new();
+    for meta in metas {
+        let bytes = location.store.get(&meta.location).await.unwrap().bytes().await.unwrap();
+        let rel = meta.location.as_ref()[location.prefix.as_ref().len() + 1..].to_string();
+        tree.insert(rel, String::from_utf8_lossy(&bytes).into_owned());
+    }
+    tree
+}

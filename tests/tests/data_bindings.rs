@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use batchfleet_common::store::{open_str, StoreLocation};
+use batchfleet_common::store::open_str;
 use batchfleet_tests::fleet::{run_bounded, Pool};
-use batchfleet_tests::{batchfleet, describe, run};
-use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use batchfleet_tests::{batchfleet, describe, read_tree, run, s3_unique_prefix};
+use object_store::{ObjectStoreExt, PutPayload};
 
 /// Many-models training: one model per `<Store>_<Brand>.csv` input file, written as
 /// `<model_folder>/<Store>/<Brand>/model.json`; every path argument is checked to be local.
@@ -252,36 +251,6 @@ task:
 
 // ---- the same through `submit`, two workers and an S3 store --------------------------------
 
-fn bucket() -> String {
-    std::env::var("BATCHFLEET_TEST_S3_BUCKET").unwrap_or_else(|_| {
-        panic!(
-            "BATCHFLEET_TEST_S3_BUCKET is not set: start the S3 test server with \
-             infra/test-services and source target/test-services.env (infra/run-tests does both)"
-        )
-    })
-}
-
-fn unique_prefix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("s3://{}/bindings-{}-{nanos}", bucket(), std::process::id())
-}
-
-/// Every object under `location`, as (path relative to it, contents).
-async fn read_tree(location: &StoreLocation) -> BTreeMap<String, String> {
-    let metas: Vec<object_store::ObjectMeta> =
-        location.store.list(Some(&location.prefix)).try_collect().await.expect("list");
-    let mut tree = BTreeMap::new();
-    for meta in metas {
-        let bytes = location.store.get(&meta.location).await.unwrap().bytes().await.unwrap();
-        let rel = meta.location.as_ref()[location.prefix.as_ref().len() + 1..].to_string();
-        tree.insert(rel, String::from_utf8_lossy(&bytes).into_owned());
-    }
-    tree
-}
-
 async fn put(url: &str, text: &str) {
     let location = open_str(url).unwrap();
     location.store.put(&location.prefix, PutPayload::from(text.to_string())).await.unwrap();
@@ -291,7 +260,7 @@ async fn put(url: &str, text: &str) {
 fn submit_with_two_workers_mounts_s3_inputs_and_uploads_s3_outputs() {
     let pool = Pool::new("bindings");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let prefix = unique_prefix();
+    let prefix = s3_unique_prefix("bindings");
     runtime.block_on(async {
         for name in partition_files() {
             put(&format!("{prefix}/data/{name}"), &name).await;

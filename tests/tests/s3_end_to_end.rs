@@ -5,41 +5,12 @@
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use batchfleet_common::store::{open_str, StoreLocation};
-use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use batchfleet_common::store::open_str;
+use object_store::{ObjectStoreExt, PutPayload};
 
-use batchfleet_tests::{batchfleet, copy_tree, describe, python, repo_root, run};
-
-fn bucket() -> String {
-    std::env::var("BATCHFLEET_TEST_S3_BUCKET").unwrap_or_else(|_| {
-        panic!(
-            "BATCHFLEET_TEST_S3_BUCKET is not set: start the S3 test server with \
-             infra/test-services and source target/test-services.env (infra/run-tests does both)"
-        )
-    })
-}
-
-fn unique_prefix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("s3://{}/e2e-{}-{nanos}", bucket(), std::process::id())
-}
-
-/// Every object under `location`, as (path relative to it, contents).
-async fn read_tree(location: &StoreLocation) -> BTreeMap<String, String> {
-    let metas: Vec<object_store::ObjectMeta> =
-        location.store.list(Some(&location.prefix)).try_collect().await.expect("list");
-    let mut tree = BTreeMap::new();
-    for meta in metas {
-        let bytes = location.store.get(&meta.location).await.unwrap().bytes().await.unwrap();
-        let rel = meta.location.as_ref()[location.prefix.as_ref().len() + 1..].to_string();
-        tree.insert(rel, String::from_utf8_lossy(&bytes).into_owned());
-    }
-    tree
-}
+use batchfleet_tests::{
+    batchfleet, copy_tree, describe, python, read_tree, repo_root, run, s3_unique_prefix,
+};
 
 #[test]
 fn the_example_runs_entirely_over_s3() {
@@ -55,7 +26,7 @@ fn the_example_runs_entirely_over_s3() {
     assert!(generated.status.success(), "{}", describe(&generated));
 
     // Upload the inputs under <prefix>/data/.
-    let prefix = unique_prefix();
+    let prefix = s3_unique_prefix("e2e");
     let data = open_str(&format!("{prefix}/data/")).unwrap();
     runtime.block_on(async {
         for shard in std::fs::read_dir(dir.path().join("data")).unwrap() {

@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 use url::Url;
 
 use crate::infra::InfraError;
-use crate::output_folder::RuntimeOutputs;
+use crate::output_folder::{path_string, RuntimeOutputs};
 
 /// Why a binding could not be given to the script.
 #[derive(Debug, thiserror::Error)]
@@ -194,10 +194,6 @@ async fn download_file(location: &StoreLocation, target: &Path) -> Result<PathBu
 }
 
 /// A path as the script gets it: absolute, without a trailing `/`.
-fn path_string(path: &Path) -> String {
-    path.components().collect::<PathBuf>().to_string_lossy().into_owned()
-}
-
 fn safe_name(id: &str) -> String {
     id.chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })

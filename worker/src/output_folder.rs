@@ -162,7 +162,8 @@ fn as_folder(url: &str) -> String {
 }
 
 /// A path as the script gets it: absolute, without a trailing `/`.
-fn path_string(path: &Path) -> String {
+/// A path as the script is given it: `.` components dropped, lossily as text.
+pub(crate) fn path_string(path: &Path) -> String {
     path.components().collect::<PathBuf>().to_string_lossy().into_owned()
 }
 

@@ -89,6 +89,11 @@ impl JobLayout {
         self.key("control/cancelled")
     }
 
+    /// The input entries planning skipped (links out of the folder, names a key cannot carry).
+    pub fn skipped_inputs(&self) -> Path {
+        self.key("logs/skipped_inputs.txt")
+    }
+
     pub fn job_result(&self) -> Path {
         self.key("logs/job_result.txt")
     }

@@ -47,6 +47,34 @@ impl MiniBatchMessage {
 }
 
 impl MiniBatchMessage {
+    /// What a message must be before a worker acts on it, whoever wrote it: its batch id the
+    /// one its index gives, and its items paths inside the input (relative, no `..`, no NUL).
+    /// The error names the field and the value.
+    pub fn check_well_formed(&self) -> Result<(), String> {
+        let expected = batch_id(self.index);
+        if self.batch_id != expected {
+            return Err(format!(
+                "field `batch_id`: `{}` is not the id of index {} (`{expected}`)",
+                self.batch_id.escape_debug(),
+                self.index
+            ));
+        }
+        for item in &self.items {
+            let bad = item.is_empty()
+                || item.starts_with('/')
+                || item.contains('\0')
+                || item.split(['/', '\\']).any(|part| part == "..");
+            if bad {
+                return Err(format!(
+                    "field `items`: `{}` is not a path inside the input (empty, absolute or \
+                     with `..`)",
+                    item.escape_debug()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Put back what a claim check stored: the item list, or the tabular batch.
     pub fn restore_claimed(&mut self, stored: &[u8]) -> Result<(), serde_json::Error> {
         match self.items_ref.take() {

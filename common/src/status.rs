@@ -39,6 +39,10 @@ pub enum FailureKind {
     RuntimeCrash,
     /// Storage or broker failed past the worker's own retries.
     Infra,
+    /// Results could not be written: the file system was read-only or full, or the store
+    /// refused, past the worker's minute of retries. Not the script's fault, and never let
+    /// through by the thresholds: a job with one fails.
+    Storage,
     /// The message could not be processed at all (bad JSON, unknown job).
     InvalidMessage,
     /// The broker dead-lettered the message (its deliveries ran out) with no failure on record.
@@ -53,6 +57,7 @@ impl FailureKind {
             FailureKind::Timeout => "timeout",
             FailureKind::RuntimeCrash => "runtime_crash",
             FailureKind::Infra => "infra",
+            FailureKind::Storage => "storage",
             FailureKind::InvalidMessage => "invalid_message",
             FailureKind::DeliveriesExhausted => "deliveries_exhausted",
         }
@@ -77,6 +82,10 @@ pub struct BatchStatus {
     pub items_out: u64,
     /// Rows written to the result part.
     pub rows: u64,
+    /// Lines of the result part beyond one per row: `run()` returned rows holding line breaks,
+    /// each of which starts another row of the aggregated output.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub extra_lines: u64,
     /// The winning attempt's result part: `<part>` in `results/<batch id>.<part>`.
     #[serde(default)]
     pub result_part: Option<String>,
@@ -88,6 +97,10 @@ pub struct BatchStatus {
     pub ended_at_ms: u64,
     /// The last failure, for a failed batch.
     pub error: Option<FailureRecord>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Milliseconds since the Unix epoch, for status timestamps.

@@ -24,6 +24,7 @@ fn status(batch: u64, part: Option<&str>, state: BatchState) -> BatchStatus {
         items_in: 1,
         items_out: u64::from(state == BatchState::Succeeded),
         rows: 1,
+        extra_lines: 0,
         result_part: part.map(str::to_string),
         header: None,
         attempt: 1,

@@ -21,7 +21,7 @@ fn files(files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn pipeline(path: &Path) -> Result<ParsedPipeline, SpecError> {
-    match spec::load_spec_file(path)? {
+    match spec::load_spec_file(path, &spec::Datastores::default())? {
         SpecFile::Pipeline(file) => file.resolve(FOLDER),
         SpecFile::Job(job) => panic!("expected a pipeline, got a job: {:?}", job.job.name),
     }
@@ -118,7 +118,10 @@ fn a_pipeline_runs_its_steps_in_dependency_order_with_every_output_located() {
 fn a_file_with_one_parallel_step_is_still_a_job() {
     let one = "type: pipeline\njobs:\n  score:\n    type: parallel\n    inputs:\n      d:\n        path: ./d\n    input_data: ${{inputs.d}}\n    task:\n      type: run_function\n      code: ./src\n      entry_script: s.py\n";
     let (_dir, path) = files(&[("p.yml", one)]);
-    assert!(matches!(spec::load_spec_file(&path).unwrap(), SpecFile::Job(_)));
+    assert!(matches!(
+        spec::load_spec_file(&path, &spec::Datastores::default()).unwrap(),
+        SpecFile::Job(_)
+    ));
 }
 
 #[test]

@@ -67,7 +67,7 @@ fn assert_mentions(e: &impl std::fmt::Display, parts: &[&str]) {
 
 #[test]
 fn full_azure_example_parses_every_field() {
-    let parsed = spec::load_job_file(&fixture("full.yaml")).unwrap();
+    let parsed = spec::load_job_file(&fixture("full.yaml"), &spec::Datastores::default()).unwrap();
     assert_eq!(parsed.warnings, vec![]);
     let job = parsed.job;
     assert_eq!(job.name, "iris-batch-scoring");
@@ -180,22 +180,29 @@ fn a_relative_spec_file_resolves_against_the_current_folder() {
 }
 
 #[test]
-fn azureml_paths_are_refused_with_a_hint() {
+fn unmapped_azureml_paths_say_which_line_to_add() {
     let e = err(&BASE.replace("./data", "azureml://datastores/workspaceblobstore/paths/iris"));
     assert_at(&e, 5, 11, "inputs.data.path");
-    assert_mentions(&e, &["azureml://", "az://"]);
+    assert_mentions(
+        &e,
+        &[
+            "the datastore `workspaceblobstore`",
+            "`  workspaceblobstore: az://<container>/<folder>`",
+        ],
+    );
 }
 
 #[test]
-fn azureml_asset_references_are_refused_too() {
+fn unmapped_asset_references_say_which_line_to_add() {
     let e = err(&BASE.replace("./src", "azureml:my-code:3"));
     assert_at(&e, 9, 9, "task.code");
-    assert_mentions(&e, &["`azureml:my-code:3` is an Azure ML asset reference", "az://"]);
+    assert_mentions(&e, &["`azureml:my-code:3` is not mapped", "`  my-code:3: az://"]);
 }
 
 #[test]
 fn missing_files_are_named() {
-    let e = spec::load_job_file(Path::new("/no/such/job.yaml")).unwrap_err();
+    let e = spec::load_job_file(Path::new("/no/such/job.yaml"), &spec::Datastores::default())
+        .unwrap_err();
     assert_eq!(e.file, "/no/such/job.yaml");
     assert_eq!(e.line, None);
     assert_mentions(&e, &["/no/such/job.yaml: cannot read"]);
@@ -261,12 +268,25 @@ fn wrong_types_quote_what_was_found() {
 }
 
 #[test]
+fn huge_fleet_sizes_are_refused_by_key() {
+    let e = err(&with("resources:\n  instance_count: 2147483648\n"));
+    assert_eq!(e.key.as_deref(), Some("resources.instance_count"), "{e}");
+    assert_mentions(&e, &["2147483648 is out of range; allowed: 1 to 1000"]);
+    let e = err(&with("max_concurrency_per_instance: 1000000\n"));
+    assert_eq!(e.key.as_deref(), Some("max_concurrency_per_instance"), "{e}");
+    assert_mentions(&e, &["1000000 is out of range; allowed: 1 to 1024"]);
+    let job =
+        ok(&with("resources:\n  instance_count: 1000\nmax_concurrency_per_instance: 1024\n")).job;
+    assert_eq!((job.instance_count, job.max_concurrency_per_instance), (1000, 1024));
+}
+
+#[test]
 fn other_ranges_are_checked() {
     assert_mentions(
         &err(&with("resources:\n  instance_count: 0\n")),
-        &["0 is out of range; allowed: 1 or more"],
+        &["0 is out of range; allowed: 1 to 1000"],
     );
-    assert_mentions(&err(&with("max_concurrency_per_instance: 0\n")), &["allowed: 1 or more"]);
+    assert_mentions(&err(&with("max_concurrency_per_instance: 0\n")), &["allowed: 1 to 1024"]);
     assert_mentions(
         &err(&with("mini_batch_error_threshold: -2\n")),
         &["-2 is out of range; allowed: -1 or more"],
@@ -564,7 +584,8 @@ fn error_threshold_given_twice_must_agree() {
 
 #[test]
 fn pipeline_runs_its_parallel_step_with_parent_bindings() {
-    let parsed = spec::load_job_file(&fixture("pipeline.yaml")).unwrap();
+    let parsed =
+        spec::load_job_file(&fixture("pipeline.yaml"), &spec::Datastores::default()).unwrap();
     let job = parsed.job;
     assert_eq!(job.name, "pipeline");
     assert_eq!(job.display_name.as_deref(), Some("Score the iris files"));

@@ -24,7 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 
 use batchfleet_common::store::listing::list_in_key_order;
-use batchfleet_common::store::{open_str, StoreLocation};
+use batchfleet_common::store::{fanout, open_str, StoreLocation};
 
 const OBJECTS: usize = 100_000;
 /// Objects are spread over this many "folders" (`d00/` … `d49/`), so key order is not
@@ -193,9 +193,12 @@ async fn a_prefix_of_100_000_objects_lists_completely_in_key_order_in_bounded_me
     assert_eq!(count, OBJECTS, "every object listed; the next missing one: {:?}", expected.next());
 
     // Holding every entry would take at least their inline size (plus each key and ETag on
-    // the heap, about as much again); a streaming lister holds about one page of 1,000.
+    // the heap, about as much again). The lister fans out over the 50 sub-prefixes: each of the
+    // sub-prefixes listed ahead holds at most READ_AHEAD entries plus the page it is on.
     let held_all = OBJECTS * std::mem::size_of::<ObjectMeta>();
-    let bound = held_all / 4;
+    let ahead = (fanout::CONCURRENCY + 1) * (fanout::READ_AHEAD + 1_000);
+    let bound = 2 * ahead * std::mem::size_of::<ObjectMeta>();
+    assert!(bound < held_all / 2, "the bound must tell a streaming lister from one that keeps all");
     eprintln!(
         "{}listed {count} objects in {listed:.1?} ({:.0}/s); the heap grew by at most {} KiB \
          while listing (holding every entry: at least {} KiB)",
@@ -206,7 +209,8 @@ async fn a_prefix_of_100_000_objects_lists_completely_in_key_order_in_bounded_me
     );
     assert!(
         peak_growth < bound,
-        "the heap grew by {peak_growth} bytes while listing, more than a quarter of what holding \
-         every entry takes ({held_all} bytes): the lister is keeping what it streamed"
+        "the heap grew by {peak_growth} bytes while listing, more than the fan-out's read-ahead \
+         allows ({bound} bytes; holding every entry takes {held_all}): the lister is keeping what \
+         it streamed"
     );
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use clap::{Parser, Subcommand};
 
-use batchfleet_common::spec::{self, PipelineFile, SpecFile};
+use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
 
 use crate::error::ProducerError;
 use crate::job::lifecycle::JobReport;
@@ -45,6 +45,11 @@ pub enum Command {
         /// Plain progress lines even on a terminal.
         #[arg(long)]
         no_progress: bool,
+        /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
+        /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
+        /// `datastores.yaml` (docs/bindings.md).
+        #[arg(long = "datastore", value_name = "NAME=URL")]
+        datastores: Vec<String>,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -72,6 +77,11 @@ pub enum Command {
         /// Plain progress lines even on a terminal.
         #[arg(long)]
         no_progress: bool,
+        /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
+        /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
+        /// `datastores.yaml` (docs/bindings.md).
+        #[arg(long = "datastore", value_name = "NAME=URL")]
+        datastores: Vec<String>,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -136,7 +146,24 @@ pub enum Command {
         /// depends on it.
         #[arg(long, env = "BATCHFLEET_SKIP_STORE_CHECK")]
         skip_store_check: bool,
+        /// A prefix a manifest's job may read and write (its inputs, code, outputs,
+        /// append_row_to), repeatable: `s3://data-bucket/`, `/srv/batch/`. Default: the watched
+        /// bucket only, and no local path; a manifest reaching elsewhere is recorded `invalid`.
+        #[arg(long = "allow", value_name = "PREFIX")]
+        allow: Vec<String>,
+        /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
+        /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
+        /// `datastores.yaml` (docs/bindings.md).
+        #[arg(long = "datastore", value_name = "NAME=URL")]
+        datastores: Vec<String>,
+        /// A datastore map (`datastores.yaml` format) in the store, read for every manifest;
+        /// a `datastores.yaml` beside a manifest overrides it name by name.
+        #[arg(long, value_name = "URL")]
+        datastore_map: Option<String>,
     },
+    /// Size a fleet of worker containers on this Docker engine to the pool's outstanding work
+    /// (ready + in flight), from --min (0 allowed) to --max; idle workers are drained first.
+    Autoscale(crate::modes::autoscale::args::AutoscaleArgs),
     /// Show where a job stands, from its job root: progress, or its result once finished.
     Status {
         /// A job id (under --store) or a job root (folder or URL).
@@ -152,10 +179,19 @@ pub enum Command {
 /// (or ended without a producer to aggregate it).
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, no_progress } => {
-            let options =
-                RunOptions { spec_path: job, store, python, interactive: interactive(no_progress) };
-            match pipeline_file(&options.spec_path) {
+        Command::Run { job, store, python, no_progress, datastores } => {
+            let datastores = match datastore_map(&job, &datastores) {
+                Ok(map) => map,
+                Err(error) => return failed_to_start(&error),
+            };
+            let options = RunOptions {
+                spec_path: job,
+                store,
+                python,
+                datastores,
+                interactive: interactive(no_progress),
+            };
+            match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
                     return finish_pipeline(run_pipeline(&file, Fleet::Local(&options)).await)
                 }
@@ -167,12 +203,26 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => failed_to_start(&error),
             }
         }
-        Command::Submit { job, broker, store, pool, consumer_timeout, detach, no_progress } => {
+        Command::Submit {
+            job,
+            broker,
+            store,
+            pool,
+            consumer_timeout,
+            detach,
+            no_progress,
+            datastores,
+        } => {
+            let datastores = match datastore_map(&job, &datastores) {
+                Ok(map) => map,
+                Err(error) => return failed_to_start(&error),
+            };
             let options = SubmitOptions {
                 spec_path: job,
                 store,
                 broker,
                 pool,
+                datastores,
                 rabbitmq: RabbitMqConnect {
                     consumer_timeout: (consumer_timeout > 0)
                         .then(|| std::time::Duration::from_secs(consumer_timeout)),
@@ -181,7 +231,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 detach,
                 interactive: interactive(no_progress),
             };
-            match pipeline_file(&options.spec_path) {
+            match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
                     return finish_pipeline(run_pipeline(&file, Fleet::Remote(&options)).await)
                 }
@@ -226,6 +276,9 @@ pub async fn main(cli: Cli) -> ExitCode {
             wake_queue,
             claim_lease,
             skip_store_check,
+            allow,
+            datastores,
+            datastore_map,
         } => {
             let options = WatchOptions {
                 prefix,
@@ -240,6 +293,9 @@ pub async fn main(cli: Cli) -> ExitCode {
                 wake_queue,
                 claim_lease: std::time::Duration::from_secs(claim_lease.max(1)),
                 skip_store_check,
+                allow,
+                datastores,
+                datastore_map,
             };
             match watch(&options).await {
                 Ok(summary) => {
@@ -249,6 +305,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => failed_to_start(&error),
             }
         }
+        Command::Autoscale(args) => crate::modes::autoscale::args::run(args).await,
         Command::Status { job, store } => match job_status(&job, store.as_deref()).await {
             Ok(report) => {
                 print!("{}", report.text());
@@ -293,11 +350,22 @@ fn print_report(report: &JobReport) -> ExitCode {
 }
 
 /// The pipeline to run step by step, when the file is one (`None`: a job, as always).
-fn pipeline_file(path: &std::path::Path) -> Result<Option<PipelineFile>, ProducerError> {
-    match spec::load_spec_file(path)? {
+fn pipeline_file(
+    path: &std::path::Path,
+    datastores: &Datastores,
+) -> Result<Option<PipelineFile>, ProducerError> {
+    match spec::load_spec_file(path, datastores)? {
         SpecFile::Pipeline(file) => Ok(Some(file)),
         SpecFile::Job(_) => Ok(None),
     }
+}
+
+/// The datastore map of a job file: its `datastores.yaml`, `BATCHFLEET_DATASTORES`, the
+/// `--datastore` flags.
+fn datastore_map(job: &std::path::Path, flags: &[String]) -> Result<Datastores, ProducerError> {
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    let env = std::env::var(spec::datastores::ENV).ok();
+    Ok(Datastores::for_job_file(job, env.as_deref(), flags, &cwd)?)
 }
 
 /// Print a pipeline's summary; exit 0 when every step succeeded, 1 when one failed, 2 when it

@@ -20,6 +20,28 @@ pub enum ProducerError {
     EmptyInput { input: String, url: String },
     #[error("input `{input}` ({url}) does not exist")]
     MissingInput { input: String, url: String },
+    /// Listing the input failed part-way (past the store's own retries): the job cannot know
+    /// its whole input.
+    #[error("listing {what} failed: {source}")]
+    Listing {
+        /// What was listed: ``input `files` (file:///…)``.
+        what: String,
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// The job ended but the store refused its result (a full or read-only job root).
+    #[error(
+        "the job ended ({verdict}) but its result could not be written to {url}: {source}; \
+         once the store takes writes again, `batchfleet status {root}` says how to finish it \
+         (`batchfleet resume`)"
+    )]
+    ResultNotWritten {
+        verdict: String,
+        url: String,
+        root: String,
+        #[source]
+        source: Box<JobRootError>,
+    },
     #[error("{0}")]
     Unsupported(String),
     #[error("task.entry_script `{entry_script}` is not in task.code `{code}` ({spec_file})")]
@@ -31,6 +53,14 @@ pub enum ProducerError {
 }
 
 impl ProducerError {
+    /// The error of listing input `input` at `url` part-way.
+    pub fn listing(input: &str, url: &str, source: StoreError) -> Self {
+        ProducerError::Listing {
+            what: format!("input `{input}` ({url})"),
+            source: Box::new(source),
+        }
+    }
+
     pub fn internal(e: impl std::fmt::Display) -> Self {
         ProducerError::Internal(e.to_string())
     }
@@ -41,12 +71,15 @@ impl ProducerError {
             | ProducerError::Unsupported(_)
             | ProducerError::MissingEntryScript { .. } => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
+            ProducerError::Listing { source, .. } => source.kind(),
             ProducerError::Broker(e) => e.kind(),
             ProducerError::JobRoot(e) => e.kind(),
             ProducerError::EmptyInput { .. } | ProducerError::MissingInput { .. } => {
                 ErrorKind::InputData
             }
-            ProducerError::Aggregation { .. } | ProducerError::Internal(_) => ErrorKind::Infra,
+            ProducerError::Aggregation { .. }
+            | ProducerError::ResultNotWritten { .. }
+            | ProducerError::Internal(_) => ErrorKind::Infra,
         }
     }
 

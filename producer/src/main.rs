@@ -4,7 +4,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = batchfleet_producer::cli::Cli::parse();
-    batchfleet_common::logging::init("warn");
+    // The autoscaler's decisions are its output: info by default.
+    let autoscale = matches!(cli.command, batchfleet_producer::cli::Command::Autoscale(_));
+    batchfleet_common::logging::init(if autoscale { "info" } else { "warn" });
     // One thread: the producer lists, publishes, follows events and copies result parts, all
     // I/O; a multi-threaded runtime paid cross-thread wake-ups for every published message.
     // Blocking file work goes to tokio's blocking pool.

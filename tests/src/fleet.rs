@@ -71,23 +71,28 @@ pub enum Backend {
 pub struct Pool {
     pub name: String,
     pub backend: Backend,
+    /// The broker URL its processes get instead of the broker's own (a proxy's).
+    pub via: Option<String>,
 }
 
 impl Pool {
     /// A pool on the machine's RabbitMQ.
     pub fn new(tag: &str) -> Pool {
         require_rabbitmq();
-        Pool { name: unique_pool_name(tag), backend: Backend::RabbitMq }
+        Pool { name: unique_pool_name(tag), backend: Backend::RabbitMq, via: None }
     }
 
     /// A pool on the SQS test server.
     pub fn sqs(tag: &str) -> Pool {
         require_sqs();
-        Pool { name: unique_pool_name(tag), backend: Backend::Sqs }
+        Pool { name: unique_pool_name(tag), backend: Backend::Sqs, via: None }
     }
 
     /// The broker URL workers and producers of this pool are given.
     pub fn broker_url(&self) -> String {
+        if let Some(via) = &self.via {
+            return via.clone();
+        }
         match self.backend {
             Backend::RabbitMq => amqp_url(),
             Backend::Sqs => "sqs://".to_owned(),
@@ -113,6 +118,18 @@ impl Pool {
     /// `<dir>/scratch` unless `extra` names one, which is then taken relative to `dir` (the
     /// worker's working folder in that case).
     pub fn worker(&self, dir: &Path, id: &str, concurrency: u32, extra: &[&str]) -> WorkerProcess {
+        self.worker_with_env(dir, id, concurrency, extra, &[])
+    }
+
+    /// [`Pool::worker`], with variables added to the worker's environment.
+    pub fn worker_with_env(
+        &self,
+        dir: &Path,
+        id: &str,
+        concurrency: u32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> WorkerProcess {
         let log = dir.join(format!("worker-{id}.log"));
         let file = std::fs::File::create(&log).expect("worker log file");
         let mut command = Command::new(binary("batchfleet-worker"));
@@ -133,6 +150,7 @@ impl Pool {
             .arg("--python")
             .arg(python())
             .args(extra)
+            .envs(env.iter().copied())
             .env("TEST_WORKER", id)
             .env("BATCHFLEET_LOG", "info,batchfleet_worker=debug")
             .env_remove("BATCHFLEET_BROKER")

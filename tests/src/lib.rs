@@ -6,21 +6,25 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod chaos;
 pub mod fleet;
+pub mod proxy;
 
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
 }
 
-/// The target profile folder the running test was built into (`target/debug`).
+/// The target profile folder the running test (or tool, such as `chaos`) was built into
+/// (`target/debug`): tests live in `target/<profile>/deps/`, binaries in `target/<profile>/`.
 fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
-    // target/<profile>/deps/<test binary>
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .expect("test binary lives under target/<profile>/deps")
+    let dir = exe.parent().map(Path::to_path_buf).expect("a binary lives in a folder");
+    if dir.ends_with("deps") {
+        dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+    } else {
+        dir
+    }
 }
 
 /// Path of a workspace binary; fails with what to do when it was not built.
@@ -181,21 +185,36 @@ pub fn prepare_example(dir: &Path, count: usize) {
 
 /// The S3 test bucket (`infra/test-services` writes it to `target/test-services.env`).
 pub fn s3_bucket() -> String {
-    std::env::var("BATCHFLEET_TEST_S3_BUCKET").unwrap_or_else(|_| {
+    test_bucket("BATCHFLEET_TEST_S3_BUCKET")
+}
+
+/// The test bucket (or container) a test service names in the variable `var`.
+fn test_bucket(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
         panic!(
-            "BATCHFLEET_TEST_S3_BUCKET is not set: start the S3 test server with \
-             infra/test-services and source target/test-services.env (infra/run-tests does both)"
+            "{var} is not set: start the test services with infra/test-services (S3, SQS) and \
+             infra/azurite (Azure Blob), and source the env files they write (infra/run-tests \
+             does all of it)"
         )
     })
 }
 
-/// A fresh `s3://<bucket>/<tag>-<pid>-<nanos>` prefix, one per test run.
-pub fn s3_unique_prefix(tag: &str) -> String {
+fn unique_prefix(scheme: &str, bucket: &str, tag: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("s3://{}/{tag}-{}-{nanos}", s3_bucket(), std::process::id())
+    format!("{scheme}://{bucket}/{tag}-{}-{nanos}", std::process::id())
+}
+
+/// A fresh `s3://<bucket>/<tag>-<pid>-<nanos>` prefix, one per test run.
+pub fn s3_unique_prefix(tag: &str) -> String {
+    unique_prefix("s3", &s3_bucket(), tag)
+}
+
+/// A fresh `az://<container>/<tag>-<pid>-<nanos>` prefix in Azurite (`infra/azurite`).
+pub fn azure_unique_prefix(tag: &str) -> String {
+    unique_prefix("az", &test_bucket("BATCHFLEET_TEST_AZURE_CONTAINER"), tag)
 }
 
 /// Every object under `location`, as (path relative to it, contents).

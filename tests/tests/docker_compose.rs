@@ -5,7 +5,10 @@
 //! output must hold each input row exactly once: first with nothing going wrong, then under
 //! each fault — a worker SIGKILLed mid-job, a worker cut off from the network mid-batch and
 //! reconnected, RabbitMQ restarted mid-job, `watch` SIGKILLed and brought back, and the
-//! workers scaled out to 4 and in to 1 mid-job (no batch counted failed).
+//! workers scaled out to 4 and in to 1 mid-job (no batch counted failed). Those run on the
+//! fixed `worker` replicas (WORKER_REPLICAS=2, the autoscaler at AUTOSCALE_MAX=0); the last job
+//! runs on the compose file's default scaler instead: `worker` at 0 and the `autoscale` service
+//! starting workers on the project network and draining them back to 0.
 //!
 //! Skipped, with the reason printed, unless `BATCHFLEET_DOCKER_READY=1` (infra/docker/setup
 //! writes it to target/docker.env, which infra/run-tests sources).
@@ -43,6 +46,8 @@ struct Fleet {
     volumes_before: Vec<String>,
     store: Arc<dyn ObjectStore>,
     runtime: tokio::runtime::Runtime,
+    /// AUTOSCALE_MAX for the next compose command (0: the fixed replicas do the work).
+    autoscale_max: std::cell::Cell<u32>,
 }
 
 impl Fleet {
@@ -75,6 +80,11 @@ impl Fleet {
             .env("BUCKET", BUCKET)
             .env("WATCH_INTERVAL", "1")
             .env("WORKER_DRAIN_GRACE", "25")
+            .env("WORKER_REPLICAS", "2")
+            .env("AUTOSCALE_MAX", self.autoscale_max.get().to_string())
+            .env("AUTOSCALE_COOLDOWN", "5")
+            .env("BATCHFLEET_NETWORK", self.network())
+            .env("BATCHFLEET_FLEET", &self.project)
             .env(
                 "BATCHFLEET_DOCKER_TAG",
                 std::env::var("BATCHFLEET_DOCKER_TAG").unwrap_or_else(|_| "local".into()),
@@ -89,6 +99,17 @@ impl Fleet {
         let output = run_bounded(Command::new(&self.docker).args(args), DOCKER_LIMIT);
         assert!(output.status.success(), "docker {args:?} failed\n{}", describe(&output));
         output
+    }
+
+    fn network(&self) -> String {
+        format!("{}_default", self.project)
+    }
+
+    /// The running worker containers the autoscale service started, by id.
+    fn autoscaled(&self) -> Vec<String> {
+        let label = format!("label=batchfleet.autoscale.fleet={}", self.project);
+        let output = self.docker(&["ps", "-q", "--filter", &label]);
+        String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
     }
 
     /// The running containers of `service`, by id.
@@ -227,6 +248,29 @@ impl Drop for Fleet {
                 .env("S3_SECRET_KEY", "x")
                 .output()
         };
+        // The autoscaler's workers are not compose's: removed first, or the network stays.
+        let label = format!("label=batchfleet.autoscale.fleet={}", self.project);
+        if let Ok(ids) = Command::new(&self.docker).args(["ps", "-aq", "--filter", &label]).output()
+        {
+            let ids: Vec<String> =
+                String::from_utf8_lossy(&ids.stdout).lines().map(str::to_string).collect();
+            if std::thread::panicking() {
+                for id in &ids {
+                    if let Ok(logs) =
+                        Command::new(&self.docker).args(["logs", "--tail", "50", id]).output()
+                    {
+                        eprintln!(
+                            "--- autoscaled worker {id} ---\n{}{}",
+                            String::from_utf8_lossy(&logs.stdout),
+                            String::from_utf8_lossy(&logs.stderr)
+                        );
+                    }
+                }
+            }
+            if !ids.is_empty() {
+                let _ = Command::new(&self.docker).args(["rm", "-f", "-v"]).args(&ids).output();
+            }
+        }
         if std::thread::panicking() {
             if let Ok(logs) = compose(&["logs", "--no-color", "--tail", "150"]) {
                 eprintln!(
@@ -302,6 +346,7 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
         env_file: tempfile::NamedTempFile::new().unwrap(),
         store: Arc::new(store),
         runtime: tokio::runtime::Runtime::new().unwrap(),
+        autoscale_max: std::cell::Cell::new(0),
     };
     let started = Instant::now();
     fleet.compose(&["up", "-d"]);
@@ -327,7 +372,7 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
     // A worker cut off from the network mid-batch: RabbitMQ misses its heartbeats (10 s in the
     // test image) and redelivers its batches to the other; reconnected after the job ended,
     // whatever it still writes loses the create-only race.
-    let network = format!("{}_default", fleet.project);
+    let network = fleet.network();
     let job = fleet.drop_job("worker-cut-off", 40, 0.5);
     fleet.wait_mid_job(&job, 6);
     let cut_off = fleet.one_container("worker");
@@ -367,4 +412,30 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
     fleet.expect_exactly_once(&job);
     assert_eq!(fleet.count(&format!("{root}/failures")), 0, "a failed attempt after scaling in");
     eprintln!("scaling done at {:?}", started.elapsed());
+
+    // The default scaler: no fixed worker, the autoscale service (recreated with max 3) starts
+    // workers on the project network for the job and drains them back to 0 after it.
+    fleet.autoscale_max.set(3);
+    fleet.compose(&["up", "-d", "--scale", "worker=0"]);
+    eventually(DOCKER_LIMIT, "the fixed workers gone", || {
+        fleet.containers("worker").is_empty().then_some(())
+    });
+    // Messages of finished jobs may still wait (a resumed job publishes its unfinished batches
+    // again): the autoscaler runs them off (each finds its status and is acked), then goes to 0.
+    eventually(Duration::from_secs(90), "no autoscaled worker before the job", || {
+        fleet.autoscaled().is_empty().then_some(())
+    });
+    let job = fleet.drop_job("autoscaled", 30, 0.5);
+    eventually(JOB_LIMIT, "an autoscaled worker", || {
+        (!fleet.autoscaled().is_empty()).then_some(())
+    });
+    fleet.expect_exactly_once(&job);
+    eventually(Duration::from_secs(60), "the autoscaled workers drained back to 0", || {
+        fleet.autoscaled().is_empty().then_some(())
+    });
+    let logs = fleet.compose(&["logs", "--no-color", "autoscale"]);
+    let logs = String::from_utf8_lossy(&logs.stdout);
+    assert!(logs.contains("→ start"), "the autoscaler's decisions:\n{logs}");
+    assert!(logs.contains("asked an idle worker to drain"), "the autoscaler's decisions:\n{logs}");
+    eprintln!("autoscaled job done at {:?}", started.elapsed());
 }

@@ -81,8 +81,15 @@ fn mini_batch_error_threshold_allows_equal_and_fails_one_more() {
     );
     assert_rows_exactly(&at_limit, file_names(6));
     let result = at_limit.job_result();
-    assert!(result.starts_with("succeeded\n"), "{result}");
+    assert!(
+        result.starts_with(
+            "succeeded with 2 failed mini-batches (2 items) ignored by the thresholds\n"
+        ),
+        "the first line must not hide the failures: {result}"
+    );
     assert!(result.contains("2 failed"), "{result}");
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(printed.contains("ignored by the thresholds"), "run says it too: {printed}");
 
     let over = JobFixture::new(
         &inputs(6, 3),
@@ -388,4 +395,70 @@ def run(mini_batch):
     assert!(fixture.marks().len() >= 2, "init() is retried: {:?}", fixture.marks());
     assert!(!fixture.job_root().join("failures").exists(), "init failures burn no batch attempt");
     assert!(result.contains("2 cancelled"), "{result}");
+}
+
+/// A listing that fails part-way (here a sub-folder nested past the length a path may have,
+/// which even root cannot list) ends the job with a result naming the listing and its error,
+/// and a non-zero exit; `status` says the same.
+#[test]
+fn a_listing_that_fails_mid_way_ends_the_job_with_a_result_naming_it() {
+    let fixture = JobFixture::new(
+        &file_names(40),
+        &script("def run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n"),
+        "mini_batch_size: 1\nmax_concurrency_per_instance: 2",
+        "",
+    );
+    // Sorted after the files: `zz/ddd…/ddd…/…` nested past PATH_MAX (4,096 bytes), made one
+    // level at a time from inside the one above (a path that long cannot be used whole).
+    let nest = "import os, sys\nos.chdir(sys.argv[1])\nfor _ in range(20):\n    \
+                os.mkdir('d' * 250)\n    os.chdir('d' * 250)\n";
+    let zz = fixture.path().join("data/zz");
+    std::fs::create_dir(&zz).unwrap();
+    let made = batchfleet_tests::run(
+        std::process::Command::new(batchfleet_tests::python()).arg("-c").arg(nest).arg(&zz),
+    );
+    assert!(made.status.success(), "{}", describe(&made));
+
+    let output = fixture.run();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let result = fixture.job_result();
+    let headline = result.lines().next().unwrap_or_default();
+    assert!(
+        headline.starts_with("failed: listing input `files` (file://")
+            && headline.contains("File name too long"),
+        "the first line names the listing and its error: {result}"
+    );
+    let status =
+        batchfleet_tests::run(batchfleet_tests::batchfleet().arg("status").arg(fixture.job_root()));
+    assert!(
+        String::from_utf8_lossy(&status.stdout).starts_with(headline),
+        "status says the same: {}",
+        describe(&status)
+    );
+}
+
+/// A script that kills its parent process (`os.kill(os.getppid(), 9)` in `run()`) must not take
+/// `batchfleet run` with it (it died with rc 137, leaving no result): the job still finishes,
+/// with every row once.
+#[test]
+fn a_script_that_kills_its_parent_process_does_not_kill_the_embedded_job() {
+    let body = r#"
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    if "f005.txt" in names and mark("killed-parent") == 1:
+        os.kill(os.getppid(), 9)
+    return names
+"#;
+    let files = file_names(20);
+    let fixture = JobFixture::new(
+        &files,
+        &script(body),
+        "mini_batch_size: 1\nmax_concurrency_per_instance: 2",
+        "",
+    );
+    let output = fixture.run();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(fixture.marks(), ["killed-parent-1"], "the script did kill its parent");
+    assert!(fixture.job_result().starts_with("succeeded"), "{}", fixture.job_result());
+    assert_rows_exactly(&fixture, files);
 }

@@ -131,3 +131,57 @@ fn a_missing_entry_script_is_named_before_anything_runs() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("score.py") && stderr.contains("job.yaml"), "{stderr}");
 }
+
+/// The example's Azure ML form (`azureml-job.yaml`) on this machine: unmapped, it stops before
+/// anything runs with the line to add; `BATCHFLEET_DATASTORES` overrides the `datastores.yaml`
+/// beside the job; that file alone maps it too.
+#[test]
+fn the_azure_ml_form_runs_with_the_datastore_map_beside_it_or_in_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 20);
+    let example = repo_root().join("examples/file-scoring/azureml-job.yaml");
+    std::fs::copy(example, dir.path().join("job.yaml")).unwrap();
+    std::fs::create_dir_all(dir.path().join("ws/file-scoring")).unwrap();
+    std::fs::rename(dir.path().join("data"), dir.path().join("ws/file-scoring/data")).unwrap();
+    let jobs = dir.path().join("jobs");
+    let run_job = |env: Option<String>| {
+        let mut command = batchfleet();
+        command.arg("run").arg(dir.path().join("job.yaml")).arg("--store").arg(&jobs);
+        match env {
+            Some(value) => command.env("BATCHFLEET_DATASTORES", value),
+            None => command.env_remove("BATCHFLEET_DATASTORES"),
+        };
+        run(&mut command)
+    };
+    let scores = dir.path().join("ws/file-scoring/scores.txt");
+
+    let unmapped = run_job(None);
+    assert_eq!(unmapped.status.code(), Some(2), "{}", describe(&unmapped));
+    let stderr = String::from_utf8_lossy(&unmapped.stderr);
+    assert!(
+        stderr
+            .contains("job.yaml:14:11: inputs.documents.path: the datastore `workspaceblobstore`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("add the line `  workspaceblobstore: az://<container>/<folder>`"),
+        "{stderr}"
+    );
+    assert!(!jobs.exists(), "nothing created");
+
+    std::fs::write(
+        dir.path().join("datastores.yaml"),
+        "datastores:\n  workspaceblobstore: ./nowhere\n",
+    )
+    .unwrap();
+    let from_env = run_job(Some(format!("workspaceblobstore={}", dir.path().join("ws").display())));
+    assert!(from_env.status.success(), "{}", describe(&from_env));
+    assert_eq!(std::fs::read_to_string(&scores).unwrap().lines().count(), 20);
+    std::fs::remove_file(&scores).unwrap();
+
+    std::fs::write(dir.path().join("datastores.yaml"), "datastores:\n  workspaceblobstore: ./ws\n")
+        .unwrap();
+    let from_file = run_job(None);
+    assert!(from_file.status.success(), "{}", describe(&from_file));
+    assert_eq!(std::fs::read_to_string(&scores).unwrap().lines().count(), 20);
+}

@@ -86,6 +86,22 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
         }
         let broken = manifest(dir.path(), 9).replace("mini_batch_size:", "mini_batch_sise:");
         put(&manifests, "broken.yaml", broken).await;
+        // Nine lines of nested anchors (10^9 values expanded): it once grew a watcher to
+        // gigabytes and aborted it, again after every restart.
+        let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for level in 1..9 {
+            let alias = format!("*a{}", level - 1);
+            bomb.push_str(&format!("a{level}: &a{level} [{}]\n", vec![alias; 10].join(", ")));
+        }
+        put(&manifests, "bomb.yaml", bomb).await;
+        // A manifest reaching past what the watcher allows (here: its own file system).
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("shadow"), "secret").unwrap();
+        let reaching = manifest(dir.path(), 8).replace(
+            &dir.path().join("data-8").display().to_string(),
+            &outside.path().display().to_string(),
+        );
+        put(&manifests, "reaching.yaml", reaching).await;
     });
 
     let _workers = [pool.worker(dir.path(), "a", 2, &[]), pool.worker(dir.path(), "b", 2, &[])];
@@ -97,6 +113,8 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
             .arg(pool.broker_url())
             .arg("--store")
             .arg(dir.path().join("jobs"))
+            .arg("--allow")
+            .arg(dir.path())
             .env_remove("BATCHFLEET_STORE");
         spawn_captured(&mut command)
     };
@@ -107,7 +125,7 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
 
     let results = runtime.block_on(async {
         let mut results = Vec::new();
-        for name in ["job-0", "job-1", "job-2", "job-3", "job-4", "broken"] {
+        for name in ["job-0", "job-1", "job-2", "job-3", "job-4", "broken", "bomb", "reaching"] {
             results.push((name, get_json(&manifests, &format!("{name}.yaml.result.json")).await));
         }
         results
@@ -120,6 +138,14 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
     assert_eq!(broken["status"], "invalid", "{broken}");
     let error = broken["first_error"].as_str().unwrap_or_default();
     assert!(error.contains("mini_batch_sise") && error.contains("broken.yaml"), "{broken}");
+    let (_, bomb) = &results[6];
+    assert_eq!(bomb["status"], "invalid", "{bomb}");
+    let error = bomb["first_error"].as_str().unwrap_or_default();
+    assert!(error.contains("past 100000 values") && error.contains("bomb.yaml"), "{bomb}");
+    let (_, reaching) = &results[7];
+    assert_eq!(reaching["status"], "invalid", "{reaching}");
+    let error = reaching["first_error"].as_str().unwrap_or_default();
+    assert!(error.contains("is outside what this watcher lets a manifest reach"), "{reaching}");
 
     // Each manifest ran once: five job roots, and every job's output holds its three files once.
     let roots = std::fs::read_dir(dir.path().join("jobs")).unwrap().count();
@@ -134,6 +160,84 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
         !watchers.is_empty() && watchers.iter().all(|w| w == "w1" || w == "w2"),
         "{watchers:?}"
     );
+}
+
+/// A manifest as an Azure ML workspace writes it runs with the watcher's `--datastore-map` (here
+/// the default datastore) under the `datastores.yaml` dropped beside it (here the input's); one
+/// naming a datastore neither maps is `invalid` with the line to add; the map itself is no
+/// manifest.
+#[test]
+fn manifests_with_azureml_paths_run_with_the_datastore_map_beside_them() {
+    let pool = Pool::new("watch-azureml");
+    let dir = tempfile::tempdir().unwrap();
+    write_entry_script(
+        dir.path(),
+        "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    );
+    let written = manifest(dir.path(), 0)
+        .replace(
+            &dir.path().join("data-0").display().to_string(),
+            "azureml://datastores/data/paths/data-0",
+        )
+        .replace(
+            &dir.path().join("out-0.txt").display().to_string(),
+            "\"azureml://datastores/${{default_datastore}}/paths/${{name}}/rows.txt\"",
+        );
+    assert!(written.contains("paths/data-0}") && written.contains("rows.txt\"}"), "{written}");
+    let prefix = format!("{}manifests/", unique_prefix("watch-azureml"));
+    let manifests = open_str(&prefix).unwrap();
+    let configured = format!("{}watcher-map.yaml", unique_prefix("watch-azureml-map"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let folder = dir.path().display();
+        let map = format!("default_datastore: local\ndatastores:\n  local: {folder}\n");
+        let watcher_map = open_str(&configured).unwrap();
+        watcher_map
+            .store
+            .put(&watcher_map.prefix, PutPayload::from(map.into_bytes()))
+            .await
+            .unwrap();
+        put(&manifests, "datastores.yaml", format!("datastores:\n  data: {folder}\n")).await;
+        put(&manifests, "azure.yaml", written.clone()).await;
+        put(
+            &manifests,
+            "unmapped.yaml",
+            written.replace("datastores/data/", "datastores/archive/"),
+        )
+        .await;
+    });
+    let _worker = pool.worker(dir.path(), "a", 2, &[]);
+    let mut command = Command::new(binary("batchfleet"));
+    command
+        .args(["watch", &prefix, "--once", "--pool", &pool.name])
+        .arg("--broker")
+        .arg(pool.broker_url())
+        .arg("--store")
+        .arg(dir.path().join("jobs"))
+        .arg("--allow")
+        .arg(dir.path())
+        .args(["--datastore-map", &configured])
+        .env_remove("BATCHFLEET_STORE")
+        .env_remove("BATCHFLEET_DATASTORES");
+    let output = finish_bounded(spawn_captured(&mut command), WATCH_LIMIT);
+    assert!(output.status.success(), "the watcher failed: {}", describe(&output));
+    let (azure, unmapped, map_result) = runtime.block_on(async {
+        let map_result =
+            manifests.store.head(&manifests.child_key("datastores.yaml.result.json")).await;
+        (
+            get_json(&manifests, "azure.yaml.result.json").await,
+            get_json(&manifests, "unmapped.yaml.result.json").await,
+            map_result,
+        )
+    });
+    assert_eq!(azure["status"], "succeeded", "{azure}");
+    let rows = sorted_rows(&dir.path().join("manifest-0/rows.txt"));
+    assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"]);
+    assert_eq!(unmapped["status"], "invalid", "{unmapped}");
+    let error = unmapped["first_error"].as_str().unwrap_or_default();
+    assert!(error.contains("`  archive: az://<container>/<folder>`"), "{unmapped}");
+    assert!(error.contains("manifests/datastores.yaml"), "the map beside it is named: {unmapped}");
+    assert!(map_result.is_err(), "the map is not a manifest: {map_result:?}");
 }
 
 #[test]
@@ -161,6 +265,8 @@ fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
             .arg(pool.broker_url())
             .arg("--store")
             .arg(dir.path().join("jobs"))
+            .arg("--allow")
+            .arg(dir.path())
             .env_remove("BATCHFLEET_STORE");
         command
     };
@@ -231,6 +337,8 @@ fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
         .arg(pool.broker_url())
         .arg("--store")
         .arg(dir.path().join("jobs"))
+        .arg("--allow")
+        .arg(dir.path())
         .env_remove("BATCHFLEET_STORE")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -279,6 +387,8 @@ impl Watcher {
             .arg(pool.broker_url())
             .arg("--store")
             .arg(dir.join("jobs"))
+            .arg("--allow")
+            .arg(dir)
             .env("BATCHFLEET_LOG", "info")
             .env_remove("BATCHFLEET_STORE")
             .stdout(Stdio::null())

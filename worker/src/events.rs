@@ -182,6 +182,7 @@ mod tests {
             items_in: 1,
             items_out: 1,
             rows: 1,
+            extra_lines: 0,
             result_part: Some("1-w-s0".into()),
             header: Some("h".repeat(1000)),
             attempt: 1,

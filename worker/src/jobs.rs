@@ -103,22 +103,30 @@ pub(crate) struct JobCache {
 impl JobCache {
     /// The job of `message`, loading it on first sight.
     pub async fn get(&self, message: &MiniBatchMessage) -> Result<Arc<LoadedJob>, JobLoadError> {
+        self.get_by_root(&message.job_id, &message.job_root).await
+    }
+
+    /// The job `job_id` under `root_url`, loading it on first sight.
+    pub async fn get_by_root(
+        &self,
+        job_id: &str,
+        root_url: &str,
+    ) -> Result<Arc<LoadedJob>, JobLoadError> {
         let mut jobs = self.jobs.lock().await;
-        if let Some(job) = jobs.get(&message.job_id) {
-            if job.job_root == message.job_root {
+        if let Some(job) = jobs.get(job_id) {
+            if job.job_root == root_url {
                 return Ok(Arc::clone(job));
             }
         }
-        let job = Arc::new(load(message).await?);
-        tracing::info!(job_id = %job.job_id, job_root = %message.job_root,
+        let job = Arc::new(load(job_id, root_url).await?);
+        tracing::info!(job_id = %job.job_id, job_root = %root_url,
             entry_script = %job.job.task.entry_script, "loaded job");
-        jobs.insert(message.job_id.clone(), Arc::clone(&job));
+        jobs.insert(job_id.to_owned(), Arc::clone(&job));
         Ok(job)
     }
 }
 
-async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
-    let root_url = &message.job_root;
+async fn load(job_id: &str, root_url: &str) -> Result<LoadedJob, JobLoadError> {
     let unusable =
         |reason: String| JobLoadError::Unusable(format!("job root `{root_url}`: {reason}"));
     let root = JobRoot::open(root_url).map_err(|e| unusable(e.to_string()))?;
@@ -138,8 +146,8 @@ async fn load(message: &MiniBatchMessage) -> Result<LoadedJob, JobLoadError> {
     let input = InputBase::for_input(&job.input).map_err(unusable)?;
     let mounts = JobMounts::new(&job.inputs);
     Ok(LoadedJob {
-        job_id: message.job_id.clone(),
-        job_root: message.job_root.clone(),
+        job_id: job_id.to_owned(),
+        job_root: root_url.to_owned(),
         job,
         root,
         code_dir,

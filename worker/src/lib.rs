@@ -4,6 +4,8 @@
 //!
 //! - [`Worker`]: the consume loop (`concurrency` slots), as the standalone binary and the
 //!   producer's embedded mode run it.
+//! - [`health`]: the status file a worker keeps in its scratch folder (alive, busy slots,
+//!   draining), which a container's health check and `batchfleet autoscale` read.
 //! - [`runtime`]: entry-script processes and the line protocol they speak
 //!   (docs/entry-protocol.md).
 //!
@@ -12,6 +14,7 @@
 //! `heartbeat` (lease extension), `infra` (retries for store and broker calls).
 
 mod events;
+pub mod health;
 mod heartbeat;
 mod infra;
 mod jobs;
@@ -27,5 +30,5 @@ mod user_logs;
 mod worker;
 
 pub use infra::InfraError;
-pub use shared::{WorkerConfig, WorkerError, WorkerSummary};
+pub use shared::{LoadHandle, Prestart, WorkerConfig, WorkerError, WorkerSummary};
 pub use worker::{Worker, DEFAULT_LEASE};

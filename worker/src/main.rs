@@ -21,12 +21,12 @@ use tokio_util::sync::CancellationToken;
 use batchfleet_common::broker::connect::{
     connect, kind_of, redact, BrokerKind, ConnectOptions, RabbitMqConnect,
 };
+use batchfleet_common::broker::{Broker, BrokerError};
 use batchfleet_common::message::QueueNames;
+use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
-use batchfleet_worker::{Worker, WorkerConfig};
-
-mod health;
+use batchfleet_worker::{health, Worker, WorkerConfig};
 
 /// Exit code for a usage or configuration error (bad URL, bad option).
 const EXIT_CONFIG: u8 = 2;
@@ -64,6 +64,10 @@ struct Args {
     #[arg(long, env = "BATCHFLEET_PREFETCH",
         value_parser = clap::value_parser!(u32).range(1..=65_535))]
     prefetch: Option<u32>,
+    /// Seconds to wait for the broker at start before giving up (exit 1); default: wait as
+    /// long as it takes, logging each try (a fleet often starts before its broker).
+    #[arg(long, env = "BATCHFLEET_BROKER_WAIT")]
+    broker_wait: Option<u64>,
     /// Exit (code 0) after this many seconds with nothing to do: scale to zero.
     #[arg(long, env = "BATCHFLEET_IDLE_EXIT")]
     idle_exit: Option<u64>,
@@ -86,7 +90,7 @@ struct Args {
     #[arg(long, env = "BATCHFLEET_WORKER_ID")]
     worker_id: Option<String>,
     /// Health check (a container's HEALTHCHECK): exit 0 when the worker using the same scratch
-    /// folder wrote its liveness file (`<scratch dir>/alive`, every 5 s) in the last 20 s.
+    /// folder wrote its status file (`<scratch dir>/alive`, at least every 5 s) in the last 20 s.
     #[arg(long)]
     check: bool,
 }
@@ -97,6 +101,13 @@ fn main() -> ExitCode {
         return health::check(&scratch_dir_of(&args));
     }
     batchfleet_common::logging::init("info");
+    // What an entry script's processes orphan comes to this process instead of init, to be
+    // killed with its runtime (see runtime::tree). Only here: `batchfleet run` runs other
+    // commands whose orphans are not the worker's.
+    if let Err(error) = batchfleet_worker::runtime::adopt_orphans() {
+        tracing::warn!(%error, "cannot become the child subreaper of the entry scripts' \
+            processes; one that leaves its session and clears its environment may outlive its job");
+    }
     // One thread: the worker's own work is I/O orchestration (the entry scripts do the
     // computing, in their own processes), and on a multi-threaded runtime every message cost
     // several cross-thread wake-ups. Blocking file work goes to tokio's blocking pool, except
@@ -161,8 +172,15 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     };
     let options =
         ConnectOptions { connection_name: Some(connection_name(&args.pool, &worker_id)), rabbitmq };
-    let broker = match connect(&broker_url, options).await {
-        Ok(broker) => broker,
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(on_signals(shutdown.clone()));
+    let wait = args.broker_wait.map(Duration::from_secs);
+    let broker = match connect_waiting(&broker_url, options, wait, &shutdown).await {
+        Ok(Some(broker)) => broker,
+        Ok(None) => {
+            tracing::info!("stopped before the broker answered");
+            return Ok(ExitCode::SUCCESS);
+        }
         Err(error) => {
             eprintln!("error: connecting to {}: {error}", redact(&broker_url));
             // A URL this build cannot serve is a usage error; an unreachable broker is not.
@@ -181,12 +199,11 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         scratch_dir,
         idle_exit: args.idle_exit.map(Duration::from_secs),
     };
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(on_signals(shutdown.clone()));
-    let beat = tokio::spawn(health::beat(config.scratch_dir.clone(), config.worker_id.clone()));
+    let (scratch, id) = (config.scratch_dir.clone(), config.worker_id.clone());
     let worker = Worker::new(Arc::clone(&broker), config)
         .with_drain_grace(Duration::from_secs(args.drain_grace))
         .with_lease(Duration::from_secs(args.lease));
+    let beat = tokio::spawn(health::beat(scratch, id, worker.load(), shutdown.clone()));
     let outcome = worker.run(shutdown).await;
     signals.abort();
     beat.abort();
@@ -230,6 +247,38 @@ fn rabbitmq_options(args: &Args, kind: BrokerKind) -> Result<RabbitMqConnect, St
     };
     let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
     Ok(RabbitMqConnect { prefetch: Some(prefetch), ..RabbitMqConnect::default() })
+}
+
+/// Connect, waiting for a broker that does not answer yet (from 1 s up to 30 s between tries,
+/// each logged) until it does, `limit` runs out, or the worker is stopped (`Ok(None)`). An
+/// error no wait can cure (a URL this build cannot serve, refused credentials) is returned at
+/// once.
+async fn connect_waiting(
+    url: &str,
+    options: ConnectOptions,
+    limit: Option<Duration>,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<dyn Broker>>, BrokerError> {
+    let started = std::time::Instant::now();
+    let mut delays = RetryPolicy::RUNTIME_START.delays();
+    loop {
+        let error = match connect(url, options.clone()).await {
+            Ok(broker) => return Ok(Some(broker)),
+            Err(error) if error.retry() == Retry::Permanent => return Err(error),
+            Err(error) => error,
+        };
+        let waited = started.elapsed();
+        let delay = delays.next().unwrap_or(Duration::from_secs(30));
+        if limit.is_some_and(|limit| waited + delay > limit) {
+            return Err(error);
+        }
+        tracing::warn!(broker = %redact(url), %error, waited_s = waited.as_secs(),
+            retry_in_ms = delay.as_millis() as u64, "the broker does not answer yet; waiting for it");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => return Ok(None),
+        }
+    }
 }
 
 /// First SIGTERM / SIGINT: drain. Second: exit now (the broker connection closes with the

@@ -1,6 +1,10 @@
 //! Turning a mini-batch's items into local file paths for `run()`.
 //!
-//! Local inputs (`file://`) are passed where they are. Inputs in an object store are downloaded
+//! Local inputs (`file://`) are given to `run()` as copies it cannot damage, in a per-batch
+//! folder removed when the batch is done (`ro_mount` and `download`: a script that deletes,
+//! moves or overwrites its inputs leaves the input folder as it was; hard links would share the
+//! file an overwrite truncates); with `mode: direct` the original paths. Inputs in an
+//! object store are downloaded
 //! (in parallel, a bounded number at a time) into a per-batch temporary folder that is removed
 //! when the batch is done — for `mode: download` and `ro_mount` alike, since a worker mounts
 //! nothing; with `mode: direct` the script gets the objects' URLs instead, as Azure does.
@@ -21,8 +25,10 @@ use crate::runtime::protocol::TableRequest;
 /// Where a job's items live.
 #[derive(Debug)]
 pub(crate) enum InputBase {
-    /// A local folder: items are paths under it.
+    /// A local folder, `mode: direct`: items are its paths.
     Local(PathBuf),
+    /// A local folder, `ro_mount` or `download`: items are copied into the batch's folder.
+    LocalCopy(PathBuf),
     /// A prefix in an object store: items are downloaded.
     Remote(StoreLocation),
     /// `mode: direct` on an object store: items are passed as URLs.
@@ -45,7 +51,10 @@ impl InputBase {
             InputKind::UriFolder | InputKind::Mltable => url,
         };
         if let Some(path) = store::local_path(&base) {
-            return Ok(InputBase::Local(path));
+            return Ok(match input.mode {
+                InputMode::Direct => InputBase::Local(path),
+                _ => InputBase::LocalCopy(path),
+            });
         }
         if input.mode == InputMode::Direct {
             return Ok(InputBase::Direct(base));
@@ -77,6 +86,7 @@ pub(crate) async fn materialize(
                 .collect::<Result<_, _>>()?;
             Ok(Materialized { paths, table: None, _downloads: None })
         }
+        InputBase::LocalCopy(folder) => local_copies(folder, items, scratch).await,
         InputBase::Direct(url) => {
             let paths = items
                 .iter()
@@ -105,6 +115,36 @@ async fn download(
     let locals = download_into(location, items, folder.path()).await?;
     let paths = locals.iter().map(|p| path_string(p)).collect();
     Ok(Materialized { paths, table: None, _downloads: Some(folder) })
+}
+
+/// The batch's local items copied into a folder of its own.
+async fn local_copies(
+    folder: &Path,
+    items: &[String],
+    scratch: &Path,
+) -> Result<Materialized, InfraError> {
+    let view = batch_folder(scratch, "inputs-")?;
+    let pairs: Vec<(PathBuf, PathBuf)> = items
+        .iter()
+        .map(|item| Ok((join_item(folder, item)?, join_item(view.path(), item)?)))
+        .collect::<Result<_, InfraError>>()?;
+    let placed = tokio::task::spawn_blocking(move || -> Result<Vec<PathBuf>, InfraError> {
+        let mut paths = Vec::with_capacity(pairs.len());
+        for (source, target) in pairs {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+            }
+            std::fs::copy(&source, &target)
+                .map_err(|e| InfraError::io(format!("copying input {}", source.display()), e))?;
+            paths.push(target);
+        }
+        Ok(paths)
+    })
+    .await
+    .map_err(|e| InfraError::io("placing the batch's inputs", std::io::Error::other(e)))??;
+    let paths = placed.iter().map(|p| path_string(p)).collect();
+    Ok(Materialized { paths, table: None, _downloads: Some(view) })
 }
 
 /// A fresh folder for one batch's local files under `scratch`, removed when dropped.
@@ -218,8 +258,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn local_items_stay_where_they_are() {
-        let base = InputBase::for_input(&input(InputKind::UriFolder, "file:///data/in")).unwrap();
+    async fn direct_local_items_stay_where_they_are() {
+        let mut spec = input(InputKind::UriFolder, "file:///data/in");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
         let got = materialize(&base, &["a.txt".into(), "sub/b.txt".into()], Path::new("/unused"))
             .await
             .unwrap();
@@ -227,9 +269,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn ro_mount_local_items_are_copies_removed_afterwards() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(source.path().join("sub")).unwrap();
+        std::fs::write(source.path().join("sub/b.txt"), "bee").unwrap();
+        let url = Url::from_directory_path(source.path()).unwrap();
+        let base = InputBase::for_input(&input(InputKind::UriFolder, url.as_str())).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let got = materialize(&base, &["sub/b.txt".into()], scratch.path()).await.unwrap();
+        let local = PathBuf::from(&got.paths[0]);
+        assert!(local.starts_with(scratch.path()), "{local:?}");
+        std::fs::write(&local, "overwritten").unwrap();
+        assert_eq!(std::fs::read_to_string(source.path().join("sub/b.txt")).unwrap(), "bee");
+        drop(got);
+        assert!(!local.exists());
+    }
+
+    #[tokio::test]
     async fn uri_file_items_are_relative_to_the_files_folder() {
-        let base =
-            InputBase::for_input(&input(InputKind::UriFile, "file:///data/in/table.csv")).unwrap();
+        let mut spec = input(InputKind::UriFile, "file:///data/in/table.csv");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
         let got = materialize(&base, &["table.csv".into()], Path::new("/unused")).await.unwrap();
         assert_eq!(got.paths, vec!["/data/in/table.csv"]);
     }

@@ -92,21 +92,29 @@ impl WorkerError {
     }
 }
 
-/// Whether any slot is busy, and since when nothing happened (for `idle_exit`).
+/// Whether any slot is busy, and since when nothing happened (for `idle_exit` and the worker's
+/// status file, `health`).
 pub(crate) struct Activity {
     busy: AtomicUsize,
     last: Mutex<Instant>,
+    /// Woken (one stored permit) when a batch begins or ends.
+    changed: tokio::sync::Notify,
 }
 
 impl Activity {
     pub(crate) fn new() -> Self {
-        Activity { busy: AtomicUsize::new(0), last: Mutex::new(Instant::now()) }
+        Activity {
+            busy: AtomicUsize::new(0),
+            last: Mutex::new(Instant::now()),
+            changed: tokio::sync::Notify::new(),
+        }
     }
 
     fn touch(&self) {
         if let Ok(mut last) = self.last.lock() {
             *last = Instant::now();
         }
+        self.changed.notify_one();
     }
 
     pub(crate) fn begin(&self) {
@@ -119,6 +127,11 @@ impl Activity {
         self.touch();
     }
 
+    /// Slots holding a mini-batch now.
+    pub(crate) fn busy(&self) -> usize {
+        self.busy.load(Ordering::SeqCst)
+    }
+
     /// Zero while a slot is busy; otherwise the time since the last batch began or ended.
     pub(crate) fn idle_for(&self) -> Duration {
         if self.busy.load(Ordering::SeqCst) > 0 {
@@ -128,13 +141,48 @@ impl Activity {
     }
 }
 
+/// A worker's load as its slots see it, for whoever reports it (`health::beat`): cheap to
+/// clone, readable while the worker runs.
+#[derive(Clone)]
+pub struct LoadHandle {
+    activity: Arc<Activity>,
+    slots: usize,
+}
+
+impl LoadHandle {
+    pub(crate) fn new(activity: Arc<Activity>, slots: usize) -> LoadHandle {
+        LoadHandle { activity, slots }
+    }
+
+    /// Slots holding a mini-batch now.
+    pub fn busy(&self) -> usize {
+        self.activity.busy()
+    }
+
+    /// The worker's slot count (its concurrency).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Zero while a slot is busy; otherwise how long since the last batch began or ended.
+    pub fn idle_for(&self) -> Duration {
+        self.activity.idle_for()
+    }
+
+    /// Resolves when a batch began or ended since the last call returned (or now, once, when
+    /// one did before the first call).
+    pub async fn changed(&self) {
+        self.activity.changed.notified().await
+    }
+}
+
 /// What every slot of a worker shares.
 pub(crate) struct Shared {
     pub broker: Arc<dyn Broker>,
     pub config: WorkerConfig,
     pub driver: PathBuf,
     pub jobs: JobCache,
-    pub activity: Activity,
+    pub activity: Arc<Activity>,
     /// Cancelled when a draining worker's grace period is over: a slot still running a batch
     /// then abandons it (kills its runtime, gives the message back at once) instead of
     /// finishing it.
@@ -146,4 +194,27 @@ pub(crate) struct Shared {
     /// Tells this process's result parts from those of an earlier process with the same
     /// worker id (see `Slot::part_name`).
     pub instance: String,
+    /// The job whose runtimes the slots start before their first batch (see
+    /// [`crate::Worker::with_prestart`]).
+    pub prestart: Option<Prestart>,
+    /// The interpreter the configured one runs as, once known ([`Shared::python`]).
+    pub interpreter: Arc<std::sync::OnceLock<PathBuf>>,
+}
+
+impl Shared {
+    /// The interpreter to start a runtime with: the resolved one once the worker knows it
+    /// (`crate::runtime::resolve_interpreter`), the configured one until then.
+    pub fn python(&self) -> PathBuf {
+        self.interpreter.get().unwrap_or(&self.config.python).clone()
+    }
+}
+
+/// A job known before its first message: `run` and `resume` start their in-process workers
+/// together with planning, so the slots can start the job's runtimes (init() included) while
+/// the producer lists the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prestart {
+    pub job_id: String,
+    /// The job root URL as the job's messages spell it.
+    pub job_root: String,
 }

@@ -11,8 +11,10 @@ use tracing::Instrument;
 
 use crate::events::BatchEvents;
 use crate::jobs::JobCache;
-use crate::runtime::install_driver;
-use crate::shared::{Activity, Shared, WorkerConfig, WorkerError, WorkerSummary};
+use crate::runtime::{install_driver, resolve_interpreter};
+use crate::shared::{
+    Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
+};
 use crate::slot::Slot;
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
@@ -21,6 +23,9 @@ pub struct Worker {
     config: WorkerConfig,
     drain_grace: Option<Duration>,
     lease: Duration,
+    prestart: Option<Prestart>,
+    activity: Arc<Activity>,
+    interpreter_as_given: bool,
 }
 
 /// How long a delivery stays leased without a heartbeat (see [`Worker::with_lease`]).
@@ -28,7 +33,20 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 impl Worker {
     pub fn new(broker: Arc<dyn Broker>, config: WorkerConfig) -> Worker {
-        Worker { broker, config, drain_grace: None, lease: DEFAULT_LEASE }
+        Worker {
+            broker,
+            config,
+            drain_grace: None,
+            lease: DEFAULT_LEASE,
+            prestart: None,
+            activity: Arc::new(Activity::new()),
+            interpreter_as_given: false,
+        }
+    }
+
+    /// The worker's load (busy slots, idle time), readable while it runs.
+    pub fn load(&self) -> LoadHandle {
+        LoadHandle::new(Arc::clone(&self.activity), self.config.concurrency)
     }
 
     /// Bound the drain after `shutdown` is cancelled (SIGTERM): in-flight batches get `grace`
@@ -50,6 +68,23 @@ impl Worker {
         self
     }
 
+    /// Start each slot's runtime for `job` at once, before any of its batches arrives (one try:
+    /// a runtime that fails to start is started again, with its errors reported, by the first
+    /// batch). Jobs reading tables are left to their first batch, which decides how the
+    /// runtime reads them.
+    pub fn with_prestart(mut self, job: Prestart) -> Worker {
+        self.prestart = Some(job);
+        self
+    }
+
+    /// Start runtimes with the configured interpreter as it is, without asking it for
+    /// `sys.executable`: the caller resolved it already, or wrote a launcher that must stay in
+    /// place (`batchfleet run`'s shell between the producer and its runtimes).
+    pub fn with_interpreter_as_given(mut self) -> Worker {
+        self.interpreter_as_given = true;
+        self
+    }
+
     /// Serve until `shutdown` is cancelled (then finish in-flight batches, call `shutdown()` on
     /// every runtime, return) or until idle for `idle_exit`.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerSummary, WorkerError> {
@@ -64,25 +99,35 @@ impl Worker {
         let dir = scratch.join(path_safe(&self.config.worker_id));
         let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
         let driver = install_driver(&dir).map_err(scratch_error)?;
-        tracing::info!(worker_id = %self.config.worker_id, concurrency = self.config.concurrency,
-            queue = %self.config.queues.work, scratch = %dir.display(), "worker started");
+        let config = self.config;
+        tracing::info!(worker_id = %config.worker_id, concurrency = config.concurrency,
+            queue = %config.queues.work, scratch = %dir.display(), "worker started");
         // Declare the pool's queues, so a worker started before any producer waits for work
         // instead of failing to find its queue. A broker that is down is retried by the slots.
-        if let Err(error) = declare_pool_queues(self.broker.as_ref(), &self.config.queues).await {
+        if let Err(error) = declare_pool_queues(self.broker.as_ref(), &config.queues).await {
             tracing::warn!(%error, "could not declare the pool's queues yet");
         }
         let hard_stop = CancellationToken::new();
         let events = BatchEvents::start(Arc::clone(&self.broker));
         let shared = Arc::new(Shared {
             broker: self.broker,
-            config: self.config,
+            config,
             driver,
             jobs: JobCache::default(),
-            activity: Activity::new(),
+            activity: self.activity,
             hard_stop: hard_stop.clone(),
             lease: self.lease,
             events,
             instance: process_instance(),
+            prestart: self.prestart,
+            interpreter: Arc::new(std::sync::OnceLock::new()),
+        });
+        // Runtimes that start before the answer use the interpreter as configured.
+        let resolving = (!self.interpreter_as_given).then(|| {
+            let (python, resolved) = (shared.config.python.clone(), shared.interpreter.clone());
+            tokio::spawn(async move {
+                let _ = resolved.set(resolve_interpreter(&python).await);
+            })
         });
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();
@@ -142,6 +187,9 @@ impl Worker {
         }
         if let Some(drain) = drain {
             drain.abort();
+        }
+        if let Some(resolving) = resolving {
+            resolving.abort();
         }
         // Acks the broker holds back for a few milliseconds (to send them together) go now.
         shared.broker.flush().await;

@@ -552,7 +552,13 @@ def run(df):
         run_ok(&mut process, request(&scratch, 0, csv(vec![piece(&data, "s3://b/p.csv")]))).await;
     assert_eq!(
         success,
-        RunSuccess { items_out: 2, rows: 2, header: Some("name score".into()), items_in: Some(3) }
+        RunSuccess {
+            items_out: 2,
+            rows: 2,
+            lines: 2,
+            header: Some("name score".into()),
+            items_in: Some(3)
+        }
     );
     assert_eq!(text, "cat 2\nemu 3\n");
 

@@ -14,7 +14,7 @@ use batchfleet_common::job::{
 };
 use batchfleet_common::message::{batch_id, JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
-use batchfleet_worker::{Worker, WorkerConfig, WorkerSummary};
+use batchfleet_worker::{Prestart, Worker, WorkerConfig, WorkerSummary};
 use bytes::Bytes;
 use support::recording::{Op, RecordingBroker};
 use tokio_util::sync::CancellationToken;
@@ -418,6 +418,16 @@ def run(mini_batch):
     assert_eq!(nacks, [Duration::from_secs(1), Duration::from_secs(2)]);
 }
 
+/// The reasons of the messages the worker dead-lettered, in order.
+fn dead_letter_reasons(fleet: &Fleet) -> Vec<String> {
+    fleet
+        .broker
+        .ops()
+        .into_iter()
+        .filter_map(|op| if let Op::DeadLetter(_, reason) = op { Some(reason) } else { None })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_messages_and_unknown_jobs_are_dead_lettered_and_the_worker_goes_on() {
     let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
@@ -433,12 +443,7 @@ async fn invalid_messages_and_unknown_jobs_are_dead_lettered_and_the_worker_goes
     let summary = handle.await.unwrap();
     assert_eq!(summary.invalid_messages, 2);
     assert_eq!(summary.batches_succeeded, 1);
-    let reasons: Vec<String> = fleet
-        .broker
-        .ops()
-        .into_iter()
-        .filter_map(|op| if let Op::DeadLetter(_, reason) = op { Some(reason) } else { None })
-        .collect();
+    let reasons = dead_letter_reasons(&fleet);
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(reasons[0].starts_with("invalid message:"), "{}", reasons[0]);
     assert!(
@@ -446,6 +451,52 @@ async fn invalid_messages_and_unknown_jobs_are_dead_lettered_and_the_worker_goes
         "{}",
         reasons[1]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_messages_are_dead_lettered_with_their_reason_and_never_run() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    let mut escaping_id = fleet.message(1, &["a.txt"]);
+    escaping_id.batch_id = "../../x".into();
+    let mut huge_index = fleet.message(2, &["a.txt"]);
+    huge_index.index = u64::MAX;
+    let absolute = fleet.message(3, &["/etc/passwd"]);
+    let dotdot = fleet.message(4, &["../../etc/passwd"]);
+    let many: Vec<String> = (0..100_000).map(|i| format!("f{i}.txt")).collect();
+    let mut too_many = fleet.message(5, &[]);
+    too_many.items = many;
+    fleet
+        .publish(&[
+            escaping_id,
+            huge_index,
+            absolute,
+            dotdot,
+            too_many,
+            fleet.message(0, &["a.txt"]),
+        ])
+        .await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the good batch", || async { fleet.status("00000000").is_some() }).await;
+    wait_until("five dead letters", || async { fleet.dead_letter_count().await == 5 }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+    assert_eq!((summary.invalid_messages, summary.batches_succeeded), (5, 1));
+    let reasons = dead_letter_reasons(&fleet);
+    let expected = [
+        "field `batch_id`: `../../x`",
+        "field `batch_id`: `00000002` is not the id of index 18446744073709551615",
+        "field `items`: `/etc/passwd`",
+        "field `items`: `../../etc/passwd`",
+        "field `items`: 100000 items, more than the job's mini_batch_size (2)",
+    ];
+    assert_eq!(reasons.len(), expected.len(), "{reasons:?}");
+    for (reason, part) in reasons.iter().zip(expected) {
+        assert!(reason.starts_with("invalid message: ") && reason.contains(part), "{reason}");
+    }
+    for index in 1..=5 {
+        assert!(fleet.status(&batch_id(index)).is_none(), "forged batch {index} must not run");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,6 +635,47 @@ async fn an_idle_worker_stops_by_itself() {
         .expect("worker");
     assert_eq!(summary, WorkerSummary::default());
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
+/// A worker told its job ahead (`run`, `resume`) starts every slot's runtime, init() included,
+/// before any batch arrives, and runs the batches on those runtimes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prestarted_worker_initialises_its_runtimes_before_the_first_batch() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    let token = CancellationToken::new();
+    let prestart = Prestart { job_id: fleet.job_id.clone(), job_root: fleet.url("root") };
+    let worker = Worker::new(fleet.broker.clone(), fleet.config(2, support::python3()))
+        .with_prestart(prestart);
+    let handle = tokio::spawn(worker.run(token.clone()));
+    let inits = || files_with_prefix(&fleet.path("markers"), "init-");
+    wait_until("both slots' init() with no batch published", || async { inits() == 2 }).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    wait_until("the batch's status", || async { fleet.status("00000000").is_some() }).await;
+    token.cancel();
+    let summary = handle.await.expect("worker task").expect("worker");
+    assert_eq!(summary.batches_succeeded, 1, "{summary:?}");
+    assert_eq!(summary.runtimes_started, 2, "the batch ran on a prestarted runtime: {summary:?}");
+    assert_eq!(inits(), 2, "no runtime was started again for the batch");
+}
+
+/// A stopping worker does not sit out its slots' receive waits (each embedded job's end paid
+/// a second for it): a receive waiting on the embedded broker is dropped, not awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_cuts_its_waiting_receives_short() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    let (token, handle) = fleet.start(fleet.config(2, support::python3()));
+    wait_until("both slots waiting for a message", || async { fleet.broker.receives().0 >= 2 })
+        .await;
+    token.cancel();
+    let summary = handle.await.expect("worker");
+    assert_eq!(summary, WorkerSummary::default());
+    let (started, returned) = fleet.broker.receives();
+    assert!(
+        returned < started,
+        "the receives in progress when the worker stopped must be dropped, not waited out: \
+         {started} started, {returned} returned"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -134,6 +134,12 @@ impl EmbeddedBroker {
 
 #[async_trait]
 impl Broker for EmbeddedBroker {
+    /// A receive takes messages under the state lock in one step; it awaits only while it waits
+    /// for a change, holding nothing.
+    fn receive_is_cancel_safe(&self) -> bool {
+        true
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         if spec.max_deliveries == Some(0) {
             return Err(BrokerError::Refused(format!(

@@ -162,6 +162,15 @@ pub trait Broker: Send + Sync + 'static {
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError>;
 
+    /// Whether a `receive` future dropped before it completes loses nothing: no message is
+    /// taken out of the queue, leased or counted as delivered by a receive nobody awaits any
+    /// more. A worker that stops cuts such a waiting receive short instead of letting it run
+    /// out its wait. `false` (the default) for a backend whose receive is a request in flight
+    /// (SQS: messages it returned would stay invisible until their lease ends).
+    fn receive_is_cancel_safe(&self) -> bool {
+        false
+    }
+
     /// Done with the message: remove it. A backend may hold the ack back for a few
     /// milliseconds to send it with others ([`Broker::flush`] sends it at once); a held ack that
     /// never reaches the broker (the connection broke) makes the message come back, as any ack
@@ -188,4 +197,12 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Ready + in flight.
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError>;
+
+    /// The names of the client connections the broker has now (RabbitMQ: each connection's
+    /// client-provided name, `batchfleet-worker/<pool>/<worker id>` for a worker), or `None`
+    /// when the backend cannot tell (embedded, SQS). A producer uses it to stop waiting for the
+    /// runtimes of workers that are gone.
+    async fn connected_clients(&self) -> Result<Option<Vec<String>>, BrokerError> {
+        Ok(None)
+    }
 }

@@ -183,6 +183,15 @@ impl JobRoot {
         }
     }
 
+    /// The batch ids that have a final status (one listing of `status/`, no reads).
+    pub async fn status_ids(&self) -> Result<std::collections::HashSet<String>, JobRootError> {
+        let listed = self.list(&self.layout.status_prefix()).await?;
+        Ok(listed
+            .iter()
+            .filter_map(|meta| meta.location.filename()?.strip_suffix(".json").map(String::from))
+            .collect())
+    }
+
     /// Every final status under `status/` (in no particular order).
     pub async fn read_statuses(&self) -> Result<Vec<BatchStatus>, JobRootError> {
         let listed = self.list(&self.layout.status_prefix()).await?;

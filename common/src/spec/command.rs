@@ -127,7 +127,7 @@ impl Component {
             )));
         }
         let path = base_dir.join(raw);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let text = yaml::read_file(&path).map_err(|e| {
             field.error(format!("cannot read the component file `{}`: {e}", path.display()))
         })?;
         let file = path.display().to_string();

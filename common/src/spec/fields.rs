@@ -151,9 +151,14 @@ impl<'a> Field<'a> {
     }
 
     pub fn u32_in(&self, min: u32, unit: &str) -> Result<u32, SpecError> {
-        let value = self.int_in(min.into(), u32::MAX.into(), unit)?;
+        self.u32_between(min, u32::MAX, unit)
+    }
+
+    /// An integer from `min` to `max`, both included; out of range, the error names both.
+    pub fn u32_between(&self, min: u32, max: u32, unit: &str) -> Result<u32, SpecError> {
+        let value = self.int_in(min.into(), max.into(), unit)?;
         u32::try_from(value)
-            .map_err(|_| self.error(out_of_range(value, min.into(), u32::MAX.into(), unit)))
+            .map_err(|_| self.error(out_of_range(value, min.into(), max.into(), unit)))
     }
 
     /// One of `options`' names, compared without regard to case when `any_case`.

@@ -44,14 +44,14 @@ pub(crate) fn location(field: &Field<'_>, base_dir: &Path) -> Result<String, Spe
     let raw = field.string()?;
     if let Some(expression) = first_expression(&raw) {
         return Err(field.error(format!(
-            "`{expression}` cannot be resolved here; a path may be one whole `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}` or `${{{{parent.jobs.STEP.outputs.NAME}}}}` (in a pipeline step's `inputs.*.path` / `outputs.*.path`), or a plain path or URL"
+            "`{expression}` cannot be resolved here; a path may hold `${{{{name}}}}`, `${{{{default_datastore}}}}` and (an output's) `${{{{output_name}}}}`, or be one whole `${{{{parent.inputs.NAME}}}}`, `${{{{parent.outputs.NAME}}}}` or `${{{{parent.jobs.STEP.outputs.NAME}}}}` (in a pipeline step's `inputs.*.path` / `outputs.*.path`), or a plain path or URL"
         )));
     }
     if is_asset_reference(&raw) {
         return Err(field.error(format!(
-            "`{raw}` is an Azure ML asset reference, which exists only inside Azure ML; use the \
-             storage URL behind it instead (az://<container>/<path> for a blob datastore, s3://, \
-             gs://, or a local path)"
+            "`{raw}` is an Azure ML asset reference, which batchfleet maps (datastores.yaml, \
+             `assets:`) only in a job or pipeline file's paths; here use the storage URL behind \
+             it (az://<container>/<path> for a blob datastore, s3://, gs://, or a local path)"
         )));
     }
     resolve_location(&raw, base_dir).map(String::from).map_err(|e| field.error(e.to_string()))

@@ -21,6 +21,7 @@
 
 mod bindings;
 mod command;
+pub mod datastores;
 mod error;
 mod expressions;
 pub(crate) mod fields;
@@ -38,6 +39,7 @@ use std::path::{Path, PathBuf};
 use crate::job::ResolvedJob;
 
 pub use command::{CommandPiece, CommandStep};
+pub use datastores::Datastores;
 pub use error::{SpecError, SpecWarning};
 pub use mini_batch::parse_mini_batch_size;
 pub use steps::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};
@@ -61,9 +63,10 @@ pub enum SpecFile {
 }
 
 /// Read the spec file at `path`: a job is parsed whole; a pipeline is only recognised here, and
-/// resolved with [`PipelineFile::resolve`] once the producer knows its folder.
-pub fn load_spec_file(path: &Path) -> Result<SpecFile, SpecError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+/// resolved with [`PipelineFile::resolve`] once the producer knows its folder. `datastores`
+/// maps its `azureml:` paths ([`datastores`]).
+pub fn load_spec_file(path: &Path, datastores: &Datastores) -> Result<SpecFile, SpecError> {
+    let text = yaml::read_file(path).map_err(|e| {
         SpecError::file(&path.display().to_string(), format!("cannot read the job file: {e}"))
     })?;
     if let Ok(Some(root)) = yaml::parse(&text) {
@@ -81,27 +84,39 @@ pub fn load_spec_file(path: &Path) -> Result<SpecFile, SpecError> {
                 spec_file: path.to_path_buf(),
                 text,
                 name,
+                datastores: datastores.clone(),
             }));
         }
     }
-    parse_job_str(&text, path).map(|job| SpecFile::Job(Box::new(job)))
+    parse_job_text(&text, path, datastores).map(|job| SpecFile::Job(Box::new(job)))
 }
 
-/// Read and parse the job file at `path`.
-pub fn load_job_file(path: &Path) -> Result<ParsedJob, SpecError> {
-    let yaml = std::fs::read_to_string(path).map_err(|e| {
+/// Read and parse the job file at `path`, its `azureml:` paths mapped by `datastores`.
+pub fn load_job_file(path: &Path, datastores: &Datastores) -> Result<ParsedJob, SpecError> {
+    let yaml = yaml::read_file(path).map_err(|e| {
         SpecError::file(&path.display().to_string(), format!("cannot read the job file: {e}"))
     })?;
-    parse_job_str(&yaml, path)
+    parse_job_text(&yaml, path, datastores)
 }
 
-/// Parse a job spec's text. `spec_file` names the file in messages, and its folder is where
-/// relative paths in the spec start from.
+/// Parse a job spec's text with no datastore map. `spec_file` names the file in messages, and
+/// its folder is where relative paths in the spec start from.
 pub fn parse_job_str(yaml: &str, spec_file: &Path) -> Result<ParsedJob, SpecError> {
+    parse_job_text(yaml, spec_file, &Datastores::default())
+}
+
+/// [`parse_job_str`] with `azureml:` paths mapped by `datastores`.
+pub fn parse_job_text(
+    yaml: &str,
+    spec_file: &Path,
+    datastores: &Datastores,
+) -> Result<ParsedJob, SpecError> {
     let file = spec_file.display().to_string();
     let mut warnings = Vec::new();
-    let job = parse_document(yaml, spec_file, &mut warnings).map_err(|mut e| {
-        e.file.clone_from(&file);
+    let job = parse_document(yaml, spec_file, datastores, &mut warnings).map_err(|mut e| {
+        if e.file.is_empty() {
+            e.file.clone_from(&file);
+        }
         e
     })?;
     for warning in &mut warnings {
@@ -113,15 +128,18 @@ pub fn parse_job_str(yaml: &str, spec_file: &Path) -> Result<ParsedJob, SpecErro
 fn parse_document(
     yaml: &str,
     spec_file: &Path,
+    datastores: &Datastores,
     warnings: &mut Vec<SpecWarning>,
 ) -> Result<ResolvedJob, SpecError> {
-    let root =
+    let mut root =
         yaml::parse(yaml).map_err(|e| SpecError::at(e.pos, "", e.message))?.ok_or_else(|| {
             SpecError::file("", "the file is empty; expected a job with `type: parallel`")
         })?;
     let base_dir = base_dir(spec_file)?;
     let default_name =
         spec_file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let job_name = datastores::document_name(&root, &default_name);
+    datastores::apply(&mut root, datastores, &job_name)?;
     let cx = Context {
         base_dir: &base_dir,
         default_name: &default_name,

@@ -110,8 +110,8 @@ pub(crate) fn parse(
             .unwrap_or_default(),
         instance_count: instance_count(job.get("resources"))?,
         max_concurrency_per_instance: match job.get("max_concurrency_per_instance") {
-            Some(f) => f.u32_in(1, "")?,
-            None => available_cores(),
+            Some(f) => f.u32_between(1, MAX_CONCURRENCY_PER_INSTANCE, "")?,
+            None => available_cores().min(MAX_CONCURRENCY_PER_INSTANCE),
         },
         mini_batch_error_threshold: match job.get("mini_batch_error_threshold") {
             Some(f) => f.int_in(-1, i64::MAX, "")?,
@@ -137,6 +137,12 @@ pub(crate) fn optional_string(map: &Map<'_>, key: &str) -> Result<Option<String>
     map.get(key).map(|f| f.string()).transpose()
 }
 
+/// The largest `resources.instance_count` a job may ask for: a fleet of a thousand workers is
+/// already far past what one producer follows well (and far past Azure's cluster quotas).
+pub const MAX_INSTANCE_COUNT: u32 = 1_000;
+/// The largest `max_concurrency_per_instance`: each slot is an entry-script process.
+pub const MAX_CONCURRENCY_PER_INSTANCE: u32 = 1_024;
+
 /// Azure's default `max_concurrency_per_instance` is the machine's core count.
 fn available_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
@@ -153,7 +159,11 @@ fn mini_batch_size(field: Option<Field<'_>>, kind: InputKind) -> Result<MiniBatc
 fn instance_count(field: Option<Field<'_>>) -> Result<u32, SpecError> {
     let Some(field) = field else { return Ok(1) };
     let resources = field.map(RESOURCE_KEYS)?;
-    Ok(resources.get("instance_count").map(|f| f.u32_in(1, "")).transpose()?.unwrap_or(1))
+    Ok(resources
+        .get("instance_count")
+        .map(|f| f.u32_between(1, MAX_INSTANCE_COUNT, ""))
+        .transpose()?
+        .unwrap_or(1))
 }
 
 fn retry_settings(field: Option<Field<'_>>) -> Result<RetrySettings, SpecError> {

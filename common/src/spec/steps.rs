@@ -32,6 +32,8 @@ pub struct PipelineFile {
     pub text: String,
     /// `name`, or the file's stem.
     pub name: String,
+    /// Maps its `azureml:` paths.
+    pub datastores: super::Datastores,
 }
 
 /// A pipeline whose every step, binding and output location is resolved.
@@ -104,12 +106,13 @@ impl PipelineFile {
     /// Resolve every step against the pipeline folder `folder` (a URL).
     pub fn resolve(&self, folder: &str) -> Result<ParsedPipeline, SpecError> {
         let file = self.spec_file.display().to_string();
-        let mut pipeline = parse(&self.text, &self.spec_file, folder).map_err(|mut e| {
-            if e.file.is_empty() {
-                e.file.clone_from(&file);
-            }
-            e
-        })?;
+        let mut pipeline =
+            parse(&self.text, &self.spec_file, folder, &self.datastores).map_err(|mut e| {
+                if e.file.is_empty() {
+                    e.file.clone_from(&file);
+                }
+                e
+            })?;
         for warning in &mut pipeline.warnings {
             warning.file.clone_from(&file);
         }
@@ -125,10 +128,17 @@ struct Draft<'a> {
     component: Option<Component>,
 }
 
-fn parse(text: &str, spec_file: &Path, folder: &str) -> Result<ParsedPipeline, SpecError> {
-    let root = yaml::parse(text)
+fn parse(
+    text: &str,
+    spec_file: &Path,
+    folder: &str,
+    datastores: &super::Datastores,
+) -> Result<ParsedPipeline, SpecError> {
+    let mut root = yaml::parse(text)
         .map_err(|e| SpecError::at(e.pos, "", e.message))?
         .ok_or_else(|| SpecError::file("", "the file is empty"))?;
+    let name = super::datastores::document_name(&root, &stem(spec_file));
+    super::datastores::apply(&mut root, datastores, &name)?;
     expressions::check(&root, Document::Pipeline)?;
     let base_dir = super::base_dir(spec_file)?;
     let folder = if folder.ends_with('/') { folder.to_string() } else { format!("{folder}/") };
@@ -164,7 +174,7 @@ fn parse(text: &str, spec_file: &Path, folder: &str) -> Result<ParsedPipeline, S
     }
     let order = order(&drafts, &scope)?;
 
-    let name = optional_string(&pipeline, "name")?.unwrap_or_else(|| stem(spec_file));
+    let name = optional_string(&pipeline, "name")?.unwrap_or(name);
     let experiment_name = optional_string(&pipeline, "experiment_name")?;
     let tags = pipeline.get("tags").map(|f| f.string_map()).transpose()?.unwrap_or_default();
     let spec_file_text = spec_file.display().to_string();

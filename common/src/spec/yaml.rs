@@ -101,8 +101,42 @@ pub(crate) struct YamlError {
     pub message: String,
 }
 
+/// The largest YAML file read (job, pipeline, component and MLTable files are a few KB).
+pub const MAX_BYTES: usize = 4 * 1024 * 1024;
+/// The most nodes a document may hold once its aliases are expanded (an alias counts as a copy
+/// of everything under its anchor): what stops an "alias bomb" of nested anchors before it
+/// grows, where expanding it would take gigabytes.
+pub const MAX_NODES: usize = 100_000;
+/// The deepest nesting of lists and mappings.
+pub const MAX_DEPTH: usize = 64;
+
+/// Read a YAML file, at most [`MAX_BYTES`] of it: a larger file is an error, never read whole.
+pub(crate) fn read_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?.take(MAX_BYTES as u64 + 1).read_to_string(&mut text)?;
+    if text.len() > MAX_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "it is larger than {MAX_BYTES} bytes, the most batchfleet reads of a YAML file"
+            ),
+        ));
+    }
+    Ok(text)
+}
+
 /// Parse `source` into its one document; `None` when the file holds no document at all.
 pub(crate) fn parse(source: &str) -> Result<Option<Node>, YamlError> {
+    if source.len() > MAX_BYTES {
+        return Err(YamlError {
+            pos: Pos { line: 1, column: 1 },
+            message: format!(
+                "the file is {} bytes; batchfleet reads YAML files of at most {MAX_BYTES} bytes",
+                source.len()
+            ),
+        });
+    }
     let mut builder = Builder::new(source);
     for item in Parser::new_from_str(source) {
         let (event, span) = item.map_err(|e| YamlError {
@@ -123,7 +157,10 @@ enum Frame {
 struct Builder<'s> {
     lines: Vec<&'s str>,
     stack: Vec<Frame>,
-    anchors: HashMap<usize, Node>,
+    /// Each anchored node, with how many nodes it holds (itself included).
+    anchors: HashMap<usize, (Node, usize)>,
+    /// Nodes in the document so far, aliases expanded ([`MAX_NODES`]).
+    nodes: usize,
     document: Option<Node>,
 }
 
@@ -133,6 +170,7 @@ impl<'s> Builder<'s> {
             lines: source.lines().collect(),
             stack: Vec::new(),
             anchors: HashMap::new(),
+            nodes: 0,
             document: None,
         }
     }
@@ -145,27 +183,63 @@ impl<'s> Builder<'s> {
                 message: "a job file holds one YAML document; found a second one".into(),
             }),
             Event::Scalar(text, style, anchor, tag) => {
+                self.count(1, pos)?;
                 let scalar = self.scalar(text.into_owned(), style, tag.as_deref(), span);
                 self.add(Node { pos, value: Value::Scalar(scalar) }, anchor)
             }
             Event::SequenceStart(anchor, _) => {
+                self.open(pos)?;
                 self.stack.push(Frame::Sequence { pos, anchor, items: Vec::new() });
                 Ok(())
             }
             Event::MappingStart(anchor, _) => {
+                self.open(pos)?;
                 self.stack.push(Frame::Mapping { pos, anchor, entries: Vec::new(), key: None });
                 Ok(())
             }
             Event::SequenceEnd | Event::MappingEnd => self.close(),
             Event::Alias(id) => match self.anchors.get(&id) {
-                Some(node) => {
-                    let node = Node { pos, value: node.value.clone() };
-                    self.add(node, 0)
+                Some((node, size)) => {
+                    let (value, size) = (node.value.clone(), *size);
+                    // Counted before the copy is made: a bomb fails here, small.
+                    self.count(size, pos)?;
+                    self.add(Node { pos, value }, 0)
                 }
                 None => Err(YamlError { pos, message: "alias to an unknown anchor".into() }),
             },
             _ => Ok(()),
         }
+    }
+
+    /// A list or mapping starts: one more node, one level deeper.
+    fn open(&mut self, pos: Pos) -> Result<(), YamlError> {
+        self.count(1, pos)?;
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(YamlError {
+                pos,
+                message: format!(
+                    "lists and mappings nest more than {MAX_DEPTH} deep here; batchfleet reads at \
+                     most {MAX_DEPTH} levels"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Count `more` nodes into the document, refusing it past [`MAX_NODES`].
+    fn count(&mut self, more: usize, pos: Pos) -> Result<(), YamlError> {
+        self.nodes = self.nodes.saturating_add(more);
+        if self.nodes > MAX_NODES {
+            return Err(YamlError {
+                pos,
+                message: format!(
+                    "the document grows past {MAX_NODES} values here (an alias counts as a copy \
+                     of what its anchor holds: nested anchors can multiply a few lines into \
+                     billions); batchfleet reads at most {MAX_NODES}"
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn scalar(&self, text: String, style: ScalarStyle, tag: Option<&Tag>, span: Span) -> Scalar {
@@ -224,7 +298,8 @@ impl<'s> Builder<'s> {
     /// Put a finished node where it belongs: a list, a key or value of a mapping, or the document.
     fn add(&mut self, node: Node, anchor: usize) -> Result<(), YamlError> {
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            let size = size_of(&node);
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
             None => self.document = Some(node),
@@ -235,6 +310,15 @@ impl<'s> Builder<'s> {
             },
         }
         Ok(())
+    }
+}
+
+/// How many nodes `node` holds, itself included (nesting is at most [`MAX_DEPTH`] deep).
+fn size_of(node: &Node) -> usize {
+    1 + match &node.value {
+        Value::Scalar(_) => 0,
+        Value::Sequence(items) => items.iter().map(size_of).sum(),
+        Value::Mapping(entries) => entries.iter().map(|(k, v)| size_of(k) + size_of(v)).sum(),
     }
 }
 
@@ -295,6 +379,39 @@ mod tests {
         let doc = parse("a: &x {k: v}\nb: *x\n").unwrap().unwrap();
         let entries = mapping(&doc);
         assert_eq!(mapping(&entries[1].1)[0].1.as_scalar().unwrap().text, "v");
+    }
+
+    /// Nine lines of nested anchors: 10^8 values once expanded.
+    const ALIAS_BOMB: &str = "a: &a [x, x, x, x, x, x, x, x, x, x]\n\
+        b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n\
+        c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n\
+        d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n\
+        e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n\
+        f: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n\
+        g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]\n\
+        h: &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]\n\
+        i: &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]\n";
+
+    #[test]
+    fn an_alias_bomb_is_refused_before_it_grows() {
+        let err = parse(ALIAS_BOMB).unwrap_err();
+        assert!(err.message.contains("past 100000 values"), "{}", err.message);
+        assert!(err.pos.line <= 6, "refused where it passes the limit: {:?}", err.pos);
+        // Aliases within the limit still work.
+        let doc = parse("a: &a [1, 2]\nb: [*a, *a]\n").unwrap().unwrap();
+        assert_eq!(size_of(&mapping(&doc)[1].1), 7);
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_files_are_refused() {
+        let deep = format!("{}x{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        let err = parse(&deep).unwrap_err();
+        assert!(err.message.contains("nest more than 64 deep"), "{}", err.message);
+        let ok = format!("{}x{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(&ok).is_ok(), "{MAX_DEPTH} levels are allowed");
+        let huge = format!("a: '{}'\n", "x".repeat(MAX_BYTES));
+        let err = parse(&huge).unwrap_err();
+        assert!(err.message.contains("at most 4194304 bytes"), "{}", err.message);
     }
 
     #[test]

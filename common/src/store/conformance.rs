@@ -28,6 +28,26 @@ async fn read(location: &StoreLocation, rel: &str) -> Result<Bytes, object_store
     location.store.get(&location.child_key(rel)).await?.bytes().await
 }
 
+/// A fresh prefix, one per test, in the bucket (or container) named by the environment variable
+/// `bucket_var`, on the `scheme://` store a test server answers for. Panics with what to run
+/// when the variable is not set: the test services write it (`infra/test-services`).
+pub fn fresh_location(scheme: &str, bucket_var: &str) -> StoreLocation {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let bucket = std::env::var(bucket_var).unwrap_or_else(|_| {
+        panic!(
+            "{bucket_var} is not set: start the test services with infra/test-services and \
+             source target/test-services.env (infra/run-tests does both)"
+        )
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let url = format!("{scheme}://{bucket}/conformance/{}-{nanos}-{n}/", std::process::id());
+    super::open_str(&url).unwrap_or_else(|e| panic!("open {url}: {e}"))
+}
+
 pub async fn put_get_head_delete_round_trip(location: StoreLocation) {
     let key = location.child_key("a/b.txt");
     location.store.put(&key, payload("hello")).await.expect("put");

@@ -2,76 +2,46 @@
 //!
 //! Mini-batch ids must be stable (the same input plans the same batches), so the input is
 //! listed in key order. Cloud stores (S3, GCS, Azure) already list lexicographically, page by
-//! page; the local file system does not, so for local folders the listing walks one directory
-//! level at a time and sorts each level. Memory is then bounded by the largest directory, never
-//! by the whole tree.
+//! page (fanned out over sub-prefixes, [`super::fanout`]); the local file system does not, so
+//! for local folders the listing walks one directory level at a time and sorts each level
+//! ([`super::local_listing`], which also skips what must not be listed). Memory is then bounded
+//! by the largest directory, never by the whole tree.
 
 use std::sync::Arc;
 
 use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
-use object_store::path::Path;
-use object_store::{ObjectMeta, ObjectStore};
+use object_store::ObjectMeta;
 
+use super::local_listing::walk_local;
+pub use super::local_listing::Skipped;
 use super::{StoreError, StoreLocation};
 
 /// Objects under `location`, in key order.
 pub fn list_in_key_order(
     location: &StoreLocation,
 ) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
+    list_reporting(location, Skipped::default())
+}
+
+/// [`list_in_key_order`], recording in `skipped` the local entries it did not list, and why.
+pub fn list_reporting(
+    location: &StoreLocation,
+    skipped: Skipped,
+) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
     let prefix = location.prefix.clone();
     if location.url.scheme() == "file" {
-        walk_sorted(Arc::clone(&location.store), prefix)
+        let Ok(dir) = location.url.to_file_path() else {
+            let reason = "not a local path".to_string();
+            let error = StoreError::Unsupported { url: location.url.to_string(), reason };
+            return stream::once(async { Err(error) }).boxed();
+        };
+        walk_local(dir, prefix, skipped)
+    } else if let Some(pages) = &location.pages {
+        super::fanout::list_fanned_out(Arc::clone(&location.store), Arc::clone(pages), prefix)
     } else {
         let key = prefix.clone();
         location.store.list(Some(&prefix)).map_err(move |e| StoreError::io("list", &key, e)).boxed()
     }
-}
-
-/// What is still to be visited, kept in reverse key order so `pop` yields the smallest.
-enum Pending {
-    Object(ObjectMeta),
-    Folder(Path),
-}
-
-impl Pending {
-    /// The sort key: a folder sorts as its path with a trailing `/`, which is where all its
-    /// objects sort in a flat listing.
-    fn sort_key(&self) -> String {
-        match self {
-            Pending::Object(meta) => meta.location.to_string(),
-            Pending::Folder(path) => format!("{path}/"),
-        }
-    }
-}
-
-fn walk_sorted(
-    store: Arc<dyn ObjectStore>,
-    root: Path,
-) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
-    let start = vec![Pending::Folder(root)];
-    stream::try_unfold((store, start), |(store, mut pending)| async move {
-        while let Some(next) = pending.pop() {
-            match next {
-                Pending::Object(meta) => return Ok(Some((meta, (store, pending)))),
-                Pending::Folder(path) => {
-                    let level = store
-                        .list_with_delimiter(Some(&path))
-                        .await
-                        .map_err(|e| StoreError::io("list", &path, e))?;
-                    let mut children: Vec<Pending> = level
-                        .objects
-                        .into_iter()
-                        .map(Pending::Object)
-                        .chain(level.common_prefixes.into_iter().map(Pending::Folder))
-                        .collect();
-                    children.sort_by_cached_key(|child| std::cmp::Reverse(child.sort_key()));
-                    pending.extend(children);
-                }
-            }
-        }
-        Ok(None)
-    })
-    .boxed()
 }
 
 #[cfg(test)]
@@ -101,5 +71,54 @@ mod tests {
         assert_eq!(rel, sorted, "listing must be in flat key order");
         assert_eq!(rel.len(), 6);
         assert_eq!(rel[0], "a-c.txt", "`-` sorts before `/`");
+    }
+
+    async fn listed(dir: &std::path::Path) -> (Vec<String>, Vec<(String, &'static str)>) {
+        let location = open(&resolve_location(dir.to_str().unwrap(), dir).unwrap()).unwrap();
+        let skipped = Skipped::default();
+        let keys: Vec<String> = list_reporting(&location, skipped.clone())
+            .map_ok(|meta| {
+                meta.location.to_string()[location.prefix.as_ref().len() + 1..].to_string()
+            })
+            .try_collect()
+            .await
+            .unwrap();
+        (keys, skipped.list())
+    }
+
+    #[tokio::test]
+    async fn symbolic_links_out_of_the_folder_or_to_folders_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("id_rsa"), "private").unwrap();
+        std::fs::create_dir(dir.path().join("in")).unwrap();
+        std::fs::write(dir.path().join("in/a.txt"), "a").unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("etc")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("id_rsa"), dir.path().join("key")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("in"), dir.path().join("loop")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("in/a.txt"), dir.path().join("b.txt")).unwrap();
+        let (keys, skipped) = listed(dir.path()).await;
+        assert_eq!(keys, ["b.txt", "in/a.txt"], "a link to a file inside is listed, nothing else");
+        let why: Vec<(&str, &str)> =
+            skipped.iter().map(|(path, why)| (path.rsplit('/').next().unwrap(), *why)).collect();
+        assert_eq!(why.len(), 3, "{skipped:?}");
+        assert!(why.contains(&("etc", "it is a symbolic link to a folder, which is not followed")));
+        assert!(why.contains(&("key", "it is a symbolic link leading out of the input folder")));
+        assert!(why.iter().any(|(name, _)| *name == "loop"), "{skipped:?}");
+    }
+
+    #[tokio::test]
+    async fn names_an_object_key_cannot_carry_are_skipped_and_their_neighbours_listed() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a.txt", "back\\slash.txt", "new\nline.txt", "z.txt"] {
+            std::fs::write(dir.path().join(name), name).unwrap();
+        }
+        let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+        std::fs::write(dir.path().join(latin1), "x").unwrap();
+        let (keys, skipped) = listed(dir.path()).await;
+        assert_eq!(keys, ["a.txt", "z.txt"]);
+        assert_eq!(skipped.len(), 3, "each skipped name is reported: {skipped:?}");
+        assert!(skipped.iter().any(|(_, why)| why.contains("not UTF-8")), "{skipped:?}");
     }
 }

@@ -6,10 +6,13 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod fanout;
 pub mod listing;
+mod local_listing;
 
 use std::sync::Arc;
 
+use object_store::list::PaginatedListStore;
 use object_store::path::Path;
 use object_store::ObjectStore;
 use url::Url;
@@ -17,12 +20,26 @@ use url::Url;
 use crate::error::{ErrorKind, Retry};
 
 /// A store and a prefix inside it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreLocation {
     pub store: Arc<dyn ObjectStore>,
     /// The key prefix the URL points at (no leading slash).
     pub prefix: Path,
     pub url: Url,
+    /// The same store's page-by-page listing, where it has one (the cloud stores): listings
+    /// then fan out over sub-prefixes ([`fanout`]).
+    pub pages: Option<Arc<dyn PaginatedListStore>>,
+}
+
+impl std::fmt::Debug for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLocation")
+            .field("store", &self.store)
+            .field("prefix", &self.prefix)
+            .field("url", &self.url.as_str())
+            .field("pages", &self.pages.is_some())
+            .finish()
+    }
 }
 
 impl StoreLocation {
@@ -100,8 +117,9 @@ pub fn resolve_location(raw: &str, base_dir: &std::path::Path) -> Result<Url, St
         let scheme = &raw[..scheme_end];
         if scheme.eq_ignore_ascii_case("azureml") {
             return Err(invalid(
-                "azureml:// data assets and datastores exist only inside Azure ML; use the \
-                 storage URL behind them instead (az://<container>/<path> for a blob datastore, \
+                "azureml:// datastore paths are mapped only in a job or pipeline file's paths \
+                 (a datastore map: datastores.yaml beside it, or --datastore NAME=URL); here use \
+                 the storage URL behind it (az://<container>/<path> for a blob datastore, \
                  s3://, gs://, or a local path)"
                     .into(),
             ));
@@ -148,25 +166,36 @@ fn normalize(path: &std::path::Path) -> std::path::PathBuf {
 /// never part of a URL, a log line or a job file.
 pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
     let unsupported = |reason: String| StoreError::Unsupported { url: url.to_string(), reason };
-    let store: Arc<dyn ObjectStore> = match url.scheme() {
+    fn both<S: ObjectStore + PaginatedListStore>(
+        store: S,
+    ) -> (Arc<dyn ObjectStore>, Arc<dyn PaginatedListStore>) {
+        let store = Arc::new(store);
+        (Arc::clone(&store) as Arc<dyn ObjectStore>, store)
+    }
+    let (store, pages) = match url.scheme() {
         "file" => {
             let (store, prefix) =
                 object_store::parse_url(url).map_err(|e| unsupported(e.to_string()))?;
-            return Ok(StoreLocation { store: Arc::from(store), prefix, url: url.clone() });
+            return Ok(StoreLocation {
+                store: Arc::from(store),
+                prefix,
+                url: url.clone(),
+                pages: None,
+            });
         }
-        "s3" | "s3a" => Arc::new(
+        "s3" | "s3a" => both(
             object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .build()
                 .map_err(|e| unsupported(e.to_string()))?,
         ),
-        "gs" => Arc::new(
+        "gs" => both(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
                 .build()
                 .map_err(|e| unsupported(e.to_string()))?,
         ),
-        "az" | "abfs" | "abfss" | "adl" | "azure" => Arc::new(
+        "az" | "abfs" | "abfss" | "adl" | "azure" => both(
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
                 .build()
@@ -179,7 +208,7 @@ pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
         }
     };
     let prefix = Path::from_url_path(url.path()).map_err(|e| unsupported(e.to_string()))?;
-    Ok(StoreLocation { store, prefix, url: url.clone() })
+    Ok(StoreLocation { store, prefix, url: url.clone(), pages: Some(pages) })
 }
 
 /// Open a location given as a URL string (as stored in job files and messages).

@@ -18,24 +18,53 @@ use batchfleet_common::broker::{
 };
 use batchfleet_common::retry::{retry, RetryPolicy};
 
-/// Wraps a broker: transient errors retried, stale settlements forgiven.
+/// Wraps a broker: transient errors retried, stale settlements forgiven, and no call waits
+/// forever for a broker that went away without a word.
 pub struct SteadyBroker {
     inner: Arc<dyn Broker>,
+    /// The longest one attempt of a call may take before it counts as a lost connection.
+    attempt_limit: Duration,
+    /// The longest [`Broker::flush`] may take: past it the held acks are given up (the
+    /// broker delivers those messages again, which the producer handles idempotently).
+    flush_limit: Duration,
 }
+
+/// See [`SteadyBroker::attempt_limit`]: longer than any receive's wait or publish of a chunk.
+const ATTEMPT_LIMIT: Duration = Duration::from_secs(60);
+/// See [`SteadyBroker::flush_limit`].
+const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 impl SteadyBroker {
     pub fn new(inner: Arc<dyn Broker>) -> Self {
-        SteadyBroker { inner }
+        SteadyBroker { inner, attempt_limit: ATTEMPT_LIMIT, flush_limit: FLUSH_LIMIT }
     }
 }
 
-/// Every call but `depth` is retried with [`RetryPolicy::RIDE_OUT`] (about 2 minutes).
-async fn steadily<T, F, Fut>(operation: &'static str, op: F) -> Result<T, BrokerError>
+/// Every call but `depth` is retried with [`RetryPolicy::RIDE_OUT`] (about 2 minutes); an
+/// attempt that gets no answer within `limit` is a lost connection (a RabbitMQ call on a
+/// connection that died mid-way was seen to wait forever: a producer parked for 13 minutes
+/// with no socket and no timer after its broker proxy vanished).
+async fn steadily<T, F, Fut>(
+    operation: &'static str,
+    limit: Duration,
+    mut op: F,
+) -> Result<T, BrokerError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, BrokerError>>,
 {
-    retry(&RetryPolicy::RIDE_OUT, operation, op).await
+    retry(&RetryPolicy::RIDE_OUT, operation, || {
+        let attempt = op();
+        async move {
+            tokio::time::timeout(limit, attempt).await.unwrap_or_else(|_| {
+                Err(BrokerError::Connection(format!(
+                    "the broker did not answer within {} s",
+                    limit.as_secs()
+                )))
+            })
+        }
+    })
+    .await
 }
 
 /// A delivery lost with its connection is back in its queue: nothing left to settle.
@@ -51,18 +80,29 @@ fn forgive_stale(result: Result<(), BrokerError>) -> Result<(), BrokerError> {
 
 #[async_trait]
 impl Broker for SteadyBroker {
+    /// Retrying adds awaits only between whole receives: as cancel-safe as the broker inside.
+    fn receive_is_cancel_safe(&self) -> bool {
+        self.inner.receive_is_cancel_safe()
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
-        steadily("declare a queue", || self.inner.declare_queue(spec)).await
+        steadily("declare a queue", self.attempt_limit, || self.inner.declare_queue(spec)).await
     }
 
     async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
-        steadily("delete a queue", || self.inner.delete_queue(queue)).await
+        steadily("delete a queue", self.attempt_limit, || self.inner.delete_queue(queue)).await
+    }
+
+    async fn connected_clients(&self) -> Result<Option<Vec<String>>, BrokerError> {
+        // Asked once in a while; a failure is an unknown answer, not worth riding out.
+        self.inner.connected_clients().await
     }
 
     async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
         // A retried group may publish some messages twice: a mini-batch runs twice at worst,
         // and its output is written under the same keys.
-        steadily("publish", || self.inner.publish(queue, payloads.clone())).await
+        steadily("publish", self.attempt_limit, || self.inner.publish(queue, payloads.clone()))
+            .await
     }
 
     async fn receive(
@@ -72,19 +112,27 @@ impl Broker for SteadyBroker {
         lease: Duration,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        steadily("receive", || self.inner.receive(queue, max, lease, wait)).await
+        steadily("receive", self.attempt_limit, || self.inner.receive(queue, max, lease, wait))
+            .await
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
-        forgive_stale(steadily("ack", || self.inner.ack(delivery)).await)
+        forgive_stale(steadily("ack", self.attempt_limit, || self.inner.ack(delivery)).await)
     }
 
     async fn flush(&self) {
-        self.inner.flush().await;
+        if tokio::time::timeout(self.flush_limit, self.inner.flush()).await.is_err() {
+            tracing::warn!(
+                limit_secs = self.flush_limit.as_secs(),
+                "the broker did not take the held acks in time; their messages come again"
+            );
+        }
     }
 
     async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
-        forgive_stale(steadily("nack", || self.inner.nack(delivery, delay)).await)
+        forgive_stale(
+            steadily("nack", self.attempt_limit, || self.inner.nack(delivery, delay)).await,
+        )
     }
 
     async fn extend_lease(
@@ -92,7 +140,8 @@ impl Broker for SteadyBroker {
         delivery: &DeliveryHandle,
         lease: Duration,
     ) -> Result<(), BrokerError> {
-        steadily("extend a lease", || self.inner.extend_lease(delivery, lease)).await
+        steadily("extend a lease", self.attempt_limit, || self.inner.extend_lease(delivery, lease))
+            .await
     }
 
     async fn dead_letter(
@@ -100,7 +149,12 @@ impl Broker for SteadyBroker {
         delivery: &DeliveryHandle,
         reason: &str,
     ) -> Result<(), BrokerError> {
-        forgive_stale(steadily("dead-letter", || self.inner.dead_letter(delivery, reason)).await)
+        forgive_stale(
+            steadily("dead-letter", self.attempt_limit, || {
+                self.inner.dead_letter(delivery, reason)
+            })
+            .await,
+        )
     }
 
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
@@ -128,9 +182,6 @@ mod tests {
     impl Broker for Flaky {
         async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
             self.inner.declare_queue(spec).await
-        }
-        async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
-            self.inner.delete_queue(queue).await
         }
         async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
             self.inner.publish(queue, payloads).await
@@ -174,6 +225,17 @@ mod tests {
         async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
             self.inner.depth(queue).await
         }
+        async fn flush(&self) {
+            // A connection that died mid-way: the acks are never answered.
+            std::future::pending::<()>().await;
+        }
+        async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
+            // The first call goes unanswered, as on a connection that died mid-way.
+            if queue == "silent" && self.receive_failures.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            self.inner.delete_queue(queue).await
+        }
     }
 
     #[tokio::test]
@@ -186,5 +248,23 @@ mod tests {
         let got = got.expect("the receive is retried past the lost connection");
         assert_eq!(got.len(), 1);
         steady.ack(&got[0].handle).await.expect("a stale ack is not an error here");
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_never_answers_does_not_park_the_producer() {
+        let flaky = Flaky { inner: EmbeddedBroker::new(), receive_failures: AtomicU32::new(0) };
+        let steady = SteadyBroker {
+            inner: Arc::new(flaky),
+            attempt_limit: Duration::from_millis(50),
+            flush_limit: Duration::from_millis(50),
+        };
+        tokio::time::timeout(Duration::from_secs(30), steady.flush())
+            .await
+            .expect("a flush the broker never answers is given up");
+        steady.declare_queue(&QueueSpec::plain("silent")).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), steady.delete_queue("silent"))
+            .await
+            .expect("an attempt the broker never answers is given up")
+            .expect("and tried again");
     }
 }

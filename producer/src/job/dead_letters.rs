@@ -102,6 +102,7 @@ async fn failed_status(
         items_in: message.item_count(),
         items_out: 0,
         rows: 0,
+        extra_lines: 0,
         result_part: None,
         header: None,
         attempt: error.attempt,

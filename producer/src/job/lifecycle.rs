@@ -13,7 +13,8 @@ use url::Url;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
-use batchfleet_common::spec;
+use batchfleet_common::retry::{retry, RetryPolicy};
+use batchfleet_common::spec::{self, Datastores};
 use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
@@ -47,8 +48,8 @@ pub struct LoadedSpec {
 
 /// Parse the spec (warnings go to stderr) and check what can be checked before anything is
 /// written: a bad spec or a missing entry script is an exit-2 error with nothing created.
-pub fn load_spec(spec_path: &Path) -> Result<LoadedSpec, ProducerError> {
-    let parsed = spec::load_job_file(spec_path)?;
+pub fn load_spec(spec_path: &Path, datastores: &Datastores) -> Result<LoadedSpec, ProducerError> {
+    let parsed = spec::load_job_file(spec_path, datastores)?;
     for warning in &parsed.warnings {
         eprintln!("{warning}");
     }
@@ -175,11 +176,16 @@ pub async fn could_not_start(root: &JobRoot, error: &ProducerError) {
     if let Err(cancel_error) = root.cancel(&format!("could not start: {error}")).await {
         tracing::warn!(%cancel_error, "could not write the cancel marker of a job that could not start");
     }
-    let text = format!(
-        "failed: could not start: {error}\njob: {}\njob root: {}\n",
-        root.job_id,
-        root.url()
-    );
+    // A listing that failed part-way may come after batches were published and ran: the job
+    // started, and its first line says what stopped it.
+    let headline = match error {
+        ProducerError::Listing { .. } => format!(
+            "failed: {error} (the mini-batches published before it are cancelled; run the job \
+             again once the input can be listed)"
+        ),
+        _ => format!("failed: could not start: {error}"),
+    };
+    let text = format!("{headline}\njob: {}\njob root: {}\n", root.job_id, root.url());
     if let Err(write_error) = root.put(&root.layout.job_result(), Bytes::from(text)).await {
         tracing::warn!(%write_error, "could not write the job result of a job that could not start");
     }
@@ -238,9 +244,40 @@ pub async fn stop_the_rest(
     end: &FollowEnd,
 ) -> Result<(), ProducerError> {
     let reason = end.failure().unwrap_or("stopped").to_string();
-    root.cancel(&reason).await?;
+    // Best effort: a store that refuses the marker (the job stops because it is full) must not
+    // keep the job from ending with a result, which is tried next.
+    if let Err(error) = root.cancel(&reason).await {
+        tracing::error!(%error, "could not write the cancel marker; workers will run what they still hold");
+    }
     tracker.cancel_unfinished();
     Ok(())
+}
+
+/// The result's write is tried a few more times (about 15 s) before the job ends without it.
+const RESULT_WRITE: RetryPolicy = RetryPolicy {
+    min_delay: std::time::Duration::from_millis(500),
+    max_delay: std::time::Duration::from_secs(5),
+    max_retries: Some(5),
+    total: None,
+};
+
+/// Write `logs/job_result.txt`, retried; a store that still refuses it is the error that says
+/// what happened and what to run.
+async fn write_result(
+    root: &JobRoot,
+    verdict: &Verdict,
+    text: String,
+) -> Result<(), ProducerError> {
+    let key = root.layout.job_result();
+    let bytes = Bytes::from(text);
+    retry(&RESULT_WRITE, "write the job result", || root.put(&key, bytes.clone())).await.map_err(
+        |source| ProducerError::ResultNotWritten {
+            verdict: verdict.headline(),
+            url: root.key_url(&key),
+            root: root.url(),
+            source: Box::new(source),
+        },
+    )
 }
 
 /// Aggregate the succeeded batches, decide the verdict, write `logs/job_result.txt`.
@@ -263,7 +300,33 @@ pub async fn finish(
     let header =
         if job.task.program_args.append_row_dataframe_header { tracker.header() } else { None };
     let started = std::time::Instant::now();
-    let mut output = aggregate(root, tracker, header, &output_at).await?;
+    let mut output = match aggregate(root, tracker, header, &output_at).await {
+        Ok(output) => output,
+        Err(error) => {
+            // Still a result a person can read: the batches' results stay in the job root.
+            let aggregating = match &error {
+                ProducerError::Aggregation { .. } => format!("{error}"),
+                other => format!("aggregating the output into {} failed: {other}", output_at.url),
+            };
+            let aggregating = format!(
+                "{aggregating} (the mini-batches' results are kept under the job root's results/)"
+            );
+            let verdict = Verdict::Failed(match &verdict {
+                Verdict::Failed(reason) => format!("{reason}; {aggregating}"),
+                Verdict::Succeeded { .. } => aggregating,
+            });
+            tracing::error!(%error, "aggregating the output failed");
+            let text = job_result_text(&verdict, root, tracker, None);
+            write_result(root, &verdict, text).await?;
+            return Ok(JobReport {
+                job_id: root.job_id.clone(),
+                verdict,
+                root_url: root.url(),
+                job_result_url: root.key_url(&root.layout.job_result()),
+                output: None,
+            });
+        }
+    };
     if partial {
         output.partial_of = Some(final_at.url.to_string());
     }
@@ -279,7 +342,7 @@ pub async fn finish(
         text.push_str(detail.trim_end());
         text.push('\n');
     }
-    root.put(&root.layout.job_result(), Bytes::from(text)).await?;
+    write_result(root, &verdict, text).await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),
         verdict,

@@ -12,19 +12,33 @@ use crate::job_root::JobRoot;
 /// The verdict of a job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    Succeeded,
+    /// Azure's verdict: the thresholds were not crossed. Failed mini-batches the thresholds let
+    /// through are counted, so the first line never hides them.
+    Succeeded {
+        failed_batches: u64,
+        failed_items: u64,
+    },
     Failed(String),
 }
 
 impl Verdict {
+    /// Every mini-batch succeeded.
+    pub const CLEAN: Verdict = Verdict::Succeeded { failed_batches: 0, failed_items: 0 };
+
     pub fn is_success(&self) -> bool {
-        matches!(self, Verdict::Succeeded)
+        matches!(self, Verdict::Succeeded { .. })
     }
 
-    /// The first line of `job_result.txt`.
+    /// The first line of `job_result.txt` (and what `run` and `submit` print).
     pub fn headline(&self) -> String {
         match self {
-            Verdict::Succeeded => "succeeded".into(),
+            Verdict::Succeeded { failed_batches: 0, .. } => "succeeded".into(),
+            Verdict::Succeeded { failed_batches, failed_items } => format!(
+                "succeeded with {failed_batches} failed mini-batch{} ({failed_items} item{}) \
+                 ignored by the thresholds",
+                if *failed_batches == 1 { "" } else { "es" },
+                if *failed_items == 1 { "" } else { "s" },
+            ),
             Verdict::Failed(reason) => format!("failed: {reason}"),
         }
     }
@@ -33,6 +47,17 @@ impl Verdict {
 /// The first threshold the counts exceed (count > threshold), said with the numbers.
 pub fn threshold_exceeded(job: &ResolvedJob, counts: &Counts) -> Option<String> {
     let args = &job.task.program_args;
+    // Storage failing is never the script's failure, and no threshold lets it through.
+    if counts.batches_failed_storage > 0 {
+        return Some(format!(
+            "storage was unavailable: {} mini-batch{} could not write {} results after a minute \
+             of retries (a read-only or full file system, or a store refusing writes); the \
+             thresholds do not apply to storage failures",
+            counts.batches_failed_storage,
+            if counts.batches_failed_storage == 1 { "" } else { "es" },
+            if counts.batches_failed_storage == 1 { "its" } else { "their" },
+        ));
+    }
     if job.mini_batch_error_threshold >= 0
         && counts.batches_failed as i64 > job.mini_batch_error_threshold
     {
@@ -67,7 +92,7 @@ pub fn verdict(job: &ResolvedJob, counts: &Counts, output_rows: u64) -> Verdict 
     if job.task.append_row_to.is_some() && output_rows == 0 {
         return Verdict::Failed("no mini-batch returned any row (append_row_to is set)".into());
     }
-    Verdict::Succeeded
+    Verdict::Succeeded { failed_batches: counts.batches_failed, failed_items: counts.items_failed }
 }
 
 /// The text of `logs/job_result.txt`: the verdict first, then the first real error (so it is
@@ -107,6 +132,15 @@ pub fn job_result_text(
         "items: {} total, {} succeeded, {} failed",
         counts.items_total, counts.items_succeeded, counts.items_failed
     );
+    if counts.inputs_skipped > 0 {
+        let _ = writeln!(
+            text,
+            "input entries skipped: {} (not listed: links out of the input folder or to folders, \
+             names an object key cannot carry; which and why: {})",
+            counts.inputs_skipped,
+            root.key_url(&root.layout.skipped_inputs()),
+        );
+    }
     if let Some(output) = output {
         match &output.partial_of {
             None => {
@@ -120,6 +154,17 @@ pub fn job_result_text(
                 );
             }
         }
+    }
+    if counts.extra_lines > 0 {
+        let _ = writeln!(
+            text,
+            "warning: rows returned by run() held line breaks: {} more line{} than rows in the \
+             output, from {} mini-batch{}; each line break starts another row",
+            counts.extra_lines,
+            if counts.extra_lines == 1 { "" } else { "s" },
+            counts.batches_with_extra_lines,
+            if counts.batches_with_extra_lines == 1 { "" } else { "es" },
+        );
     }
     let failed: Vec<String> = tracker.failed().take(50).map(batch_id).collect();
     if !failed.is_empty() {
@@ -175,6 +220,32 @@ mod tests {
             threshold_exceeded(&job(-1, -1, 100.0), &counts(10, 10, 10)),
             None,
             "-1 ignores all"
+        );
+    }
+
+    #[test]
+    fn a_storage_failure_fails_the_job_whatever_the_thresholds_say() {
+        let mut storage = counts(10, 1, 1);
+        storage.batches_failed_storage = 1;
+        let verdict = verdict(&job(-1, -1, 100.0), &storage, 9);
+        let Verdict::Failed(reason) = &verdict else { panic!("{verdict:?}") };
+        assert!(reason.starts_with("storage was unavailable: 1 mini-batch could not"), "{reason}");
+        assert!(verdict.headline().starts_with("failed: storage was unavailable"));
+    }
+
+    #[test]
+    fn a_success_with_ignored_failures_says_so_on_its_first_line() {
+        assert_eq!(Verdict::CLEAN.headline(), "succeeded");
+        let verdict = verdict(&job(-1, -1, 100.0), &counts(10, 3, 7), 5);
+        assert!(verdict.is_success());
+        assert_eq!(
+            verdict.headline(),
+            "succeeded with 3 failed mini-batches (7 items) ignored by the thresholds"
+        );
+        let one = Verdict::Succeeded { failed_batches: 1, failed_items: 1 };
+        assert_eq!(
+            one.headline(),
+            "succeeded with 1 failed mini-batch (1 item) ignored by the thresholds"
         );
     }
 }

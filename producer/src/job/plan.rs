@@ -15,7 +15,7 @@ use crate::error::ProducerError;
 use crate::job::plan_writer::PlanWriter;
 pub use crate::job::plan_writer::{publish, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
-use batchfleet_common::store::listing::list_in_key_order;
+use batchfleet_common::store::listing::{list_reporting, Skipped};
 
 /// Plan the job's mini-batches and publish them; returns the totals.
 pub async fn plan_and_publish(
@@ -37,8 +37,10 @@ pub async fn plan_and_publish(
 async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<(), ProducerError> {
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
-    let mut objects = input_objects(job, &input).await?;
-    while let Some(meta) = objects.try_next().await? {
+    let skipped = Skipped::default();
+    let mut objects = input_objects(job, &input, skipped.clone()).await?;
+    let listing_failed = |e| ProducerError::listing(&job.input.name, &job.input.url, e);
+    while let Some(meta) = objects.try_next().await.map_err(listing_failed)? {
         let item = relative_item(job, &input, &meta)?;
         if let Some(items) = cutter.push(item, meta.size) {
             writer.push_files(items).await?;
@@ -47,7 +49,7 @@ async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<()
     if let Some(items) = cutter.finish() {
         writer.push_files(items).await?;
     }
-    Ok(())
+    writer.skipped(&skipped.list()).await
 }
 
 type ObjectStream =
@@ -57,6 +59,7 @@ type ObjectStream =
 async fn input_objects(
     job: &ResolvedJob,
     input: &StoreLocation,
+    skipped: Skipped,
 ) -> Result<ObjectStream, ProducerError> {
     match job.input.kind {
         InputKind::UriFile => {
@@ -66,7 +69,7 @@ async fn input_objects(
                 })?;
             Ok(Box::pin(futures::stream::iter([Ok(meta)])))
         }
-        _ => Ok(list_in_key_order(input)),
+        _ => Ok(list_reporting(input, skipped)),
     }
 }
 

@@ -96,7 +96,8 @@ pub(crate) async fn plan_folder_partitions(
     let input = store::open_str(&job.input.url)?;
     let mut files = Vec::new();
     let mut listing = list_in_key_order(&input);
-    while let Some(meta) = listing.try_next().await? {
+    let listing_failed = |e| ProducerError::listing(&job.input.name, &job.input.url, e);
+    while let Some(meta) = listing.try_next().await.map_err(listing_failed)? {
         let url = object_url(&input, &meta.location);
         let rel = meta.location.as_ref().strip_prefix(input.prefix.as_ref()).unwrap_or_default();
         files.push(TableFile { url, size: meta.size, path_columns: hive_columns(rel) });
@@ -200,7 +201,11 @@ async fn list_folder(
     let location = store::open_str(url)?;
     let prefix = location.prefix.as_ref().to_string();
     let mut listing = list_in_key_order(&location);
-    while let Some(meta) = listing.try_next().await? {
+    let listing_failed = |source| ProducerError::Listing {
+        what: format!("the MLTable path `{url}`"),
+        source: Box::new(source),
+    };
+    while let Some(meta) = listing.try_next().await.map_err(listing_failed)? {
         let key = meta.location.as_ref();
         let rel = key.strip_prefix(&prefix).unwrap_or(key).trim_start_matches('/');
         if keep(rel) {

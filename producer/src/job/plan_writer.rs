@@ -33,6 +33,9 @@ pub struct PlanSummary {
     /// read; the tracker counts each ended batch's rows instead.
     #[serde(default)]
     pub tabular: bool,
+    /// Input entries the listing skipped (`logs/skipped_inputs.txt` says which and why).
+    #[serde(default)]
+    pub skipped_inputs: u64,
 }
 
 /// Where the planner sends the batches.
@@ -59,8 +62,25 @@ impl<'a> PlanWriter<'a> {
             target,
             chunk: Vec::new(),
             chunk_no: 0,
-            summary: PlanSummary { batches: 0, items: 0, tabular: false },
+            summary: PlanSummary { batches: 0, items: 0, tabular: false, skipped_inputs: 0 },
         }
+    }
+
+    /// Record the input entries the listing skipped, one line each: the path (escaped, so a
+    /// newline in a name shows as `\n`) and why.
+    pub(crate) async fn skipped(
+        &mut self,
+        skipped: &[(String, &'static str)],
+    ) -> Result<(), ProducerError> {
+        if skipped.is_empty() {
+            return Ok(());
+        }
+        let text: String =
+            skipped.iter().map(|(path, why)| format!("{}\t{why}\n", path.escape_debug())).collect();
+        let root = self.target.root;
+        root.put(&root.layout.skipped_inputs(), Bytes::from(text)).await?;
+        self.summary.skipped_inputs = skipped.len() as u64;
+        Ok(())
     }
 
     /// The next batch: a list of files relative to the input.

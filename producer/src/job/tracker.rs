@@ -3,7 +3,7 @@
 //! Kept compact (a few bytes per batch) so a job of millions of mini-batches tracks in memory;
 //! the full records stay in the store (`status/`, `failures/`).
 
-use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
+use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
 
 use crate::job::plan::PlanSummary;
 
@@ -27,6 +27,14 @@ pub struct Counts {
     pub items_total: u64,
     pub items_succeeded: u64,
     pub items_failed: u64,
+    /// Input entries planning skipped (never listed, so in no other count).
+    pub inputs_skipped: u64,
+    /// Failed batches whose last failure was storage's (part of `batches_failed`).
+    pub batches_failed_storage: u64,
+    /// Lines of the succeeded batches' output beyond one per row (rows holding line breaks),
+    /// and how many batches had any.
+    pub extra_lines: u64,
+    pub batches_with_extra_lines: u64,
 }
 
 impl Counts {
@@ -56,10 +64,9 @@ pub struct Tracker {
     tabular: bool,
     /// Output rows of the succeeded batches (what aggregation will write, header aside).
     rows_out: u64,
-    /// Entry-script runtimes reported ready, and those reported stopped with their user log
-    /// in the job root (`RuntimeReady` / `RuntimeStopped` events).
-    runtimes_ready: u64,
-    runtimes_stopped: u64,
+    /// Per worker: entry-script runtimes reported ready, and those reported stopped with their
+    /// user log in the job root (`RuntimeReady` / `RuntimeStopped` events).
+    runtimes: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 impl Tracker {
@@ -70,14 +77,14 @@ impl Tracker {
                 batches_total: plan.batches,
                 // A tabular plan's rows are counted as its batches end.
                 items_total: if plan.tabular { 0 } else { plan.items },
+                inputs_skipped: plan.skipped_inputs,
                 ..Counts::default()
             },
             tabular: plan.tabular,
             header: None,
             first_error: None,
             rows_out: 0,
-            runtimes_ready: 0,
-            runtimes_stopped: 0,
+            runtimes: std::collections::BTreeMap::new(),
         }
     }
 
@@ -102,6 +109,20 @@ impl Tracker {
         }
         if new.state == BatchState::Succeeded {
             self.rows_out += status.rows;
+            if status.extra_lines > 0 {
+                if self.counts.batches_with_extra_lines == 0 {
+                    tracing::warn!(batch_id = %status.batch_id, extra_lines = status.extra_lines,
+                        "run() returned rows holding line breaks: each starts another row of \
+                         the output (the job's total goes to job_result.txt)");
+                }
+                self.counts.extra_lines += status.extra_lines;
+                self.counts.batches_with_extra_lines += 1;
+            }
+        }
+        if new.state == BatchState::Failed
+            && status.error.as_ref().is_some_and(|e| e.kind == FailureKind::Storage)
+        {
+            self.counts.batches_failed_storage += 1;
         }
         Self::count(&mut self.counts, &new);
         *slot = Some(new);
@@ -132,17 +153,26 @@ impl Tracker {
         }
     }
 
-    pub fn runtime_ready(&mut self) {
-        self.runtimes_ready += 1;
+    pub fn runtime_ready(&mut self, worker: &str) {
+        self.runtimes.entry(worker.to_owned()).or_default().0 += 1;
     }
 
-    pub fn runtime_stopped(&mut self) {
-        self.runtimes_stopped += 1;
+    pub fn runtime_stopped(&mut self, worker: &str) {
+        self.runtimes.entry(worker.to_owned()).or_default().1 += 1;
     }
 
     /// Runtimes that were ready and whose stop (and user log) was not reported yet.
     pub fn runtimes_running(&self) -> u64 {
-        self.runtimes_ready.saturating_sub(self.runtimes_stopped)
+        self.runtimes_running_on(|_| true)
+    }
+
+    /// [`Tracker::runtimes_running`] on the workers `counted` says yes to.
+    pub fn runtimes_running_on(&self, counted: impl Fn(&str) -> bool) -> u64 {
+        self.runtimes
+            .iter()
+            .filter(|(worker, _)| counted(worker))
+            .map(|(_, (ready, stopped))| ready.saturating_sub(*stopped))
+            .sum()
     }
 
     /// Output rows of the succeeded batches, as their statuses report them.
@@ -215,6 +245,7 @@ mod tests {
             items_in,
             items_out,
             rows: items_out,
+            extra_lines: 0,
             result_part: None,
             header: None,
             attempt: 1,
@@ -234,7 +265,8 @@ mod tests {
 
     #[test]
     fn counts_batches_and_items_once() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 3, items: 7, tabular: false });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 3, items: 7, tabular: false, skipped_inputs: 0 });
         assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
         assert!(
             !tracker.record(&status(0, BatchState::Succeeded, 3, 3)),
@@ -254,7 +286,8 @@ mod tests {
 
     #[test]
     fn the_first_final_state_stands() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false, skipped_inputs: 0 });
         tracker.record(&status(0, BatchState::Failed, 2, 0));
         assert!(!tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
@@ -266,7 +299,8 @@ mod tests {
 
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 });
         let mut ok = status(1, BatchState::Succeeded, 1, 1);
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
@@ -276,7 +310,8 @@ mod tests {
 
     #[test]
     fn items_out_is_capped_at_items_in() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false, skipped_inputs: 0 });
         tracker.record(&status(0, BatchState::Succeeded, 2, 5));
         assert_eq!(tracker.counts().items_succeeded, 2);
     }
@@ -284,7 +319,8 @@ mod tests {
     #[test]
     fn a_tabular_plan_counts_rows_as_its_batches_end() {
         // Planned as 2 pieces; the batches turn out to hold 1,000 and 500 rows.
-        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: true });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 2, items: 2, tabular: true, skipped_inputs: 0 });
         assert_eq!(tracker.counts().items_total, 0);
         tracker.record(&status(0, BatchState::Succeeded, 1000, 990));
         tracker.record(&status(1, BatchState::Succeeded, 500, 500));
@@ -297,7 +333,8 @@ mod tests {
 
     #[test]
     fn statuses_outside_the_plan_are_ignored() {
-        let mut tracker = Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false });
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
         assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
     }
 }

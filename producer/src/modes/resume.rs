@@ -35,6 +35,7 @@ use crate::modes::run::{
 };
 use crate::modes::status::locate;
 use crate::modes::submit::{producer_broker, remove_events_queue};
+use batchfleet_worker::runtime::resolve_interpreter;
 
 /// Options of `batchfleet resume`.
 #[derive(Debug, Clone)]
@@ -74,7 +75,8 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let stop = CancellationToken::new();
     let scratch = scratch_dir()?;
     let mut fleet = if embedded {
-        start_workers(&broker, &queues, &job, &options.python, scratch.path(), &stop)
+        let python = resolve_interpreter(&options.python).await;
+        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop)
     } else {
         tokio::task::JoinSet::new()
     };

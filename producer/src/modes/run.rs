@@ -13,7 +13,9 @@ use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
-use batchfleet_worker::{Worker, WorkerConfig};
+use batchfleet_common::spec::Datastores;
+use batchfleet_worker::runtime::resolve_interpreter;
+use batchfleet_worker::{Prestart, Worker, WorkerConfig};
 
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
@@ -23,6 +25,7 @@ use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest}
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
+use crate::modes::runtime_parent::runtime_parent;
 
 /// How long workers get to finish and call `shutdown()` once the job is over.
 pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
@@ -36,13 +39,15 @@ pub struct RunOptions {
     /// Store URL or folder for job roots.
     pub store: Option<String>,
     pub python: PathBuf,
+    /// Maps the spec's `azureml:` paths.
+    pub datastores: Datastores,
     /// Show a progress bar (a terminal) instead of log lines.
     pub interactive: bool,
 }
 
 /// Run a job to its end on this machine.
 pub async fn run_embedded(options: &RunOptions) -> Result<JobReport, ProducerError> {
-    let spec = load_spec(&options.spec_path)?;
+    let spec = load_spec(&options.spec_path, &options.datastores)?;
     run_job(spec.job, &spec.text, options).await
 }
 
@@ -53,6 +58,12 @@ pub async fn run_job(
     spec_text: &str,
     options: &RunOptions,
 ) -> Result<JobReport, ProducerError> {
+    check_fits_this_machine(&job, available_cores())?;
+    // The interpreter is asked where it is while the job root is made.
+    let resolving = {
+        let python = options.python.clone();
+        tokio::spawn(async move { resolve_interpreter(&python).await })
+    };
     let root = create_root(options.store.as_deref(), &mut job)?;
     root.write_spec(spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
@@ -63,7 +74,8 @@ pub async fn run_job(
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
     let scratch = scratch_dir()?;
-    let mut fleet = start_workers(&broker, &queues, &job, &options.python, scratch.path(), &stop);
+    let python = resolving.await.unwrap_or_else(|_| options.python.clone());
+    let mut fleet = start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop);
 
     let result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet).await;
     let grace = match &result {
@@ -82,6 +94,31 @@ pub async fn run_job(
     finish(&job, &root, &tracker, end).await
 }
 
+/// Entry-script processes `run` starts per core of this machine, at most: every instance's
+/// every slot is one, all on this machine.
+pub const RUNTIMES_PER_CORE: u64 = 32;
+
+fn available_cores() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
+
+/// Refuse a job whose `instance_count × max_concurrency_per_instance` runtimes would swamp this
+/// machine (a fleet's size is `submit`'s business), naming both keys.
+fn check_fits_this_machine(job: &ResolvedJob, cores: u64) -> Result<(), ProducerError> {
+    let runtimes = u64::from(job.instance_count) * u64::from(job.max_concurrency_per_instance);
+    let limit = RUNTIMES_PER_CORE * cores;
+    if runtimes <= limit {
+        return Ok(());
+    }
+    Err(ProducerError::Unsupported(format!(
+        "resources.instance_count ({}) × max_concurrency_per_instance ({}) = {runtimes} \
+         entry-script processes, all on this machine: `batchfleet run` starts at most {limit} \
+         ({RUNTIMES_PER_CORE} per core, {cores} cores); lower them in {}, or run a fleet with \
+         `batchfleet submit`",
+        job.instance_count, job.max_concurrency_per_instance, job.spec_file
+    )))
+}
+
 /// The in-process workers' scratch space (driver, runtime folders, downloads), removed when the
 /// run ends.
 pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
@@ -90,25 +127,34 @@ pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
     })
 }
 
+/// Start `job`'s in-process workers; their slots start the job's runtimes at once, while the
+/// producer plans. `python` is used as given (resolve it first: see
+/// `batchfleet_worker::runtime::resolve_interpreter`), through the runtimes' parent shell.
 pub fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,
     job: &ResolvedJob,
+    root: &JobRoot,
     python: &std::path::Path,
     scratch: &std::path::Path,
     stop: &CancellationToken,
 ) -> JoinSet<Result<(), String>> {
     let mut fleet = JoinSet::new();
+    // Runtimes are not the producer's children: a script that kills its parent kills a shell.
+    let python = runtime_parent(python, scratch);
     for instance in 0..job.instance_count {
         let config = WorkerConfig {
             worker_id: format!("local-{instance}"),
             concurrency: job.max_concurrency_per_instance as usize,
             queues: queues.clone(),
-            python: python.to_path_buf(),
+            python: python.clone(),
             scratch_dir: scratch.join(format!("worker-{instance}")),
             idle_exit: None,
         };
-        let worker = Worker::new(Arc::clone(broker), config);
+        let prestart = Prestart { job_id: root.job_id.clone(), job_root: root.url() };
+        let worker = Worker::new(Arc::clone(broker), config)
+            .with_prestart(prestart)
+            .with_interpreter_as_given();
         let stop = stop.clone();
         fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });
     }
@@ -163,5 +209,30 @@ pub async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Durati
     if tokio::time::timeout(grace, all_stopped).await.is_err() {
         tracing::warn!("workers did not stop within {grace:?}; aborting them");
         fleet.abort_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_refuses_more_runtimes_than_the_machine_can_hold_naming_the_keys() {
+        let mut job = crate::test_support::minimal_job();
+        job.instance_count = 2;
+        job.max_concurrency_per_instance = 32;
+        assert!(check_fits_this_machine(&job, 2).is_ok(), "64 on 2 cores is allowed");
+        job.max_concurrency_per_instance = 1_000;
+        let error = check_fits_this_machine(&job, 2).unwrap_err();
+        assert_eq!(error.exit_code(), 2, "a job that cannot start: {error}");
+        let text = error.to_string();
+        for part in [
+            "resources.instance_count (2)",
+            "max_concurrency_per_instance (1000)",
+            "2000",
+            "at most 64",
+        ] {
+            assert!(text.contains(part), "`{part}` in: {text}");
+        }
     }
 }

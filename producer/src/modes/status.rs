@@ -4,6 +4,7 @@
 //! `status/` which of them ended and how, `logs/job_result.txt` whether a producer finished the
 //! job. That is enough to show a detached job's progress from any machine.
 
+use object_store::ObjectStoreExt;
 use url::Url;
 
 use batchfleet_common::store::resolve_location;
@@ -13,7 +14,7 @@ use crate::job::lifecycle::store_url;
 use crate::job::plan::PlanSummary;
 use crate::job::tracker::{Counts, Tracker};
 use crate::job_root::JobRoot;
-use crate::modes::submit::DETACHED_MARKER;
+use crate::modes::submit::{DETACHED_MARKER, FLEET_NOTE};
 
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,14 +22,46 @@ pub enum JobStatus {
     /// A producer finished the job: `logs/job_result.txt`, verdict first.
     Finished { job_result: String, succeeded: bool },
     /// Mini-batches are still outstanding (or the plan is not complete yet).
-    Running { counts: Counts, planned: bool, cancelled: Option<String> },
+    Running {
+        counts: Counts,
+        planned: bool,
+        cancelled: Option<String>,
+        /// Whether a producer follows the job, as far as the job root tells.
+        producer: Producer,
+        fleet: Option<Fleet>,
+    },
     /// Every mini-batch ended but no producer aggregated the output (it was detached).
     Unaggregated {
         counts: Counts,
-        /// `(broker, pool)` when the job was submitted with `--detach` (broker redacted).
-        detached: Option<(String, String)>,
+        /// Whether the job was submitted with `--detach`.
+        detached: bool,
+        fleet: Option<Fleet>,
     },
 }
+
+/// The broker (password redacted) and pool a job was submitted to (`control/fleet`, or the
+/// detached marker of a job submitted before that file existed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fleet {
+    pub broker: String,
+    pub pool: String,
+}
+
+/// Whether a producer follows a running job: one rewrites `logs/job_progress_overview.txt`
+/// every 5 s while it does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Producer {
+    /// The overview is recent (or the job is too young to tell).
+    Following,
+    /// `submit --detach`: no producer follows the job by design.
+    Detached,
+    /// Nothing was written to the overview for this long (seconds): the producer stopped.
+    Silent(u64),
+}
+
+/// A following producer rewrites the progress overview every 5 s; this long without a rewrite,
+/// it is taken for stopped.
+pub const PRODUCER_SILENT_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A job and where it stands.
 #[derive(Debug, Clone)]
@@ -43,39 +76,60 @@ impl StatusReport {
     pub fn text(&self) -> String {
         match &self.status {
             JobStatus::Finished { job_result, .. } => job_result.clone(),
-            JobStatus::Running { counts, planned, cancelled } => {
-                let mut text = format!("job {}: running\n{}\n", self.job_id, counts_line(counts));
+            JobStatus::Running { counts, planned, cancelled, producer, fleet } => {
+                let state = match producer {
+                    Producer::Following => "running".to_string(),
+                    Producer::Detached => "running (submitted with --detach: no producer follows \
+                                           it)"
+                    .to_string(),
+                    Producer::Silent(secs) => format!(
+                        "not finished, and no producer follows it: logs/job_progress_overview.txt \
+                         was last written {secs} s ago (a following producer rewrites it every \
+                         5 s), so the producer stopped before the end (killed, or the store \
+                         refused its writes; its output says which)"
+                    ),
+                };
+                let mut text = format!("job {}: {state}\n{}\n", self.job_id, counts_line(counts));
                 if !planned {
                     text.push_str("planning: the plan is not complete yet\n");
                 }
                 if let Some(reason) = cancelled {
                     text.push_str(&format!("stopping early: {reason}\n"));
                 }
+                if matches!(producer, Producer::Silent(_)) {
+                    text.push_str(&format!("finish it with: {}\n", self.resume(fleet)));
+                }
                 text.push_str(&format!("job root: {}\n", self.root_url));
                 text
             }
-            JobStatus::Unaggregated { counts, detached } => {
-                let (why, command) = match detached {
-                    Some((broker, pool)) => (
-                        "it was submitted with --detach".to_string(),
-                        format!(
-                            "batchfleet resume {} --broker {broker} --pool {pool}",
-                            self.root_url
-                        ),
-                    ),
-                    None => (
-                        "the producer that followed it stopped before the end".to_string(),
-                        format!("batchfleet resume {}", self.root_url),
-                    ),
+            JobStatus::Unaggregated { counts, detached, fleet } => {
+                let why = if *detached {
+                    "it was submitted with --detach"
+                } else {
+                    "the producer that followed it stopped before the end"
                 };
                 format!(
                     "job {}: every mini-batch ended; the output was not aggregated ({why})\n{}\n\
-                     aggregate it with: {command}\njob root: {}\n",
+                     aggregate it with: {}\njob root: {}\n",
                     self.job_id,
                     counts_line(counts),
+                    self.resume(fleet),
                     self.root_url
                 )
             }
+        }
+    }
+}
+
+impl StatusReport {
+    /// The `resume` command that finishes the job: on its fleet's broker and pool, or with
+    /// workers in the resuming process when it ran that way (`batchfleet run`).
+    fn resume(&self, fleet: &Option<Fleet>) -> String {
+        match fleet {
+            Some(Fleet { broker, pool }) => {
+                format!("batchfleet resume {} --broker {broker} --pool {pool}", self.root_url)
+            }
+            None => format!("batchfleet resume {}", self.root_url),
         }
     }
 }
@@ -161,24 +215,50 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
         batches: statuses.iter().map(|s| s.index + 1).max().unwrap_or(0),
         items: 0,
         tabular: false,
+        skipped_inputs: 0,
     });
     let mut tracker = Tracker::new(plan);
     for status in &statuses {
         tracker.record(status);
     }
     let counts = tracker.counts();
-    if summary.is_some() && tracker.is_complete() {
-        let detached = match root.read_text(&root.layout.relative(DETACHED_MARKER)).await? {
-            Some(text) => {
-                let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
-                Some((field("broker"), field("pool")))
-            }
-            None => None,
-        };
-        return Ok(JobStatus::Unaggregated { counts, detached });
+    let detached = root.read_text(&root.layout.relative(DETACHED_MARKER)).await?;
+    let fleet = match root.read_text(&root.layout.relative(FLEET_NOTE)).await? {
+        Some(text) => Some(text),
+        None => detached.clone(),
     }
-    Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled })
+    .map(|text| {
+        let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
+        Fleet { broker: field("broker"), pool: field("pool") }
+    });
+    if summary.is_some() && tracker.is_complete() {
+        return Ok(JobStatus::Unaggregated { counts, detached: detached.is_some(), fleet });
+    }
+    let producer =
+        if detached.is_some() { Producer::Detached } else { producer_silence(root).await };
+    Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled, producer, fleet })
+}
+
+/// How long the job root has heard nothing from a producer: the age of the progress overview,
+/// or of `job.json` before the first overview.
+async fn producer_silence(root: &JobRoot) -> Producer {
+    let mut newest = None;
+    for key in [root.layout.progress_overview(), root.layout.job_json()] {
+        if let Ok(meta) = root.store().head(&key).await {
+            newest = Some(std::time::SystemTime::from(meta.last_modified));
+            break;
+        }
+    }
+    let Some(written) = newest else {
+        return Producer::Following;
+    };
+    let age = std::time::SystemTime::now().duration_since(written).unwrap_or_default();
+    if age >= PRODUCER_SILENT_AFTER {
+        Producer::Silent(age.as_secs())
+    } else {
+        Producer::Following
+    }
 }
 
 #[cfg(test)]
@@ -206,7 +286,7 @@ mod tests {
             async move { root.put(&key, bytes::Bytes::from(text)).await.unwrap() }
         };
         put(root.layout.job_json(), "{}".into()).await;
-        let plan = PlanSummary { batches: 1, items: 1, tabular: false };
+        let plan = PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 };
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
         let status = BatchStatus {
             batch_id: "00000000".into(),
@@ -215,6 +295,7 @@ mod tests {
             items_in: 1,
             items_out: 1,
             rows: 1,
+            extra_lines: 0,
             result_part: Some("1-w-s0".into()),
             header: None,
             attempt: 1,
@@ -236,5 +317,51 @@ mod tests {
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("submitted with --detach"), "{text}");
         assert!(text.contains("--broker amqp://guest:***@host/%2f --pool p1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_running_job_whose_producer_went_silent_says_so_and_what_to_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&store, "j2").unwrap();
+        let put = |key: object_store::path::Path, text: String| {
+            let root = &root;
+            async move { root.put(&key, bytes::Bytes::from(text)).await.unwrap() }
+        };
+        put(root.layout.job_json(), "{}".into()).await;
+        let plan = PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 };
+        put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
+        put(root.layout.progress_overview(), "progress".into()).await;
+        let root_arg = dir.path().join("j2");
+        let root_arg = root_arg.to_str().unwrap();
+
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.starts_with("job j2: running\n"), "a fresh overview: {text}");
+        assert!(!text.contains("resume"), "{text}");
+
+        // The producer was killed 10 minutes ago: the overview has not been rewritten since.
+        let overview = dir.path().join("j2/logs/job_progress_overview.txt");
+        let ten_minutes_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        std::fs::File::options()
+            .write(true)
+            .open(&overview)
+            .unwrap()
+            .set_modified(ten_minutes_ago)
+            .unwrap();
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("no producer follows it"), "{text}");
+        assert!(!text.contains("--detach"), "it was not detached: {text}");
+        assert!(text.contains("finish it with: batchfleet resume file://"), "{text}");
+        assert!(!text.contains("--broker"), "a `run` job resumes with workers in process: {text}");
+
+        let note = r#"{"broker": "amqp://guest:***@host/%2f", "pool": "p1"}"#;
+        put(root.layout.relative(FLEET_NOTE), note.into()).await;
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("--broker amqp://guest:***@host/%2f --pool p1"), "{text}");
+
+        put(root.layout.relative(DETACHED_MARKER), note.into()).await;
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("submitted with --detach"), "{text}");
+        assert!(!text.contains("no producer follows it:"), "detached is not silent: {text}");
     }
 }

@@ -18,6 +18,7 @@ use batchfleet_common::broker::connect::{
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
+use batchfleet_common::spec::Datastores;
 
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
@@ -46,6 +47,8 @@ pub struct SubmitOptions {
     pub broker: String,
     /// Worker pool: the work queue is `batchfleet.work.<pool>`.
     pub pool: String,
+    /// Maps the spec's `azureml:` paths.
+    pub datastores: Datastores,
     /// What only a RabbitMQ broker needs (its `consumer_timeout`); read only when `broker`
     /// names RabbitMQ.
     pub rabbitmq: RabbitMqConnect,
@@ -76,6 +79,9 @@ pub struct Published {
 /// Under the job root: present when the job was submitted with `--detach`; holds the broker
 /// (password redacted) and the pool.
 pub const DETACHED_MARKER: &str = "control/detached";
+/// Under the job root: the broker (password redacted) and pool of a submitted job, so that
+/// `batchfleet status` can say how to resume it.
+pub const FLEET_NOTE: &str = "control/fleet";
 
 /// Submit a job to the fleet behind `options.broker`.
 pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
@@ -84,11 +90,7 @@ pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError>
         // `batchfleet status` tells a detached job from one whose producer died, and says
         // how to aggregate it (the broker without its password).
         let root = &published.root;
-        let note = format!(
-            "{{\"broker\": {}, \"pool\": {}}}\n",
-            serde_json::Value::from(redact(&options.broker)),
-            serde_json::Value::from(options.pool.as_str())
-        );
+        let note = fleet_note(options);
         root.put(&root.layout.relative(DETACHED_MARKER), bytes::Bytes::from(note)).await?;
         return Ok(Submitted::Detached {
             job_id: published.root.job_id.clone(),
@@ -101,7 +103,7 @@ pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError>
 
 /// Everything `submit` does before following: check, write the job root, plan, publish.
 pub async fn publish_job(options: &SubmitOptions) -> Result<Published, ProducerError> {
-    let spec = load_spec(&options.spec_path)?;
+    let spec = load_spec(&options.spec_path, &options.datastores)?;
     publish_loaded(spec.job, &spec.text, options).await
 }
 
@@ -125,6 +127,7 @@ pub async fn publish_loaded(
             job.task.code = upload_code(&root, &code).await?;
         }
         root.write_spec(spec_text, &job).await?;
+        root.put(&root.layout.relative(FLEET_NOTE), Bytes::from(fleet_note(options))).await?;
         eprintln!("{}", effective_settings(&job, &root));
         eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
         declare_job_queue(broker.as_ref(), &root.job_id).await?;
@@ -154,6 +157,15 @@ pub async fn follow_published(
     lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
+}
+
+/// `{"broker": <URL without its password>, "pool": …}`.
+fn fleet_note(options: &SubmitOptions) -> String {
+    format!(
+        "{{\"broker\": {}, \"pool\": {}}}\n",
+        serde_json::Value::from(redact(&options.broker)),
+        serde_json::Value::from(options.pool.as_str())
+    )
 }
 
 /// Check the job against the limits of the broker it goes to, and only those: RabbitMQ's

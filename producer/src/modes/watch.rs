@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
+use batchfleet_common::job::InputValue;
 use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
@@ -42,6 +43,7 @@ use crate::modes::submit::{
 };
 
 pub mod claims;
+pub mod datastores;
 pub mod store_check;
 
 pub use claims::DEFAULT_CLAIM_LEASE;
@@ -70,6 +72,13 @@ pub struct WatchOptions {
     /// Start without the create-only race check (see [`store_check`]); for stores known to be
     /// sound that the check cannot reach, or to run on a store that fails it anyway.
     pub skip_store_check: bool,
+    /// Where a manifest's job may read and write (URL prefixes, `--allow`); empty: the watched
+    /// bucket or container (`s3://bucket/`), and no local path at all.
+    pub allow: Vec<String>,
+    /// `--datastore NAME=URL`: the datastore map's last word for every manifest.
+    pub datastores: Vec<String>,
+    /// `--datastore-map URL`: a `datastores.yaml` in a store, under the one beside a manifest.
+    pub datastore_map: Option<String>,
 }
 
 /// `<manifest>.job.json`: the job a claimed manifest became.
@@ -186,7 +195,9 @@ async fn list_manifests(location: &StoreLocation) -> Result<Vec<Path>, ProducerE
         .map_ok(|meta| meta.location)
         .try_filter(|key| {
             let name = key.filename().unwrap_or_default();
-            futures::future::ready(name.ends_with(".yaml") || name.ends_with(".yml"))
+            futures::future::ready(
+                (name.ends_with(".yaml") || name.ends_with(".yml")) && !datastores::is_map(key),
+            )
         })
         .try_collect()
         .await
@@ -357,7 +368,13 @@ async fn submitted(
     let name = manifest.filename().unwrap_or("manifest.yaml");
     let spec_path = dir.path().join(name);
     std::fs::write(&spec_path, &text).map_err(ProducerError::internal)?;
-    if let Err(error) = refuse_relative_paths(&text, &spec_path, dir.path()) {
+    let datastores = match datastores::for_manifest(location, manifest, options, dir.path()).await?
+    {
+        Ok(map) => map,
+        Err(error) => return Ok(Work::Done(invalid(error))),
+    };
+    let allowed = allowed(location, options);
+    if let Err(error) = check_places(&text, &spec_path, dir.path(), &allowed, &datastores) {
         return Ok(Work::Done(invalid(error)));
     }
     let submit = SubmitOptions {
@@ -365,6 +382,7 @@ async fn submitted(
         store: options.store.clone(),
         broker: options.broker.clone(),
         pool: options.pool.clone(),
+        datastores,
         rabbitmq: RabbitMqConnect {
             consumer_timeout: options.consumer_timeout,
             ..RabbitMqConnect::default()
@@ -441,23 +459,73 @@ async fn already_finished(started: &StartedJob) -> Option<ManifestResult> {
     })
 }
 
-/// A manifest is read from a store: a path relative to it has no meaning here.
-fn refuse_relative_paths(text: &str, spec_path: &LocalPath, dir: &LocalPath) -> Result<(), String> {
-    let parsed = spec::parse_job_str(text, spec_path).map_err(|e| e.to_string())?;
+/// The prefixes a manifest's job may reach: `--allow`, or the watched bucket (container).
+fn allowed(location: &StoreLocation, options: &WatchOptions) -> Vec<String> {
+    if !options.allow.is_empty() {
+        return options.allow.iter().map(|a| with_slash(a)).collect();
+    }
+    match (location.url.scheme(), location.url.host_str()) {
+        ("file", _) | (_, None) => Vec::new(),
+        (scheme, Some(bucket)) => vec![format!("{scheme}://{bucket}/")],
+    }
+}
+
+fn with_slash(prefix: &str) -> String {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let url =
+        store::resolve_location(prefix, &cwd).map(String::from).unwrap_or_else(|_| prefix.into());
+    if url.ends_with('/') {
+        url
+    } else {
+        format!("{url}/")
+    }
+}
+
+/// Anyone who can drop a manifest must not reach the watcher's file system or other buckets:
+/// every place the job reads or writes (its inputs, code, outputs and `append_row_to`) must be
+/// under an allowed prefix; a relative path has no folder to be relative to.
+fn check_places(
+    text: &str,
+    spec_path: &LocalPath,
+    dir: &LocalPath,
+    allowed: &[String],
+    datastores: &spec::Datastores,
+) -> Result<(), String> {
+    let parsed = spec::parse_job_text(text, spec_path, datastores).map_err(|e| e.to_string())?;
     let job = parsed.job;
     let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
-    let mut places =
-        vec![("inputs", job.input.url.as_str()), ("task.code", job.task.code.as_str())];
+    let mut places = vec![("task.code".to_string(), job.task.code.clone())];
+    for (name, value) in &job.inputs {
+        if let InputValue::Data(input) = value {
+            places.push((format!("inputs.{name}"), input.url.clone()));
+        }
+    }
+    places.push(("input_data".to_string(), job.input.url.clone()));
+    for (name, output) in &job.outputs {
+        if let Some(url) = &output.url {
+            places.push((format!("outputs.{name}"), url.clone()));
+        }
+    }
     if let Some(append) = &job.task.append_row_to {
-        places.push(("task.append_row_to", append.as_str()));
+        places.push(("task.append_row_to".to_string(), append.clone()));
     }
-    match places.iter().find(|(_, url)| !scratch.is_empty() && url.starts_with(&scratch)) {
-        Some((key, _)) => Err(format!(
-            "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative path \
-             has no folder to be relative to"
-        )),
-        None => Ok(()),
+    for (key, url) in &places {
+        if !scratch.is_empty() && url.starts_with(&scratch) {
+            return Err(format!(
+                "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative \
+                 path has no folder to be relative to"
+            ));
+        }
+        if !allowed.iter().any(|prefix| url.starts_with(prefix.as_str())) {
+            let allowed =
+                if allowed.is_empty() { "nothing".to_string() } else { allowed.join(", ") };
+            return Err(format!(
+                "{key}: `{url}` is outside what this watcher lets a manifest reach ({allowed}); \
+                 start the watcher with --allow PREFIX to allow it"
+            ));
+        }
     }
+    Ok(())
 }
 
 fn invalid(error: String) -> ManifestResult {
@@ -474,7 +542,7 @@ fn invalid(error: String) -> ManifestResult {
 
 fn from_report(report: JobReport) -> ManifestResult {
     let (status, first_error) = match &report.verdict {
-        crate::job::outcome::Verdict::Succeeded => ("succeeded", None),
+        crate::job::outcome::Verdict::Succeeded { .. } => ("succeeded", None),
         crate::job::outcome::Verdict::Failed(reason) => ("failed", Some(reason.clone())),
     };
     ManifestResult {

@@ -12,11 +12,15 @@ imported only to read Parquet pieces. File-list jobs never import either.
 
 File descriptors: the protocol uses private duplicates of the original stdin and stdout.
 fd 0 is then pointed at /dev/null and fd 1 at fd 2 (stderr), so nothing the user's code
-prints or reads — from Python or from C — can touch the protocol.
+prints or reads — from Python or from C — can touch the protocol. The duplicates are not
+inherited by programs the script runs (close-on-exec), and the driver makes itself
+non-dumpable so that other processes cannot open them through /proc/<pid>/fd. Code inside the
+process can still write to them: the worker checks every answer (see docs/entry-protocol.md).
 """
 
 import importlib.util
 import inspect
+import errno
 import json
 import os
 import re
@@ -24,6 +28,29 @@ import sys
 import traceback
 
 PROTOCOL_VERSION = 1
+
+
+PR_SET_DUMPABLE = 4
+
+
+def set_dumpable(value):
+    """prctl(PR_SET_DUMPABLE): best effort (no ctypes, or not Linux: nothing happens)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, value, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def guard_protocol_fds():
+    """Keep other processes out of this one's /proc/<pid>/fd (where the protocol pipes could be
+    opened anew): a non-dumpable process's /proc files belong to root. A child forked without
+    exec is made dumpable again (it holds the fds anyway; exec resets the flag by itself), so
+    the worker can still find it by its environment when the runtime ends."""
+    set_dumpable(0)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=lambda: set_dumpable(1))
 
 
 def take_protocol_fds():
@@ -387,6 +414,17 @@ def read_table(table):
     return apply_column_steps(pd, df, table.get("column_steps") or [], known)
 
 
+# OSErrors that say the storage failed, not the script: read-only, full, over quota, I/O error.
+STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def failure_kind(exc):
+    """user_error, or storage_error for an OSError that says the storage failed."""
+    if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+        return "storage_error"
+    return "user_error"
+
+
 def exception_fields(exc):
     return {
         "exception": type(exc).__name__,
@@ -469,7 +507,7 @@ def write_rows(result, output):
                     % ("None" if result is None else type(result).__name__))
 
 
-def load_table(protocol, batch_id, table):
+def load_table(protocol, batch_id, table, answer):
     """The DataFrame of a tabular mini-batch, or None after sending its input_error."""
     try:
         return read_table(table)
@@ -478,23 +516,25 @@ def load_table(protocol, batch_id, table):
         if exc.traceback:
             sys.stderr.write(exc.traceback)
         protocol.send("error", batch_id=batch_id, kind="input_error", exception=exc.exception,
-                      message=str(exc), traceback=exc.traceback)
+                      message=str(exc), traceback=exc.traceback, **answer)
     except Exception as exc:  # not plainly about the data: keep the whole story
         sys.stderr.write(traceback.format_exc())
         fields = exception_fields(exc)
         fields["message"] = "reading the mini-batch failed: %s" % fields["message"]
-        protocol.send("error", batch_id=batch_id, kind="input_error", **fields)
+        protocol.send("error", batch_id=batch_id, kind="input_error", **fields, **answer)
     return None
 
 
 def serve_run(protocol, module, pass_context, request):
+    # Every answer echoes the request's nonce: the worker takes no other for this batch.
+    answer = {"nonce": request["nonce"]} if "nonce" in request else {}
     batch_id = request.get("batch_id")
     context = MiniBatchContext(request.get("context") or {})
     table = request.get("table")
     # items_in only travels for tabular batches: a file list's answers stay as they were.
-    extra = {}
+    extra = dict(answer)
     if table is not None:
-        mini_batch = load_table(protocol, batch_id, table)
+        mini_batch = load_table(protocol, batch_id, table, answer)
         if mini_batch is None:
             return
         extra["items_in"] = len(mini_batch)
@@ -507,8 +547,8 @@ def serve_run(protocol, module, pass_context, request):
             result = module.run(mini_batch)
     except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail the batch
         sys.stderr.write(traceback.format_exc())
-        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc),
-                      **extra)
+        protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
+                      **exception_fields(exc), **extra)
         return
     try:
         items_out, rows, header = write_rows(result, request["output"])
@@ -519,8 +559,8 @@ def serve_run(protocol, module, pass_context, request):
         return
     except Exception as exc:
         sys.stderr.write(traceback.format_exc())
-        protocol.send("error", batch_id=batch_id, kind="user_error", **exception_fields(exc),
-                      **extra)
+        protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
+                      **exception_fields(exc), **extra)
         return
     protocol.send("done", batch_id=batch_id, items_out=items_out, rows=rows, header=header,
                   **extra)
@@ -540,6 +580,7 @@ def serve_shutdown(protocol, module):
 
 def main(argv):
     proto_in, proto_out = take_protocol_fds()
+    guard_protocol_fds()
     protocol = Protocol(proto_in, proto_out)
     if len(argv) < 3:
         protocol.send("init_error", exception="UsageError",
@@ -592,12 +633,18 @@ def main(argv):
     while True:
         try:
             request = protocol.receive()
-        except ValueError as exc:
-            protocol.send("protocol_error", message="request is not JSON: %s" % exc)
-            return 2
+        except ValueError:
+            request = {}
         if request is None:
             return 0
-        version, msg_type = request.get("v"), request.get("type")
+        msg_type = request.get("type") if isinstance(request, dict) else None
+        if msg_type not in ("run", "shutdown"):
+            # Not the worker's: something in the job (the script or a program it ran) wrote to
+            # the channel. Skipped, so that it cannot stop the runtime.
+            sys.stderr.write("batchfleet: ignored a line on the protocol channel that is not a "
+                             "request from the worker\n")
+            continue
+        version = request.get("v")
         if version != PROTOCOL_VERSION:
             protocol.send("protocol_error",
                           message="unsupported protocol version %r (this driver speaks %d)"
@@ -605,12 +652,9 @@ def main(argv):
             return 2
         if msg_type == "run":
             serve_run(protocol, module, pass_context, request)
-        elif msg_type == "shutdown":
+        else:
             serve_shutdown(protocol, module)
             return 0
-        else:
-            protocol.send("protocol_error", message="unknown request type %r" % (msg_type,))
-            return 2
 
 
 if __name__ == "__main__":

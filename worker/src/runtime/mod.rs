@@ -6,19 +6,23 @@
 //! timeout or a crash the caller drops it and starts a fresh one.
 
 mod error;
+mod interpreter;
 mod process;
 pub mod protocol;
 mod stderr;
+mod tree;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{RuntimeError, UserFailure};
+pub use interpreter::resolve_interpreter;
 pub use process::RuntimeProcess;
 pub use protocol::{
     MiniBatchContext, TablePieceRequest, TableRequest, TableRequestFormat, UserFailureKind,
 };
+pub use tree::{adopt_orphans, TREE_ENV};
 
 /// The Python driver that loads an entry script and speaks the protocol.
 pub const PYTHON_DRIVER: &str = include_str!("driver.py");
@@ -97,8 +101,11 @@ pub enum RunOutcome {
 pub struct RunSuccess {
     /// The length of `run()`'s return value (not capped).
     pub items_out: u64,
-    /// Lines written to the output file.
+    /// Rows `run()` returned (a list's elements, a DataFrame's rows).
     pub rows: u64,
+    /// Lines in the output file, as the worker counted them: more than `rows` when rows hold
+    /// line breaks (each becomes a row of the aggregated output); never fewer.
+    pub lines: u64,
     /// The DataFrame header line, when `run()` returned a DataFrame.
     pub header: Option<String>,
     /// Tabular mini-batches: the rows of the DataFrame `run()` got (the batch's item count);

@@ -4,15 +4,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
 use super::error::{RuntimeError, UserFailure};
 use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
 use super::stderr::StderrPump;
+use super::tree;
 use super::{RunOutcome, RunRequest, RunSuccess, RuntimeConfig, STDERR_TAIL_LINES};
 
 /// How long a process that closed its protocol pipe gets to exit before it is killed.
@@ -22,12 +21,15 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// A running entry-script process that has finished `init()`.
 ///
-/// It runs in its own process group, so a timeout or a crash also ends whatever the user's
-/// code spawned; dropping it kills the group.
+/// It runs in its own process group with a tree token in its environment, so that when it
+/// ends (shut down, timed out, crashed or dropped) whatever the user's code started ends too,
+/// including processes that left the group (see `tree`).
 pub struct RuntimeProcess {
     child: Child,
-    /// The process group to kill; `None` once the process has been reaped and its group killed.
-    group: Option<Pid>,
+    /// The process id (and group), kept after the process was reaped.
+    pid: Option<u32>,
+    /// The tree token; `None` once the tree was killed.
+    token: Option<String>,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     stderr: StderrPump,
@@ -54,7 +56,8 @@ impl RuntimeProcess {
             }
             Ok(Ok(Some(Response::InitError { stage, error }))) => {
                 process.reap().await;
-                let failure = UserFailure::from_fields(UserFailureKind::UserError, error, None);
+                let mut failure = UserFailure::from_fields(UserFailureKind::UserError, error, None);
+                add_stderr(&mut failure, &process.stderr.tail());
                 Err(match stage {
                     InitStage::Load => RuntimeError::LoadFailed(failure),
                     InitStage::Init => RuntimeError::InitFailed(failure),
@@ -80,43 +83,78 @@ impl RuntimeProcess {
             return Err(RuntimeError::Protocol("the runtime process is no longer running".into()));
         }
         let batch_id = request.batch_id.clone();
+        let output = request.output.clone();
+        let nonce = protocol::nonce();
         let line = protocol::encode(&Request::Run {
             batch_id: request.batch_id,
             items: request.items,
             context: request.context,
             output: request.output,
             table: request.table.map(Box::new),
+            nonce: Some(nonce.clone()),
         })
         .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         if self.send(&line).await.is_err() {
             return Err(self.crashed().await);
         }
-        match tokio::time::timeout(timeout, self.read_response()).await {
+        let response = match tokio::time::timeout(timeout, self.read_response()).await {
             Err(_) => {
                 self.kill().await;
-                Err(RuntimeError::Timeout { secs: whole_secs(timeout) })
+                return Err(RuntimeError::Timeout { secs: whole_secs(timeout) });
             }
-            Ok(Ok(Some(Response::Done {
+            Ok(Ok(None)) => return Err(self.crashed().await),
+            Ok(Err(message)) => return Err(self.protocol_failure(message).await),
+            Ok(Ok(Some(response))) => response,
+        };
+        // Only the driver knows the nonce: a `done` or `error` without it, or for another
+        // batch, was written by something else (the entry script holds the process and can
+        // reach the channel). Nothing it says is recorded; the runtime is replaced.
+        let answers = |answered: &str, echoed: &Option<String>| {
+            answered == batch_id && echoed.as_deref() == Some(nonce.as_str())
+        };
+        match response {
+            Response::Done {
                 batch_id: answered,
                 items_out,
                 rows,
                 header,
                 items_in,
-            }))) if answered == batch_id => {
-                Ok(RunOutcome::Succeeded(RunSuccess { items_out, rows, header, items_in }))
+                nonce: echoed,
+            } if answers(&answered, &echoed) => {
+                let lines = match count_lines(&output).await {
+                    Ok(lines) => lines,
+                    Err(error) => {
+                        let what = format!("counting the lines of {}: {error}", output.display());
+                        return Err(self.protocol_failure(what).await);
+                    }
+                };
+                if rows > lines || items_out > rows {
+                    let message = format!(
+                        "the runtime reported {rows} rows and {items_out} items out for batch \
+                         {batch_id}, but its output file has {lines} lines"
+                    );
+                    return Err(self.protocol_failure(message).await);
+                }
+                Ok(RunOutcome::Succeeded(RunSuccess { items_out, rows, header, items_in, lines }))
             }
-            Ok(Ok(Some(Response::Error { batch_id: answered, kind, error, items_in })))
-                if answered == batch_id =>
+            Response::Error { batch_id: answered, kind, error, items_in, nonce: echoed }
+                if answers(&answered, &echoed) =>
             {
                 Ok(RunOutcome::Failed(UserFailure::from_fields(kind, error, items_in)))
             }
-            Ok(Ok(None)) => Err(self.crashed().await),
-            Ok(Ok(Some(other))) => Err(self
+            Response::Done { batch_id: answered, .. }
+            | Response::Error { batch_id: answered, .. } => Err(self
+                .protocol_failure(format!(
+                    "an answer for batch {answered} without the nonce of the request for batch \
+                         {batch_id} came on the protocol channel: something other than the driver \
+                         (the entry script?) wrote to it; nothing it said is recorded"
+                ))
+                .await),
+            other => Err(self
                 .protocol_failure(format!(
                     "expected `done` or `error` for batch {batch_id}, got {other:?}"
                 ))
                 .await),
-            Ok(Err(message)) => Err(self.protocol_failure(message).await),
         }
     }
 
@@ -176,6 +214,34 @@ impl RuntimeProcess {
         self.pass_context
     }
 
+    /// Why the process cannot be trusted with another batch although it runs: its working
+    /// folder, or the folder it is in, was deleted (by the script), or something wrote to the
+    /// protocol channel out of turn. `None` when it looks able to work.
+    pub fn environment_broken(&mut self) -> Option<String> {
+        if self.wrote_out_of_turn() {
+            return Some("something in it wrote to the protocol channel between batches".into());
+        }
+        if !self.work_dir.path().is_dir() {
+            return Some(format!(
+                "its working folder {} was deleted",
+                self.work_dir.path().display()
+            ));
+        }
+        let pid = self.child.id()?;
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+        let cwd = cwd.to_string_lossy();
+        cwd.ends_with(" (deleted)").then(|| format!("its current folder {cwd} was deleted"))
+    }
+
+    /// Whether the protocol channel holds bytes although no request is in flight: the driver
+    /// writes only answers, so they came from elsewhere and the next answer cannot be trusted
+    /// to be in step.
+    fn wrote_out_of_turn(&mut self) -> bool {
+        use futures::FutureExt;
+        self.alive
+            && matches!(self.stdout.fill_buf().now_or_never(), Some(Ok(pending)) if !pending.is_empty())
+    }
+
     /// Whether the process can still serve requests.
     pub fn is_alive(&self) -> bool {
         self.alive
@@ -192,11 +258,18 @@ impl RuntimeProcess {
         let mut line = Vec::new();
         loop {
             line.clear();
-            let read = self.stdout.read_until(b'\n', &mut line).await;
+            let limit = protocol::MAX_FRAME as u64 + 1;
+            let read = (&mut self.stdout).take(limit).read_until(b'\n', &mut line).await;
             match read {
                 Ok(0) => return Ok(None),
                 Ok(_) => {}
                 Err(error) => return Err(format!("reading from the runtime failed: {error}")),
+            }
+            if line.len() > protocol::MAX_FRAME {
+                return Err(format!(
+                    "the runtime sent a protocol line longer than {} bytes",
+                    protocol::MAX_FRAME
+                ));
             }
             let text = String::from_utf8_lossy(&line);
             if !text.trim().is_empty() {
@@ -228,34 +301,44 @@ impl RuntimeProcess {
                 return "did not exit after closing the protocol; killed".into();
             }
         };
-        self.kill_group();
+        self.forget();
+        self.kill_tree();
         self.stderr.finish(DRAIN_LIMIT).await;
         status
     }
 
-    /// Kill the process group now and wait for the leader.
+    /// Kill the process and its tree now, and wait for the leader.
     async fn kill(&mut self) {
         self.alive = false;
         self.stdin = None;
-        self.kill_group();
+        self.kill_tree();
         if let Err(error) = self.child.kill().await {
             tracing::debug!(%error, "killing the runtime process");
         }
+        self.forget();
         self.stderr.finish(DRAIN_LIMIT).await;
     }
 
-    fn kill_group(&mut self) {
-        if let Some(group) = self.group.take() {
-            // ESRCH (the group is already empty) is the common, harmless case.
-            let _ = killpg(group, Signal::SIGKILL);
+    /// Kill the process's group and whatever else of its tree still runs.
+    fn kill_tree(&mut self) {
+        if let Some(token) = self.token.take() {
+            tree::kill_tree(self.pid, &token);
+        }
+    }
+
+    /// The process was reaped: it is no runtime of this worker any more.
+    fn forget(&self) {
+        if let Some(pid) = self.pid {
+            tree::forget(pid);
         }
     }
 }
 
 impl Drop for RuntimeProcess {
     fn drop(&mut self) {
-        // `kill_on_drop` ends the leader; this ends whatever it spawned too.
-        self.kill_group();
+        // `kill_on_drop` ends the leader (reaped in the background); this ends its tree.
+        self.kill_tree();
+        self.forget();
     }
 }
 
@@ -269,7 +352,9 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
     if let Some(parent) = config.log_path.parent() {
         std::fs::create_dir_all(parent).map_err(io("user log folder"))?;
     }
-    let mut child = Command::new(&config.python)
+    let token = tree::token();
+    let mut command = Command::new(&config.python);
+    command
         .arg(&config.driver)
         .arg(&config.code_dir)
         .arg(&config.entry_script)
@@ -280,11 +365,12 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .env(tree::TREE_ENV, &token)
         .kill_on_drop(true)
-        .process_group(0)
-        .spawn()
+        .process_group(0);
+    let mut child = tree::spawn_live(&token, || command.spawn(), Child::id)
         .map_err(|source| RuntimeError::Spawn { python: config.python.clone(), source })?;
-    let group = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
+    let pid = child.id();
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -295,7 +381,8 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         .map_err(io("user log"))?;
     Ok(RuntimeProcess {
         child,
-        group,
+        pid,
+        token: Some(token),
         stdin: Some(stdin),
         stdout: BufReader::new(stdout),
         stderr,
@@ -304,6 +391,66 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         pass_context: false,
         alive: true,
     })
+}
+
+/// Lines the driver writes to stderr just before the traceback of a failed start.
+const START_FAILURE_MARKERS: [&str; 2] = ["loading the entry script failed:", "init() failed:"];
+/// The longest stderr line quoted in a start failure's message.
+const QUOTED_LINE_MAX: usize = 300;
+
+/// A failed start's report with what the script wrote to stderr before the failure (argparse
+/// prints its usage and the reason, then exits): the lines go before the traceback, and the
+/// last one is quoted in the message of an exit (`SystemExit: 2`, which says nothing alone).
+fn add_stderr(failure: &mut UserFailure, tail: &str) {
+    let lines: Vec<&str> = tail.lines().collect();
+    let Some(marker) = lines.iter().rposition(|l| START_FAILURE_MARKERS.contains(&l.trim_end()))
+    else {
+        return;
+    };
+    let before = lines[..marker].join("\n");
+    let before = before.trim();
+    if before.is_empty() {
+        return;
+    }
+    if failure.exception.as_deref() == Some("SystemExit") {
+        let last = before.lines().last().unwrap_or_default().trim();
+        let quoted: String = last.chars().take(QUOTED_LINE_MAX).collect();
+        failure.message = format!("{} (stderr: {quoted})", failure.message);
+    }
+    let traceback = failure.traceback.take().unwrap_or_default();
+    failure.traceback = Some(format!(
+        "the script's stderr before it failed (last lines):\n{before}\n\n{traceback}"
+    ));
+}
+
+/// Newlines in a runtime's output file (0 when there is none): the rows as the aggregated
+/// output will hold them. A small file is read here, a large one on the blocking pool.
+async fn count_lines(path: &Path) -> std::io::Result<u64> {
+    fn count(path: &Path) -> std::io::Result<u64> {
+        let mut file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(error) => return Err(error),
+        };
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut lines = 0u64;
+        loop {
+            let read = std::io::Read::read(&mut file, &mut buffer)?;
+            if read == 0 {
+                return Ok(lines);
+            }
+            lines += buffer[..read].iter().filter(|b| **b == b'\n').count() as u64;
+        }
+    }
+    const READ_IN_PLACE: u64 = 256 * 1024;
+    let small = std::fs::metadata(path).map(|m| m.len() <= READ_IN_PLACE).unwrap_or(true);
+    if small {
+        return count(path);
+    }
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || count(&path))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?
 }
 
 /// Whole seconds for messages, rounding up so that a sub-second limit never reads as 0.

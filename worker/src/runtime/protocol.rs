@@ -203,6 +203,10 @@ pub enum Request {
         /// A tabular mini-batch (`items` is then empty): `run()` gets one DataFrame.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         table: Option<Box<TableRequest>>,
+        /// An unguessable value the answer (`done` or `error`) must echo: a line the entry
+        /// script forged on the protocol channel cannot pass for the driver's answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     Shutdown,
 }
@@ -240,6 +244,9 @@ pub enum Response {
         /// Tabular mini-batches: the rows of the DataFrame passed to `run()`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         items_in: Option<u64>,
+        /// The request's `nonce`, echoed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     Error {
         batch_id: String,
@@ -249,6 +256,9 @@ pub enum Response {
         /// Tabular mini-batches: the rows read, when reading succeeded before the failure.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         items_in: Option<u64>,
+        /// The request's `nonce`, echoed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     /// Answer to `shutdown`; `error` is set when the script's `shutdown()` raised.
     Bye { error: Option<ErrorFields> },
@@ -275,6 +285,10 @@ pub enum InitStage {
 pub enum UserFailureKind {
     /// `run()` raised (or writing its rows did).
     UserError,
+    /// `run()`, or writing its rows, failed for want of storage: an `OSError` saying the file
+    /// system is read-only or full, the quota is used up, or an I/O error (`EROFS`, `ENOSPC`,
+    /// `EDQUOT`, `EIO`). Infrastructure, not the script's fault.
+    StorageError,
     /// `run()` returned something other than a list, tuple or DataFrame.
     BadReturn,
     /// A tabular mini-batch's data could not be read into a DataFrame (undecodable text, rows
@@ -306,6 +320,22 @@ pub fn encode(request: &Request) -> Result<String, serde_json::Error> {
     line.push('\n');
     Ok(line)
 }
+
+/// A fresh value for a run request's `nonce`: 128 bits of SipHash under keys the process drew
+/// from the operating system's random source, over a counter. Unguessable to an entry script
+/// that cannot read the worker's memory.
+pub fn nonce() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let keys = std::collections::hash_map::RandomState::new();
+    format!("{:016x}{:016x}", keys.hash_one((n, 0u8)), keys.hash_one((n, 1u8)))
+}
+
+/// The longest protocol line a worker reads (a `done` is a few hundred bytes; an `error` holds
+/// a traceback): a longer one is a protocol error, never an allocation.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
 
 /// Parse one line from the runtime, checking its version.
 pub fn decode(line: &str) -> Result<Response, String> {
@@ -343,6 +373,7 @@ mod tests {
             context: MiniBatchContext::for_files(2),
             output: PathBuf::from("/tmp/out"),
             table: None,
+            nonce: Some("n1".into()),
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -351,6 +382,7 @@ mod tests {
         assert_eq!(value["context"]["minibatch_index"], 2);
         // A file list's request is what it was before tabular batches existed.
         assert!(value.get("table").is_none(), "{line}");
+        assert_eq!(value["nonce"], "n1");
         assert!(line.ends_with('\n'));
         assert_eq!(encode(&Request::Shutdown).unwrap(), "{\"v\":1,\"type\":\"shutdown\"}\n");
     }
@@ -379,7 +411,8 @@ mod tests {
                 items_out: 3,
                 rows: 3,
                 header: None,
-                items_in: None
+                items_in: None,
+                nonce: None,
             })
         );
         let done = decode(
@@ -454,6 +487,7 @@ mod tests {
             ),
             output: PathBuf::from("/tmp/out"),
             table: Some(Box::new(table)),
+            nonce: None,
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -517,6 +551,14 @@ mod tests {
         let parquet = TableRequest::from_read(&read(TableFormat::Parquet), Vec::new()).unwrap();
         assert_eq!(parquet.format, TableRequestFormat::Parquet);
         assert!(parquet.include_path_column);
+    }
+
+    #[test]
+    fn nonces_are_fresh_128_bit_values() {
+        let (a, b) = (nonce(), nonce());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
     }
 
     #[test]

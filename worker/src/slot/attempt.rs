@@ -42,16 +42,24 @@ impl AttemptFailure {
         }
     }
 
-    fn user(failure: UserFailure) -> Self {
-        let during = match failure.kind {
-            UserFailureKind::InputError => "reading the mini-batch failed",
-            _ => "run() failed",
-        };
+    /// Results or status could not be written, past the worker's own retries.
+    pub(super) fn storage(what: &str, error: impl std::fmt::Display) -> Self {
         AttemptFailure {
-            kind: FailureKind::UserError,
-            message: format!("{during}: {failure}"),
-            detail: failure.traceback,
+            kind: FailureKind::Storage,
+            message: format!("{what}: {error}"),
+            detail: None,
         }
+    }
+
+    fn user(failure: UserFailure) -> Self {
+        let (during, kind) = match failure.kind {
+            UserFailureKind::InputError => {
+                ("reading the mini-batch failed", FailureKind::UserError)
+            }
+            UserFailureKind::StorageError => ("storage failed under run()", FailureKind::Storage),
+            _ => ("run() failed", FailureKind::UserError),
+        };
+        AttemptFailure { kind, message: format!("{during}: {failure}"), detail: failure.traceback }
     }
 
     /// A runtime that could not be started, or died under a batch.
@@ -101,6 +109,20 @@ pub(super) enum AttemptEnd {
     GiveBack(String),
     /// The job was stopped by its producer: settle the message without running it.
     Cancelled,
+    /// `run()` failed in a runtime whose environment broke under it (its working folder was
+    /// deleted): the slot's next runtime is a fresh one, and the batch is tried again in place
+    /// once before the failure counts.
+    RuntimeBroken { failure: AttemptFailure, why: String },
+}
+
+impl AttemptEnd {
+    /// The end as it counts once the batch had its try in a fresh runtime.
+    pub(super) fn counted(self) -> Self {
+        match self {
+            AttemptEnd::RuntimeBroken { failure, .. } => AttemptEnd::Failed(failure),
+            other => other,
+        }
+    }
 }
 
 impl From<AttemptFailure> for AttemptEnd {
@@ -236,7 +258,13 @@ impl Slot {
         };
         match outcome {
             Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
-            Some(Ok(RunOutcome::Failed(failure))) => Err(AttemptFailure::user(failure).into()),
+            Some(Ok(RunOutcome::Failed(failure))) => {
+                let failure = AttemptFailure::user(failure);
+                match active.process.environment_broken() {
+                    Some(why) => Err(AttemptEnd::RuntimeBroken { failure, why }),
+                    None => Err(failure.into()),
+                }
+            }
             Some(Err(error)) => {
                 tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");
                 self.stop_runtime().await;
@@ -283,7 +311,7 @@ impl Slot {
         };
         written
             .await
-            .map_err(|e: InfraError| AttemptFailure::infra("writing the batch's results", e))
+            .map_err(|e: InfraError| AttemptFailure::storage("writing the batch's results", e))
     }
 
     /// Store the files the script wrote under its output folders (object-store outputs).
@@ -317,6 +345,7 @@ fn succeeded_status(
         items_in,
         items_out: success.items_out.min(items_in),
         rows: success.rows,
+        extra_lines: success.lines.saturating_sub(success.rows),
         result_part: Some(part),
         header: success.header.clone(),
         attempt,

@@ -13,8 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use batchfleet_common::broker::{BrokerError, Delivery};
+use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::message::MiniBatchMessage;
-use batchfleet_common::status::now_ms;
+use batchfleet_common::retry::RetryPolicy;
+use batchfleet_common::status::{now_ms, FailureKind};
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -90,8 +92,9 @@ impl Slot {
     pub(crate) async fn serve(mut self, stop: CancellationToken) -> SlotEnd {
         tracing::debug!(dir = %self.dir.display(), "slot started");
         let mut receive_failures = 0u32;
+        self.prestart(&stop).await;
         while !stop.is_cancelled() {
-            match self.receive().await {
+            match self.receive(&stop).await {
                 Ok(Some(delivery)) => {
                     receive_failures = 0;
                     self.shared.activity.begin();
@@ -137,9 +140,22 @@ impl Slot {
         }
     }
 
-    async fn receive(&self) -> Result<Option<Delivery>, BrokerError> {
+    /// The next message, or `None` after [`RECEIVE_WAIT`] without one. When the broker's receive
+    /// is cancel-safe, `stop` cuts the wait short: a stopping worker (every embedded job's end)
+    /// does not sit out the rest of the wait first.
+    async fn receive(&self, stop: &CancellationToken) -> Result<Option<Delivery>, BrokerError> {
+        let broker = &self.shared.broker;
         let queue = &self.shared.config.queues.work;
-        let mut got = self.shared.broker.receive(queue, 1, self.shared.lease, RECEIVE_WAIT).await?;
+        let receive = broker.receive(queue, 1, self.shared.lease, RECEIVE_WAIT);
+        let mut got = if broker.receive_is_cancel_safe() {
+            tokio::select! {
+                biased;
+                got = receive => got?,
+                () = stop.cancelled() => return Ok(None),
+            }
+        } else {
+            receive.await?
+        };
         Ok(got.pop())
     }
 
@@ -154,6 +170,13 @@ impl Slot {
                 return;
             }
         };
+        if let Err(error) = message.check_well_formed() {
+            let reason = format!("invalid message: {error}");
+            tracing::error!(%reason, attempt = delivery.delivery_count, "dead-lettering");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.invalid_messages += 1;
+            return;
+        }
         let span = tracing::info_span!("batch", job_id = %message.job_id,
             batch_id = %message.batch_id, attempt = delivery.delivery_count);
         self.handle_batch(delivery, message, stop).instrument(span).await;
@@ -179,6 +202,12 @@ impl Slot {
                 return;
             }
         };
+        if let Some(reason) = beyond_the_plan(&job.job, &message) {
+            tracing::error!(%reason, "dead-lettering");
+            self.dead_letter(&delivery.handle, &reason).await;
+            self.summary.invalid_messages += 1;
+            return;
+        }
         if job.is_cancelled().await {
             tracing::info!("the job was stopped by its producer; batch settled without running");
             self.ack(&delivery.handle, false).await;
@@ -219,7 +248,32 @@ impl Slot {
         );
         let started_ms = now_ms();
         let started = Instant::now();
-        let result = self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
+        let mut result =
+            self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
+        if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
+            // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
+            tracing::warn!(%why, message = %failure.message,
+                "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
+            result = self.attempt(&job, &message, delivery.delivery_count, now_ms(), stop).await;
+        }
+        let mut result = result.map_err(AttemptEnd::counted);
+        // Storage that fails under a batch (a read-only or full file system, a store refusing
+        // writes) is not the script's failure: the batch is tried again in place, the lease held
+        // by the heartbeat, for about a minute, before an attempt is counted.
+        let mut delays = RetryPolicy::BATCH_INFRA.delays();
+        while let Err(AttemptEnd::Failed(failure)) = &result {
+            if failure.kind != FailureKind::Storage || stop.is_cancelled() {
+                break;
+            }
+            let Some(delay) = delays.next() else { break };
+            tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
+                "storage failed under the batch; trying it again in place");
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop.cancelled() => break,
+            }
+            result = self.attempt(&job, &message, delivery.delivery_count, now_ms(), stop).await;
+        }
         let lease_lost = heartbeat.stop().await;
         match result {
             Ok(status) => {
@@ -244,6 +298,10 @@ impl Slot {
                 tracing::info!(%why, "giving the batch back without counting an attempt");
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
+            Err(AttemptEnd::RuntimeBroken { failure, .. }) => {
+                // `counted` turned every one into a failure above.
+                self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+            }
             Err(AttemptEnd::Cancelled) => {
                 tracing::info!(
                     "the job was stopped by its producer; batch settled without running"
@@ -252,6 +310,20 @@ impl Slot {
             }
         }
     }
+}
+
+/// A file batch holding more items than the job's `mini_batch_size` count allows was not cut by
+/// its planner: it is not run.
+fn beyond_the_plan(job: &ResolvedJob, message: &MiniBatchMessage) -> Option<String> {
+    let MiniBatchSize::Count(most) = job.mini_batch_size else { return None };
+    if message.table.is_some() || !job.partition_keys.is_empty() || message.item_count() <= most {
+        return None;
+    }
+    Some(format!(
+        "invalid message: field `items`: {} items, more than the job's mini_batch_size ({most}) \
+         lets its planner put in a batch",
+        message.item_count()
+    ))
 }
 
 fn elapsed_ms(since: Instant) -> u64 {

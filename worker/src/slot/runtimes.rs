@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use batchfleet_common::job::InputKind;
 use batchfleet_common::message::JobEvent;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::FailureRecord;
@@ -53,9 +54,13 @@ impl Slot {
         attempt: u32,
         stop: &CancellationToken,
     ) -> Result<(), AttemptEnd> {
-        if let Some(active) = &self.runtime {
-            if active.job.job_id == job.job_id && active.process.is_alive() {
-                return Ok(());
+        if let Some(active) = &mut self.runtime {
+            match active.process.environment_broken() {
+                Some(why) => tracing::warn!(%why, "the runtime cannot work; starting a fresh one"),
+                None if active.job.job_id == job.job_id && active.process.is_alive() => {
+                    return Ok(())
+                }
+                None => {}
             }
         }
         self.stop_runtime().await;
@@ -109,6 +114,40 @@ impl Slot {
         }
     }
 
+    /// Start the runtime of the job the worker was told of ahead of its batches (one try; see
+    /// [`crate::Worker::with_prestart`]).
+    pub(super) async fn prestart(&mut self, stop: &CancellationToken) {
+        let Some(prestart) = self.shared.prestart.clone() else {
+            return;
+        };
+        let job = tokio::select! {
+            () = stop.cancelled() => return,
+            job = self.shared.jobs.get_by_root(&prestart.job_id, &prestart.job_root) => job,
+        };
+        let job = match job {
+            Ok(job) => job,
+            Err(error) => {
+                tracing::debug!(%error, "the job to start runtimes for ahead of its batches \
+                    could not be loaded; its first batch loads it");
+                return;
+            }
+        };
+        if job.job.input.kind == InputKind::Mltable {
+            return;
+        }
+        match self.start_runtime(&job, false).await {
+            Ok(()) => {
+                let ready = JobEvent::RuntimeReady {
+                    job_id: job.job_id.clone(),
+                    worker: self.shared.config.worker_id.clone(),
+                };
+                self.publish_best_effort(&job, &ready).await;
+            }
+            Err(error) => tracing::debug!(%error, "starting the runtime ahead of the first \
+                batch failed; the first batch starts it again and reports what fails"),
+        }
+    }
+
     /// Events about runtimes help the producer but must not fail a batch.
     async fn publish_best_effort(&self, job: &LoadedJob, event: &JobEvent) {
         if let Err(error) = events::publish(self.shared.broker.as_ref(), job, event).await {
@@ -140,7 +179,7 @@ impl Slot {
             env.insert(TABULAR_ENV.into(), "1".into());
         }
         let config = RuntimeConfig {
-            python: self.shared.config.python.clone(),
+            python: self.shared.python(),
             driver: self.shared.driver.clone(),
             code_dir: job.code_dir.clone(),
             entry_script: job.job.task.entry_script.clone(),

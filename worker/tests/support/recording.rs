@@ -2,6 +2,7 @@
 //! (to check what was in the store at that moment).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub struct RecordingBroker {
     payloads: Mutex<HashMap<String, Bytes>>,
     ack_probe: Mutex<Option<AckProbe>>,
     probes: Mutex<Vec<String>>,
+    receives_started: AtomicUsize,
+    receives_returned: AtomicUsize,
 }
 
 impl RecordingBroker {
@@ -48,6 +51,14 @@ impl RecordingBroker {
         self.probes.lock().unwrap().clone()
     }
 
+    /// Calls of `receive` begun, and those that returned (a dropped one never does).
+    pub fn receives(&self) -> (usize, usize) {
+        (
+            self.receives_started.load(Ordering::SeqCst),
+            self.receives_returned.load(Ordering::SeqCst),
+        )
+    }
+
     pub fn ops(&self) -> Vec<Op> {
         self.ops.lock().unwrap().clone()
     }
@@ -59,6 +70,10 @@ impl RecordingBroker {
 
 #[async_trait]
 impl Broker for RecordingBroker {
+    fn receive_is_cancel_safe(&self) -> bool {
+        self.inner.receive_is_cancel_safe()
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         self.inner.declare_queue(spec).await
     }
@@ -80,7 +95,10 @@ impl Broker for RecordingBroker {
         lease: Duration,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        let got = self.inner.receive(queue, max, lease, wait).await?;
+        self.receives_started.fetch_add(1, Ordering::SeqCst);
+        let got = self.inner.receive(queue, max, lease, wait).await;
+        self.receives_returned.fetch_add(1, Ordering::SeqCst);
+        let got = got?;
         for delivery in &got {
             self.payloads
                 .lock()

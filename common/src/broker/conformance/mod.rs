@@ -407,6 +407,36 @@ pub async fn waiting_receive_wakes_when_a_message_arrives(broker: Arc<dyn Broker
     delete(broker.as_ref(), &[&queue]).await;
 }
 
+/// A backend that says its `receive` is cancel-safe loses nothing to a receive dropped while it
+/// waits: the message published afterwards is received once, on its first delivery.
+pub async fn a_dropped_waiting_receive_takes_nothing(broker: Arc<dyn Broker>, prefix: &str) {
+    if !broker.receive_is_cancel_safe() {
+        return;
+    }
+    let queue = declare_plain(broker.as_ref(), prefix, "work").await;
+    let waiting = {
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tokio::spawn(async move { broker.receive(&queue, 1, LONG_LEASE, LONG_LEASE).await })
+    };
+    // Let the receive start waiting (if it has not yet, it is dropped before it began, which
+    // must lose nothing either), then drop it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting.abort();
+    let _ = waiting.await;
+    ok(broker.publish(&queue, payloads(prefix, 1)).await, "publish after a dropped receive");
+    let got = ok(
+        broker.receive(&queue, 1, LONG_LEASE, EVENTUALLY).await,
+        "receive after a dropped receive",
+    );
+    assert_eq!(got.len(), 1, "the message published after a receive was dropped must arrive");
+    assert_eq!(
+        got[0].delivery_count, 1,
+        "a dropped receive must not have delivered the message (its count went up)"
+    );
+    ack_all(broker.as_ref(), &got).await;
+    delete(broker.as_ref(), &[&queue]).await;
+}
+
 /// Declaring a queue (and a queue with a dead-letter queue) again with the same spec is fine.
 pub async fn declare_twice_with_the_same_spec_is_ok(broker: Arc<dyn Broker>, prefix: &str) {
     let b = broker.as_ref();
@@ -528,6 +558,7 @@ macro_rules! broker_conformance_tests {
             concurrent_receivers_never_share_a_message,
             receive_on_an_empty_queue_returns_empty_after_waiting,
             waiting_receive_wakes_when_a_message_arrives,
+            a_dropped_waiting_receive_takes_nothing,
             declare_twice_with_the_same_spec_is_ok,
             undeclared_queue_is_not_found,
             delete_queue_is_idempotent,

@@ -98,7 +98,31 @@ impl Management {
         }
     }
 
+    /// The client-provided names of the broker's connections (all vhosts the user may see).
+    pub(super) async fn connection_names(&self) -> Result<Vec<String>, BrokerError> {
+        let url = self.api_url(&["api", "connections"])?;
+        let (agent, authorization, shown) =
+            (self.agent.clone(), self.authorization.clone(), self.base.clone());
+        let answer =
+            tokio::task::spawn_blocking(move || get(&agent, &url, &authorization)).await.map_err(
+                |e| BrokerError::Connection(format!("management API call did not finish: {e}")),
+            )?;
+        match answer {
+            Ok((200, body)) => parse_connection_names(&body),
+            Ok((status, _)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} answered HTTP {status} for the connections"
+            ))),
+            Err(error) => Err(BrokerError::Connection(format!(
+                "the management API at {shown} did not answer ({error})"
+            ))),
+        }
+    }
+
     fn queue_url(&self, queue: &str) -> Result<Url, BrokerError> {
+        self.api_url(&["api", "queues", &self.vhost, queue])
+    }
+
+    fn api_url(&self, segments: &[&str]) -> Result<Url, BrokerError> {
         if self.base.scheme() != "http" {
             return Err(BrokerError::Refused(format!(
                 "management URL {}: only http:// is supported (this build has no TLS for it)",
@@ -111,7 +135,7 @@ impl Management {
                 BrokerError::Refused(format!("management URL {} cannot take a path", self.base))
             })?
             .pop_if_empty()
-            .extend(["api", "queues", &self.vhost, queue]);
+            .extend(segments);
         Ok(url)
     }
 }
@@ -134,6 +158,20 @@ fn parse_depth(body: &str) -> Result<Option<QueueDepth>, BrokerError> {
         (Some(ready), Some(in_flight)) => Some(QueueDepth { ready, in_flight }),
         _ => None,
     })
+}
+
+fn parse_connection_names(body: &str) -> Result<Vec<String>, BrokerError> {
+    let list: serde_json::Value = serde_json::from_str(body).map_err(|e| {
+        BrokerError::Refused(format!(
+            "the management API answered something that is not JSON ({e})"
+        ))
+    })?;
+    Ok(list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["client_properties"]["connection_name"].as_str().map(str::to_owned))
+        .collect())
 }
 
 /// An IPv6 literal needs brackets in a URL.
@@ -175,6 +213,15 @@ mod tests {
 
     fn endpoint(url: &str) -> Endpoint {
         Endpoint::parse(url).unwrap()
+    }
+
+    #[test]
+    fn connection_names_are_the_client_provided_ones() {
+        let body = r#"[{"name": "127.0.0.1:1 -> 127.0.0.1:5672",
+            "client_properties": {"connection_name": "batchfleet-worker/p/w1"}},
+            {"name": "127.0.0.1:2 -> 127.0.0.1:5672", "client_properties": {}}]"#;
+        assert_eq!(parse_connection_names(body).unwrap(), ["batchfleet-worker/p/w1"]);
+        assert!(parse_connection_names("<html>").is_err());
     }
 
     #[test]

@@ -497,6 +497,10 @@ impl Broker for RabbitMqBroker {
         Ok(())
     }
 
+    async fn connected_clients(&self) -> Result<Option<Vec<String>>, BrokerError> {
+        self.inner.management.connection_names().await.map(Some)
+    }
+
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
         let session = self.session().await?;
         let ready = self.ready_count(&session, queue).await?;

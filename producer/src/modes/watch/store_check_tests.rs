@@ -71,7 +71,7 @@ impl ObjectStore for IgnoresCreateOnly {
 
 fn location(store: Arc<dyn ObjectStore>) -> StoreLocation {
     let url = url::Url::parse("s3://bucket/manifests/").unwrap();
-    StoreLocation { store, prefix: Path::from("manifests"), url }
+    StoreLocation { store, prefix: Path::from("manifests"), url, pages: None }
 }
 
 #[tokio::test]

@@ -1,0 +1,391 @@
+//! Benchmark: one small-files job through `batchfleet run` and through what a user would run
+//! instead, side by side on the same files, outputs checked line for line.
+//!
+//! The job: `--files` files of 100 bytes (default 100,000), each scored into one row
+//! `<name> <bytes>`; mini-batches of 100 files, `--workers` processes (default 2). Peers:
+//! - `batchfleet run` (embedded broker, one instance, `--workers` slots), the entry script
+//!   returning one row per file;
+//! - `multiprocessing.Pool(workers)` mapping the same function over the same 100-file chunks;
+//! - one Python loop;
+//! - Ray Data (`read_binary_files` + `map`) when `--ray-python PATH` names an interpreter that
+//!   has it (`python -m venv target/bench-ray && target/bench-ray/bin/pip install 'ray[data]'`).
+//!
+//! `--mode direct` gives the job's input that mode: the default, `ro_mount`, copies each
+//! batch's local files into a folder of the batch's own (so a script cannot damage them),
+//! which costs a file create per input file.
+//!
+//! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
+//! prints each run, then min/median wall time and peak RSS (the sum over the peer's process
+//! tree, sampled every 10 ms) and the ratios to `multiprocessing.Pool`.
+//!
+//! Build and run in release (not part of the test command):
+//! `cargo build --release --bins && target/release/bench_peers [--files 100000] [--rounds 5]`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+
+use batchfleet_tests::repo_root;
+
+const BATCH: usize = 100;
+
+/// The work, shared by every peer: one row per file.
+const SCORE: &str = r#"
+import os
+
+def score(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return "%s %d" % (os.path.basename(path), len(data))
+"#;
+
+struct Options {
+    files: usize,
+    rounds: usize,
+    workers: usize,
+    dir: PathBuf,
+    ray_python: Option<PathBuf>,
+    binary: PathBuf,
+    mode: Option<String>,
+}
+
+fn options() -> Result<Options> {
+    let mut options = Options {
+        files: 100_000,
+        rounds: 5,
+        workers: 2,
+        dir: repo_root().join("target/bench-tmp/peers"),
+        ray_python: None,
+        binary: repo_root().join("target/release/batchfleet"),
+        mode: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().context("a value after the option");
+        match arg.as_str() {
+            "--files" => options.files = value()?.parse()?,
+            "--rounds" => options.rounds = value()?.parse()?,
+            "--workers" => options.workers = value()?.parse()?,
+            "--dir" => options.dir = PathBuf::from(value()?),
+            "--ray-python" => options.ray_python = Some(PathBuf::from(value()?)),
+            "--binary" => options.binary = PathBuf::from(value()?),
+            "--mode" => options.mode = Some(value()?),
+            other => {
+                bail!(
+                    "unknown option `{other}` (--files, --rounds, --workers, --dir, --ray-python, --binary, --mode)"
+                )
+            }
+        }
+    }
+    ensure!(options.files > 0 && options.rounds > 0 && options.workers > 0, "counts must be > 0");
+    Ok(options)
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("BATCHFLEET_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+}
+
+/// `count` files of 100 bytes, made once.
+fn data(dir: &Path, count: usize) -> Result<PathBuf> {
+    let data = dir.join(format!("data-{count}"));
+    let complete = dir.join(format!("data-{count}.complete"));
+    if !complete.exists() {
+        eprintln!("writing {count} files of 100 bytes into {}…", data.display());
+        let _ = std::fs::remove_dir_all(&data);
+        std::fs::create_dir_all(&data)?;
+        let body = [b'x'; 99];
+        for i in 0..count {
+            let mut contents = body.to_vec();
+            contents.push(b'\n');
+            std::fs::write(data.join(format!("f{i:07}.txt")), contents)?;
+        }
+        std::fs::write(&complete, "")?;
+    }
+    Ok(data)
+}
+
+/// One way of running the job: a name and the command that writes `out`.
+struct Peer {
+    name: &'static str,
+    command: Box<dyn Fn(&Path) -> Command>,
+}
+
+fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
+    let dir = options.dir.clone();
+    std::fs::create_dir_all(dir.join("src"))?;
+    std::fs::write(
+        dir.join("src/score.py"),
+        format!(
+            "{SCORE}\n\ndef run(mini_batch):\n    return [score(str(p)) for p in mini_batch]\n"
+        ),
+    )?;
+    let spec = format!(
+        "type: parallel\nname: peers\ninputs:\n  files: {{type: uri_folder, path: {data}{mode}}}\n\
+         outputs:\n  rows: {{type: uri_file, path: ./output/rows.txt}}\n\
+         input_data: ${{{{inputs.files}}}}\nmini_batch_size: \"{BATCH}\"\n\
+         max_concurrency_per_instance: {workers}\n\
+         task:\n  type: run_function\n  code: ./src\n  entry_script: score.py\n  \
+         append_row_to: ${{{{outputs.rows}}}}\n",
+        data = data.display(),
+        mode = options.mode.as_ref().map(|m| format!(", mode: {m}")).unwrap_or_default(),
+        workers = options.workers,
+    );
+    std::fs::write(dir.join("job.yaml"), spec)?;
+    let binary = std::path::absolute(&options.binary)?;
+    ensure!(binary.exists(), "{}: build first: cargo build --release --bins", binary.display());
+
+    let listing = format!(
+        "import os, sys\n{SCORE}\n\
+         DATA = {data:?}\n\
+         paths = sorted(os.path.join(DATA, n) for n in os.listdir(DATA))\n\
+         chunks = [paths[i:i + {BATCH}] for i in range(0, len(paths), {BATCH})]\n\
+         def score_chunk(chunk):\n    return [score(p) for p in chunk]\n",
+        data = data.display().to_string(),
+    );
+    let pool = format!(
+        "{listing}\nimport multiprocessing\nif __name__ == '__main__':\n    \
+         with multiprocessing.Pool({workers}) as pool, open(sys.argv[1], 'w') as out:\n        \
+         for rows in pool.imap_unordered(score_chunk, chunks):\n            \
+         out.write(''.join(r + '\\n' for r in rows))\n",
+        workers = options.workers,
+    );
+    let single = format!(
+        "{listing}\nwith open(sys.argv[1], 'w') as out:\n    for chunk in chunks:\n        \
+         out.write(''.join(r + '\\n' for r in score_chunk(chunk)))\n"
+    );
+    std::fs::write(dir.join("pool.py"), pool)?;
+    std::fs::write(dir.join("loop.py"), single)?;
+
+    let mut peers = vec![
+        Peer {
+            name: "batchfleet run",
+            command: Box::new({
+                let dir = dir.clone();
+                move |_out| {
+                    let mut command = Command::new(&binary);
+                    command
+                        .arg("run")
+                        .arg(dir.join("job.yaml"))
+                        .arg("--store")
+                        .arg(dir.join("jobs"))
+                        .arg("--no-progress")
+                        .env("BATCHFLEET_PYTHON", python());
+                    command
+                }
+            }),
+        },
+        Peer {
+            name: "multiprocessing.Pool",
+            command: Box::new({
+                let script = dir.join("pool.py");
+                move |out| {
+                    let mut command = Command::new(python());
+                    command.arg(&script).arg(out);
+                    command
+                }
+            }),
+        },
+        Peer {
+            name: "one Python loop",
+            command: Box::new({
+                let script = dir.join("loop.py");
+                move |out| {
+                    let mut command = Command::new(python());
+                    command.arg(&script).arg(out);
+                    command
+                }
+            }),
+        },
+    ];
+    if let Some(ray_python) = &options.ray_python {
+        let ray = format!(
+            "import os, sys\n{SCORE}\nimport ray\n\
+             ray.init(num_cpus={workers}, include_dashboard=False, log_to_driver=False)\n\
+             ds = ray.data.read_binary_files({data:?}, include_paths=True)\n\
+             rows = ds.map(lambda r: {{'row': '%s %d' % (os.path.basename(r['path']), len(r['bytes']))}})\n\
+             with open(sys.argv[1], 'w') as out:\n    \
+             for r in rows.iter_rows():\n        out.write(r['row'] + '\\n')\n",
+            workers = options.workers,
+            data = data.display().to_string(),
+        );
+        std::fs::write(dir.join("ray_peer.py"), ray)?;
+        let script = dir.join("ray_peer.py");
+        let ray_python = ray_python.clone();
+        peers.push(Peer {
+            name: "Ray Data",
+            command: Box::new(move |out| {
+                let mut command = Command::new(&ray_python);
+                command.arg(&script).arg(out);
+                command
+            }),
+        });
+    }
+    Ok(peers)
+}
+
+/// Sum of the resident set of `root` and its descendants, in bytes.
+fn tree_rss(root: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
+    let mut parent = HashMap::new();
+    let mut rss = HashMap::new();
+    let page = 4096u64;
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // Fields after the command (which may hold spaces) start after the last ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(ppid), Some(pages)) = (fields.get(1), fields.get(21)) else { continue };
+        parent.insert(pid, ppid.parse::<u32>().unwrap_or(0));
+        rss.insert(pid, pages.parse::<u64>().unwrap_or(0) * page);
+    }
+    rss.iter()
+        .filter(|(pid, _)| {
+            let mut at = **pid;
+            for _ in 0..64 {
+                if at == root {
+                    return true;
+                }
+                match parent.get(&at) {
+                    Some(&next) if next != 0 => at = next,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .map(|(_, bytes)| bytes)
+        .sum()
+}
+
+/// Run `child` to its end; returns (seconds, peak RSS of its tree in bytes).
+fn measure(child: Child, started: Instant) -> Result<(f64, u64)> {
+    let pid = child.id();
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(Ordering::Relaxed) {
+                peak = peak.max(tree_rss(pid));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    let output = child.wait_with_output()?;
+    let secs = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    let peak = sampler.join().unwrap_or(0);
+    ensure!(
+        output.status.success(),
+        "failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((secs, peak))
+}
+
+/// The output's lines, sorted (peers write them in different orders).
+fn sorted_lines(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines.sort_unstable();
+    Ok(lines)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+fn main() -> Result<()> {
+    let options = options()?;
+    std::fs::create_dir_all(&options.dir)?;
+    let data = data(&options.dir, options.files)?;
+    let peers = peers(&options, &data)?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "{} files of 100 B, mini-batches of {BATCH}, {} processes, {} rounds interleaved; \
+         load average at start: {}",
+        options.files,
+        options.workers,
+        options.rounds,
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    let mut peaks: Vec<u64> = vec![0; peers.len()];
+    let mut reference: Option<Vec<String>> = None;
+    for round in 1..=options.rounds {
+        for (i, peer) in peers.iter().enumerate() {
+            let out = options.dir.join(format!("out-{i}.txt"));
+            let _ = std::fs::remove_file(&out);
+            let _ = std::fs::remove_dir_all(options.dir.join("output"));
+            let _ = std::fs::remove_dir_all(options.dir.join("jobs"));
+            let started = Instant::now();
+            let child = (peer.command)(&out)
+                .current_dir(&options.dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("starting {}", peer.name))?;
+            let (secs, peak) =
+                measure(child, started).with_context(|| format!("{} failed", peer.name))?;
+            // batchfleet writes its append_row_to file; the others the file they were given.
+            let written = if peer.name == "batchfleet run" {
+                options.dir.join("output/rows.txt")
+            } else {
+                out
+            };
+            let lines = sorted_lines(&written)?;
+            ensure!(
+                lines.len() == options.files,
+                "{}: {} rows of {}",
+                peer.name,
+                lines.len(),
+                options.files
+            );
+            match &reference {
+                None => reference = Some(lines),
+                Some(expected) => ensure!(
+                    &lines == expected,
+                    "{}: its rows differ from the first peer's",
+                    peer.name
+                ),
+            }
+            println!(
+                "round {round}: {:<22} {secs:>7.2} s  peak RSS {:>6.0} MB",
+                peer.name,
+                peak as f64 / 1e6
+            );
+            times[i].push(secs);
+            peaks[i] = peaks[i].max(peak);
+        }
+    }
+    let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
+    let pool_median = median(&mut times[pool].clone());
+    println!("\n| peer | min s | median s | peak RSS MB | median / Pool |\n|---|---|---|---|---|");
+    for (i, peer) in peers.iter().enumerate() {
+        let mut t = times[i].clone();
+        let min = t.iter().copied().fold(f64::INFINITY, f64::min);
+        let med = median(&mut t);
+        println!(
+            "| {} | {min:.2} | {med:.2} | {:.0} | {:.2} |",
+            peer.name,
+            peaks[i] as f64 / 1e6,
+            med / pool_median
+        );
+    }
+    Ok(())
+}

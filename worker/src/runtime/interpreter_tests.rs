@@ -1,0 +1,45 @@
+use super::*;
+
+fn python() -> PathBuf {
+    std::env::var_os("BATCHFLEET_TEST_PYTHON")
+        .map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+}
+
+#[tokio::test]
+async fn a_launcher_script_resolves_to_the_interpreter_it_runs() {
+    // A launcher like pyenv's shim: a shell script that executes the interpreter.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let real = resolve_interpreter(&python()).await;
+    let shim = dir.path().join("python3");
+    std::fs::write(&shim, format!("#!/bin/sh\nexec '{}' \"$@\"\n", real.display()))
+        .expect("write the shim");
+    let mut permissions = std::fs::metadata(&shim).expect("shim metadata").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o755);
+    std::fs::set_permissions(&shim, permissions).expect("make the shim executable");
+
+    let resolved = resolve_interpreter(&shim).await;
+    assert_ne!(resolved, shim, "the shim must resolve to the interpreter it runs");
+    assert_eq!(resolved, real, "the shim runs {}", real.display());
+}
+
+#[tokio::test]
+async fn a_missing_interpreter_stays_as_given() {
+    let missing = PathBuf::from("/nonexistent/python3");
+    assert_eq!(resolve_interpreter(&missing).await, missing);
+}
+
+#[tokio::test]
+async fn a_program_that_is_not_python_stays_as_given() {
+    // `false` exits 1 without an answer.
+    let not_python = PathBuf::from("/bin/false");
+    assert_eq!(resolve_interpreter(&not_python).await, not_python);
+}
+
+#[test]
+fn a_relative_or_empty_answer_is_not_used() {
+    let python = Path::new("python3");
+    assert_eq!(chosen(python, b""), None);
+    assert_eq!(chosen(python, b"python3"), None);
+    assert_eq!(chosen(python, b"/nonexistent/bin/python3"), None);
+    assert_eq!(chosen(python, b"/bin/sh\n"), Some(PathBuf::from("/bin/sh")));
+}

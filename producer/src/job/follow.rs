@@ -5,12 +5,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use batchfleet_common::broker::{Broker, Delivery};
+use batchfleet_common::broker::{Broker, BrokerError, Delivery};
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::{batch_id, JobEvent, QueueNames};
 use batchfleet_common::status::FailureRecord;
 
 use crate::error::ProducerError;
+use crate::infra::queues::declare_job_queue;
 use crate::infra::settings::progress_update_timeout;
 use crate::job::dead_letters;
 use crate::job::outcome::threshold_exceeded;
@@ -24,9 +25,20 @@ const HANDLING_LEASE: Duration = Duration::from_secs(60);
 const EVENT_WAIT: Duration = Duration::from_millis(500);
 /// How often `logs/job_progress_overview.txt` is rewritten.
 const OVERVIEW_EVERY: Duration = Duration::from_secs(5);
-/// After this long without a batch event, the statuses in the store are read (the store is the
-/// source of truth): a lost event delays a job by this much, never hangs it.
+/// The longest silence (no batch event) before the statuses in the store are looked at (the
+/// store is the source of truth). The first look comes after [`FIRST_RECONCILE`] of silence and
+/// the wait doubles while looks find nothing, up to this; a batch event or a found status starts
+/// over. A lost event (a worker killed between its status and its event) costs a second or two;
+/// a long silence costs one listing of `status/` per this period, plus five in its first 30 s.
 pub const RECONCILE_AFTER: Duration = Duration::from_secs(30);
+/// How long the job root may refuse the producer's writes before the job fails: the minute or
+/// so a worker retries a batch's writes for.
+pub const STORE_DOWN_LIMIT: Duration = Duration::from_secs(60);
+/// The silence before the first look at the store.
+const FIRST_RECONCILE: Duration = Duration::from_secs(1);
+/// While waiting for the user logs after a job's end: this long without a runtime stopping,
+/// the ones still counted as running are taken for gone (their worker died).
+const USER_LOGS_QUIET: Duration = Duration::from_secs(6);
 /// How many runtimes must fail to start with the same deterministic error (loading the entry
 /// script failed, or it called `sys.exit()`) before the job fails: one more than one, so that
 /// a worker's passing trouble alone cannot fail a job, and still within seconds (a slot starts
@@ -44,6 +56,8 @@ pub enum FollowEnd {
     ThresholdExceeded(String),
     /// No batch ended for longer than `--progress_update_timeout`.
     NoProgress(String),
+    /// The job root refused the producer's writes for [`STORE_DOWN_LIMIT`].
+    StorageUnavailable(String),
     /// No entry-script runtime finished `init()` within `--first_task_creation_timeout`.
     InitTimeout(String),
     /// Starting the entry script failed the same deterministic way (loading it failed, or it
@@ -68,6 +82,7 @@ impl FollowEnd {
             FollowEnd::FleetGone(reason)
             | FollowEnd::ThresholdExceeded(reason)
             | FollowEnd::NoProgress(reason)
+            | FollowEnd::StorageUnavailable(reason)
             | FollowEnd::InitTimeout(reason)
             | FollowEnd::StartFailed { reason, .. } => Some(reason),
         }
@@ -88,7 +103,7 @@ pub struct Follow<'a> {
     pub broker: &'a dyn Broker,
     pub queues: &'a QueueNames,
     pub root: &'a JobRoot,
-    /// Silence after which the store's statuses are read ([`RECONCILE_AFTER`]).
+    /// The longest silence before the store's statuses are read ([`RECONCILE_AFTER`]).
     pub reconcile_after: Duration,
 }
 
@@ -117,66 +132,105 @@ impl Follow<'_> {
         let mut last_overview = Instant::now();
         let mut watchdog = Watchdog::new(self.job);
         let mut startup = Startup::new(self.job);
+        let mut store_down = StoreDown::new(STORE_DOWN_LIMIT);
         let mut last_look = Instant::now();
+        let first_look = FIRST_RECONCILE.min(self.reconcile_after);
+        let mut next_look = first_look;
         while !tracker.is_complete() {
             if let Some(reason) = fleet_gone() {
                 return Ok(FollowEnd::FleetGone(reason));
             }
             self.route_dead_letters().await?;
             let events =
-                self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await?;
+                match self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await {
+                    Ok(events) => events,
+                    Err(BrokerError::QueueNotFound(_)) => {
+                        // Another producer of this job (one taken for dead, a second `resume`)
+                        // finished it and removed the queue: declare it again, so that workers'
+                        // events have somewhere to go, and read the store at once.
+                        tracing::warn!(queue = %events_queue,
+                            "the job's events queue was removed by another producer of the job; \
+                             declared again, the statuses are read from the store");
+                        declare_job_queue(self.broker, &self.root.job_id).await?;
+                        next_look = Duration::ZERO;
+                        Vec::new()
+                    }
+                    Err(error) => return Err(error.into()),
+                };
             for delivery in &events {
                 if self.take_event(tracker, &mut startup, delivery).await? {
                     watchdog.progressed();
                     last_look = Instant::now();
+                    next_look = first_look;
                 }
             }
-            if last_look.elapsed() >= self.reconcile_after {
+            if last_look.elapsed() >= next_look {
+                let silence = last_look.elapsed();
                 last_look = Instant::now();
-                if self.reconcile(tracker).await > 0 {
+                if self.reconcile(tracker, silence).await > 0 {
                     watchdog.progressed();
                     startup.ready();
+                    next_look = first_look;
+                } else {
+                    next_look = (next_look * 2).min(self.reconcile_after);
                 }
             }
             progress.update(&tracker.counts());
             if let Some(reason) = threshold_exceeded(self.job, &tracker.counts()) {
-                self.write_overview(tracker, progress).await;
+                let _ = self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::ThresholdExceeded(reason));
             }
             if let Some(end) = startup.deterministic_failure() {
-                self.write_overview(tracker, progress).await;
+                let _ = self.write_overview(tracker, progress).await;
                 return Ok(end);
             }
             if let Some(reason) = startup.timed_out() {
-                self.write_overview(tracker, progress).await;
+                let _ = self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::InitTimeout(reason));
             }
             if let Some(silence) = watchdog.tripped() {
-                self.write_overview(tracker, progress).await;
+                let _ = self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::NoProgress(self.no_progress_reason(tracker, silence).await));
             }
             if last_overview.elapsed() >= OVERVIEW_EVERY {
                 last_overview = Instant::now();
-                self.write_overview(tracker, progress).await;
+                let written = self.write_overview(tracker, progress).await;
+                if let Some(reason) = store_down.observe(written) {
+                    return Ok(FollowEnd::StorageUnavailable(reason));
+                }
             }
         }
-        self.write_overview(tracker, progress).await;
+        let _ = self.write_overview(tracker, progress).await;
         Ok(FollowEnd::Complete)
     }
 
-    /// Record the final statuses in the store that no event reported; returns how many.
-    async fn reconcile(&self, tracker: &mut Tracker) -> u64 {
-        let statuses = match self.root.read_statuses().await {
-            Ok(statuses) => statuses,
+    /// Record the final statuses in the store that no event reported; returns how many. One
+    /// listing of `status/`, then a read of each status the tracker does not have yet.
+    /// `silence`: how long no batch event came before this look (logged with what it found).
+    async fn reconcile(&self, tracker: &mut Tracker, silence: Duration) -> u64 {
+        let listed = match self.root.status_ids().await {
+            Ok(ids) => ids,
             Err(error) => {
-                tracing::warn!(%error, "could not read the job's statuses to reconcile");
+                tracing::warn!(%error, "could not list the job's statuses to reconcile");
                 return 0;
             }
         };
-        let found = statuses.iter().filter(|status| tracker.record(status)).count() as u64;
+        let unseen: Vec<String> =
+            tracker.unfinished().map(batch_id).filter(|id| listed.contains(id)).collect();
+        let mut found = 0u64;
+        for id in unseen {
+            match self.root.read_status(&id).await {
+                Ok(Some(status)) => found += u64::from(tracker.record(&status)),
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(%error, batch_id = %id, "could not read a status to reconcile");
+                }
+            }
+        }
         if found > 0 {
             tracing::warn!(
                 found,
+                silence_ms = u64::try_from(silence.as_millis()).unwrap_or(u64::MAX),
                 "batches ended without an event reaching the producer; taken from the store"
             );
         }
@@ -191,7 +245,28 @@ impl Follow<'_> {
         let events_queue = QueueNames::events(&self.root.job_id);
         let deadline = Instant::now() + limit;
         let mut startup = Startup::new(self.job);
+        let mut last_stop = Instant::now();
+        let mut workers = LiveWorkers::new(self.queues);
+        // The job may have ended from the store's statuses (a silence made the follower read
+        // them) before it took the events still queued, among them the runtimes' ready events:
+        // take those first, or no runtime is counted and nothing is waited for.
+        self.take_queued_events(tracker, &mut startup, &events_queue, deadline).await;
+        let mut running = tracker.runtimes_running();
         while tracker.runtimes_running() > 0 && Instant::now() < deadline {
+            if let Some(live) = workers.look(self.broker).await {
+                if tracker.runtimes_running_on(|worker| live.contains(worker)) == 0 {
+                    // Every runtime still counted was on a worker whose connection is gone.
+                    break;
+                }
+            }
+            if tracker.runtimes_running() < running {
+                running = tracker.runtimes_running();
+                last_stop = Instant::now();
+            } else if last_stop.elapsed() >= USER_LOGS_QUIET {
+                // A live runtime stops within a couple of seconds of the result (an idle slot
+                // looks every 2 s): the ones still missing were on workers that are gone.
+                break;
+            }
             let events =
                 match self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await {
                     Ok(events) => events,
@@ -208,6 +283,37 @@ impl Follow<'_> {
         }
         self.broker.flush().await;
         tracker.runtimes_running()
+    }
+
+    /// Take the events already on the job's events queue, without waiting for more.
+    async fn take_queued_events(
+        &self,
+        tracker: &mut Tracker,
+        startup: &mut Startup,
+        events_queue: &str,
+        deadline: Instant,
+    ) {
+        while Instant::now() < deadline {
+            let events = match self
+                .broker
+                .receive(events_queue, 256, HANDLING_LEASE, Duration::ZERO)
+                .await
+            {
+                Ok(events) => events,
+                Err(error) => {
+                    tracing::warn!(%error, "taking the queued events: receive failed");
+                    return;
+                }
+            };
+            if events.is_empty() {
+                return;
+            }
+            for delivery in &events {
+                if let Err(error) = self.take_event(tracker, startup, delivery).await {
+                    tracing::warn!(%error, "taking the queued events: an event was not taken");
+                }
+            }
+        }
     }
 
     async fn route_dead_letters(&self) -> Result<(), ProducerError> {
@@ -247,11 +353,11 @@ impl Follow<'_> {
                 }
                 startup.ready();
             }
-            Ok(JobEvent::RuntimeReady { .. }) => {
-                tracker.runtime_ready();
+            Ok(JobEvent::RuntimeReady { worker, .. }) => {
+                tracker.runtime_ready(&worker);
                 startup.ready();
             }
-            Ok(JobEvent::RuntimeStopped { .. }) => tracker.runtime_stopped(),
+            Ok(JobEvent::RuntimeStopped { worker, .. }) => tracker.runtime_stopped(&worker),
             Ok(JobEvent::InitFailed { worker, error, deterministic, .. }) => {
                 tracing::warn!(%worker, error = %init_failure_summary(&error), deterministic,
                     "an entry-script runtime failed to start");
@@ -263,8 +369,11 @@ impl Follow<'_> {
                 "unreadable job event ignored"
             ),
         }
-        self.broker.ack(&delivery.handle).await?;
-        Ok(ended_a_batch)
+        match self.broker.ack(&delivery.handle).await {
+            // The queue was removed by another producer of the job: nothing left to settle.
+            Ok(()) | Err(BrokerError::QueueNotFound(_)) => Ok(ended_a_batch),
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn no_progress_reason(&self, tracker: &Tracker, silence: Duration) -> String {
@@ -286,17 +395,100 @@ impl Follow<'_> {
         )
     }
 
-    async fn write_overview(&self, tracker: &Tracker, progress: &Progress) {
+    /// Rewrite `logs/job_progress_overview.txt`; the error when the store refused it.
+    async fn write_overview(
+        &self,
+        tracker: &Tracker,
+        progress: &Progress,
+    ) -> Result<(), batchfleet_common::job_root::JobRootError> {
         let in_flight = match self.broker.depth(&self.queues.work).await {
             Ok(depth) => depth.in_flight,
             Err(_) => 0,
         };
         let text = overview_text(&tracker.counts(), progress.elapsed(), in_flight);
-        if let Err(error) =
-            self.root.put(&self.root.layout.progress_overview(), Bytes::from(text)).await
-        {
+        let written = self.root.put(&self.root.layout.progress_overview(), Bytes::from(text)).await;
+        if let Err(error) = &written {
             tracing::warn!(%error, "could not write the progress overview");
         }
+        written
+    }
+}
+
+/// The workers of the job's pool that are connected to the broker, for a broker that can say
+/// (RabbitMQ names each worker's connection `batchfleet-worker/<pool>/<worker id>`): a runtime
+/// of a worker that is gone never reports that it stopped, so it is not waited for.
+struct LiveWorkers {
+    prefix: String,
+    last_look: Option<Instant>,
+    live: Option<std::collections::HashSet<String>>,
+}
+
+impl LiveWorkers {
+    /// How often the broker is asked while waiting.
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn new(queues: &QueueNames) -> Self {
+        let pool = queues.work.strip_prefix("batchfleet.work.").unwrap_or(&queues.work);
+        LiveWorkers { prefix: format!("batchfleet-worker/{pool}/"), last_look: None, live: None }
+    }
+
+    /// The live workers' ids, asked again once [`Self::EVERY`] passed; `None` when the broker
+    /// cannot tell.
+    async fn look(&mut self, broker: &dyn Broker) -> Option<&std::collections::HashSet<String>> {
+        if self.last_look.is_none_or(|at| at.elapsed() >= Self::EVERY) {
+            self.last_look = Some(Instant::now());
+            self.live = match broker.connected_clients().await {
+                Ok(Some(names)) => Some(
+                    names
+                        .iter()
+                        .filter_map(|n| n.strip_prefix(&self.prefix))
+                        .map(str::to_owned)
+                        .collect(),
+                ),
+                Ok(None) => None,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot tell which workers are connected");
+                    None
+                }
+            };
+        }
+        self.live.as_ref()
+    }
+}
+
+/// Fails a job whose root refuses the producer's writes (the progress overview, every 5 s)
+/// for [`STORE_DOWN_LIMIT`]: a full or read-only store stops every batch as well, and the job
+/// ends saying so instead of waiting for the progress watchdog.
+struct StoreDown {
+    since: Option<Instant>,
+    limit: Duration,
+}
+
+impl StoreDown {
+    fn new(limit: Duration) -> Self {
+        StoreDown { since: None, limit }
+    }
+
+    /// Record one write; the reason to stop once writes failed for the whole limit.
+    fn observe(
+        &mut self,
+        written: Result<(), batchfleet_common::job_root::JobRootError>,
+    ) -> Option<String> {
+        let error = match written {
+            Ok(()) => {
+                self.since = None;
+                return None;
+            }
+            Err(error) => error,
+        };
+        let since = *self.since.get_or_insert_with(Instant::now);
+        (since.elapsed() >= self.limit).then(|| {
+            format!(
+                "storage was unavailable: the job root refused the producer's writes for {} s: \
+                 {error}",
+                since.elapsed().as_secs()
+            )
+        })
     }
 }
 
@@ -421,120 +613,5 @@ fn init_failure_summary(error: &FailureRecord) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use batchfleet_common::broker::embedded::EmbeddedBroker;
-    use batchfleet_common::status::{BatchState, BatchStatus};
-
-    use crate::infra::queues::{declare_job_queue, declare_pool_queues};
-    use crate::job::plan::PlanSummary;
-
-    fn succeeded(index: u64) -> BatchStatus {
-        BatchStatus {
-            batch_id: batch_id(index),
-            index,
-            state: BatchState::Succeeded,
-            items_in: 1,
-            items_out: 1,
-            rows: 1,
-            result_part: Some("1-w-s0".into()),
-            header: None,
-            attempt: 1,
-            worker: "w".into(),
-            started_at_ms: 0,
-            ended_at_ms: 0,
-            error: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn batches_whose_events_were_lost_are_taken_from_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let root =
-            JobRoot::create(&url::Url::from_directory_path(dir.path()).unwrap(), "j").unwrap();
-        let broker = EmbeddedBroker::new();
-        let queues = QueueNames::for_pool("test");
-        declare_pool_queues(&broker, &queues).await.unwrap();
-        declare_job_queue(&broker, &root.job_id).await.unwrap();
-        // Both batches ended (their statuses are in the store) but no event was ever sent.
-        for index in 0..2 {
-            let json = serde_json::to_vec(&succeeded(index)).unwrap();
-            root.put(&root.layout.status(&batch_id(index)), Bytes::from(json)).await.unwrap();
-        }
-        let job = crate::test_support::minimal_job();
-        let follow = Follow {
-            job: &job,
-            broker: &broker,
-            queues: &queues,
-            root: &root,
-            reconcile_after: Duration::from_millis(200),
-        };
-        let mut tracker = Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false });
-        let mut progress = Progress::new(2, false);
-        let end = tokio::time::timeout(
-            Duration::from_secs(30),
-            follow.until_done(&mut tracker, &mut progress, || None),
-        )
-        .await
-        .expect("following must end once the store is read")
-        .unwrap();
-        assert_eq!(end, FollowEnd::Complete);
-        assert_eq!(tracker.counts().batches_succeeded, 2);
-    }
-
-    fn init_failure(message: &str, detail: Option<&str>) -> FailureRecord {
-        FailureRecord {
-            kind: batchfleet_common::status::FailureKind::RuntimeCrash,
-            message: message.into(),
-            detail: detail.map(str::to_owned),
-            attempt: 1,
-            worker: "w1".into(),
-            duration_ms: 0,
-        }
-    }
-
-    #[test]
-    fn an_init_crash_is_summarised_with_the_last_line_of_its_stderr() {
-        let crash = init_failure(
-            "the entry-script process died during init() (exit status: 1)",
-            Some("Traceback (most recent call last):\n  File \"score.py\", line 1\nModuleNotFoundError: No module named 'sklearn'\n\n"),
-        );
-        assert_eq!(
-            init_failure_summary(&crash),
-            "the entry-script process died during init() (exit status: 1): \
-             ModuleNotFoundError: No module named 'sklearn'"
-        );
-        // A raised exception's message already names it: said once.
-        let raised = init_failure(
-            "init() failed: ValueError: bad model path",
-            Some("Traceback (most recent call last):\nValueError: bad model path\n"),
-        );
-        assert_eq!(init_failure_summary(&raised), "init() failed: ValueError: bad model path");
-        assert_eq!(init_failure_summary(&init_failure("gone", None)), "gone");
-    }
-
-    #[test]
-    fn the_same_load_error_from_two_runtimes_fails_the_start_and_an_init_exception_never_does() {
-        let job = crate::test_support::minimal_job();
-        let load = init_failure(
-            "loading the entry script failed: SyntaxError: invalid syntax (entry.py, line 3)",
-            Some("Traceback ...\nSyntaxError: invalid syntax"),
-        );
-        let mut startup = Startup::new(&job);
-        startup.failed(init_failure("init() failed: RuntimeError: down", None), false);
-        startup.failed(init_failure("init() failed: RuntimeError: down", None), false);
-        assert_eq!(startup.deterministic_failure(), None, "init() raising stays retried");
-        startup.failed(load.clone(), true);
-        assert_eq!(startup.deterministic_failure(), None, "one runtime is not enough");
-        startup.failed(load.clone(), true);
-        let Some(FollowEnd::StartFailed { reason, detail }) = startup.deterministic_failure()
-        else {
-            panic!("two runtimes with the same load error fail the start");
-        };
-        assert!(reason.starts_with("loading the entry script failed: SyntaxError"), "{reason}");
-        assert!(reason.contains("2 entry-script runtimes"), "{reason}");
-        assert_eq!(detail.as_deref(), load.detail.as_deref());
-        startup.ready();
-        assert_eq!(startup.deterministic_failure(), None, "a ready runtime keeps the job going");
-    }
-}
+#[path = "follow_tests.rs"]
+mod tests;

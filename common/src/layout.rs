@@ -106,6 +106,40 @@ impl JobLayout {
         self.key(&format!("logs/user/{worker}/{file}"))
     }
 
+    /// One batch of a worker's per-attempt records (JSON lines of
+    /// [`crate::records::AttemptRecord`]): `records/<worker>/<instance>-<seq>.jsonl`.
+    pub fn records_file(&self, worker: &str, instance: &str, seq: u64) -> Path {
+        self.key(&format!("records/{worker}/{instance}-{seq:06}.jsonl"))
+    }
+
+    /// The folder holding every worker's records files.
+    pub fn records_prefix(&self) -> Path {
+        self.key("records")
+    }
+
+    /// A file of the job report: `logs/sys/job_report/<name>` (e.g.
+    /// `processed_mini-batches.csv`).
+    pub fn job_report(&self, name: &str) -> Path {
+        self.key(&format!("logs/sys/job_report/{name}"))
+    }
+
+    /// A worker's resource usage file: `logs/sys/perf/<worker>/<name>` (e.g.
+    /// `node_resource_usage.csv`).
+    pub fn perf_file(&self, worker: &str, name: &str) -> Path {
+        self.key(&format!("logs/sys/perf/{worker}/{name}"))
+    }
+
+    /// The folder holding every worker's resource usage files.
+    pub fn perf_prefix(&self) -> Path {
+        self.key("logs/sys/perf")
+    }
+
+    /// A process's WARN/ERROR log lines for this job: `logs/sys/<process>.log` (a worker id, or
+    /// `producer`).
+    pub fn sys_log(&self, process: &str) -> Path {
+        self.key(&format!("logs/sys/{process}.log"))
+    }
+
     /// Where the aggregated output goes when `append_row_to` is not set.
     pub fn default_output(&self) -> Path {
         self.key("outputs/parallel_run_step.txt")

@@ -5,6 +5,7 @@
 //! - [`message`]: the wire messages on the broker (mini-batches out, batch events back).
 //! - [`layout`]: where a job keeps its files under its job root in the object store.
 //! - [`job_root`]: the one type that reads and writes a job root (the exactly-once protocol).
+//! - [`records`]: the per-attempt records (phase timestamps) behind the job report and profile.
 //! - [`status`]: the per-batch status record written before a message is acknowledged.
 //! - [`store`]: turning URLs and plain paths into object stores.
 //! - [`broker`]: the `Broker` seam and its embedded in-process backend.
@@ -18,6 +19,7 @@ pub mod job_root;
 pub mod layout;
 pub mod logging;
 pub mod message;
+pub mod records;
 pub mod retry;
 pub mod spec;
 pub mod status;

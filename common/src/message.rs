@@ -30,6 +30,10 @@ pub struct MiniBatchMessage {
     /// groups or partition files whose rows `run()` gets as one DataFrame. `items` is then empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table: Option<TableBatch>,
+    /// When the planner published the batch (ms since the epoch; for a resumed job, when it was
+    /// first published). Only for the per-attempt records' queue wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_ms: Option<u64>,
 }
 
 impl MiniBatchMessage {

@@ -126,6 +126,7 @@ proptest! {
             items,
             items_ref: None,
             table: None,
+            published_ms: None,
         };
         let json = serde_json::to_string(&message).unwrap();
         let back: MiniBatchMessage = serde_json::from_str(&json).unwrap();

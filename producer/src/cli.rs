@@ -12,6 +12,7 @@ use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
 use crate::error::ProducerError;
 use crate::job::lifecycle::JobReport;
 use crate::modes::pipeline::{run_pipeline, Fleet, PipelineReport};
+use crate::modes::profile::ProfileOptions;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::run::{run_embedded, RunOptions};
 use crate::modes::status::{job_status, JobStatus};
@@ -50,6 +51,14 @@ pub enum Command {
         /// `datastores.yaml` (docs/bindings.md).
         #[arg(long = "datastore", value_name = "NAME=URL")]
         datastores: Vec<String>,
+        /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
+        /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
+        #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
+        /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
+        /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
+        #[arg(long)]
+        profile: bool,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -82,6 +91,14 @@ pub enum Command {
         /// `datastores.yaml` (docs/bindings.md).
         #[arg(long = "datastore", value_name = "NAME=URL")]
         datastores: Vec<String>,
+        /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
+        /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
+        #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
+        /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
+        /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
+        #[arg(long)]
+        profile: bool,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -172,14 +189,42 @@ pub enum Command {
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
     },
+    /// Show where a job's time went: writes profile.html (a Gantt chart of every attempt, the
+    /// critical path, utilisation, resources; one self-contained file) and trace.json (for
+    /// Perfetto), from the attempt records in its job root.
+    Profile {
+        /// A job id (under --store) or a job root (folder or URL).
+        job: String,
+        /// Where job roots are, for a job id.
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+        /// The folder to write into (default: ./profile-<job id>/); the files also go to
+        /// logs/sys/profile/ in the job root.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// `--metrics-addr`: serve `/metrics` from now on; an address that cannot be served is a usage
+/// error (exit 2).
+fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
+    let Some(addr) = addr else { return Ok(()) };
+    batchfleet_worker::telemetry::metrics::serve(addr).map_err(|error| {
+        eprintln!("error: --metrics-addr: {error}");
+        ExitCode::from(2)
+    })
 }
 
 /// Exit codes: 0 the job succeeded, 1 the job failed, 2 the job could not start (bad spec,
 /// bad path, empty input). `status`: 0 succeeded, 1 failed, 2 no such job, 3 still running
-/// (or ended without a producer to aggregate it).
+/// (or ended without a producer to aggregate it). `profile`: 0 written, 1 the job has no attempt
+/// records, 2 no such job or it could not be read or written.
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, no_progress, datastores } => {
+        Command::Run { job, store, python, no_progress, datastores, metrics_addr, profile } => {
+            if let Err(code) = serve_metrics(metrics_addr) {
+                return code;
+            }
             let datastores = match datastore_map(&job, &datastores) {
                 Ok(map) => map,
                 Err(error) => return failed_to_start(&error),
@@ -199,7 +244,11 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => return failed_to_start(&error),
             }
             match run_embedded(&options).await {
-                Ok(report) => print_report(&report),
+                Ok(report) => {
+                    let code = print_report(&report);
+                    write_profile(profile, &report).await;
+                    code
+                }
                 Err(error) => failed_to_start(&error),
             }
         }
@@ -212,7 +261,12 @@ pub async fn main(cli: Cli) -> ExitCode {
             detach,
             no_progress,
             datastores,
+            metrics_addr,
+            profile,
         } => {
+            if let Err(code) = serve_metrics(metrics_addr) {
+                return code;
+            }
             let datastores = match datastore_map(&job, &datastores) {
                 Ok(map) => map,
                 Err(error) => return failed_to_start(&error),
@@ -245,7 +299,11 @@ pub async fn main(cli: Cli) -> ExitCode {
                     println!("published {batches} mini-batches; follow with `batchfleet status {job_id}`");
                     ExitCode::SUCCESS
                 }
-                Ok(Submitted::Finished(report)) => print_report(&report),
+                Ok(Submitted::Finished(report)) => {
+                    let code = print_report(&report);
+                    write_profile(profile, &report).await;
+                    code
+                }
                 Err(error) => failed_to_start(&error),
             }
         }
@@ -320,7 +378,20 @@ pub async fn main(cli: Cli) -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Profile { job, store, out } => {
+            crate::modes::profile::run_command(&ProfileOptions { job, store, out }).await
+        }
     }
+}
+
+/// `--profile`: write the finished job's profile now (a failure to is said, and does not change
+/// the job's exit code).
+async fn write_profile(wanted: bool, report: &JobReport) {
+    if !wanted {
+        return;
+    }
+    let options = ProfileOptions { job: report.root_url.clone(), store: None, out: None };
+    crate::modes::profile::run_command(&options).await;
 }
 
 /// `<host>-<pid>`: unique per process, so a watcher resumes only what it claimed itself unless

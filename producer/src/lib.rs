@@ -5,6 +5,7 @@
 //! - [`modes`]: the commands (`run`, `submit`, `resume`, `watch`, `status`, pipeline files);
 //! - [`job`]: the stages of one parallel job (plan, follow, track, aggregate, verdict);
 //! - [`infra`]: the broker wrapper, queue declarations, settings;
+//! - [`report`]: where a job's time went (attempt records → `batchfleet profile`'s page and trace);
 //! - [`job_root`] (the job root handle) and [`error`] (the producer's one error type).
 
 pub mod cli;
@@ -13,6 +14,7 @@ pub mod infra;
 pub mod job;
 pub mod job_root;
 pub mod modes;
+pub mod report;
 
 #[cfg(test)]
 mod test_support;

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job::{LoggingLevel, ResolvedJob};
 use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::store;
@@ -39,6 +39,11 @@ pub(crate) struct LoadedJob {
     cancelled: AtomicBool,
     /// When the cancel marker was last looked for.
     cancel_checked: std::sync::Mutex<Option<Instant>>,
+    /// When this worker loaded the job (ms since the epoch): its `logs/sys/<worker>.log` holds
+    /// the lines naming no job from then on.
+    pub loaded_ms: u64,
+    /// Held while the job is known: a `logging_level: DEBUG` job has every line captured.
+    _debug_lines: Option<batchfleet_common::logging::capture::DebugGuard>,
 }
 
 impl LoadedJob {
@@ -145,6 +150,8 @@ async fn load(job_id: &str, root_url: &str) -> Result<LoadedJob, JobLoadError> {
     let (code_dir, code_download) = code_dir(&job.task.code).await?;
     let input = InputBase::for_input(&job.input).map_err(unusable)?;
     let mounts = JobMounts::new(&job.inputs);
+    let debug_lines = (job.logging_level == LoggingLevel::Debug)
+        .then(batchfleet_common::logging::capture::capture_debug);
     Ok(LoadedJob {
         job_id: job_id.to_owned(),
         job_root: root_url.to_owned(),
@@ -156,6 +163,8 @@ async fn load(job_id: &str, root_url: &str) -> Result<LoadedJob, JobLoadError> {
         mounts,
         cancelled: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
+        loaded_ms: batchfleet_common::status::now_ms(),
+        _debug_lines: debug_lines,
     })
 }
 

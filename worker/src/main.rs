@@ -68,6 +68,10 @@ struct Args {
     /// long as it takes, logging each try (a fleet often starts before its broker).
     #[arg(long, env = "BATCHFLEET_BROKER_WAIT")]
     broker_wait: Option<u64>,
+    /// Write no per-attempt records (`records/` in the job root; the job report and `batchfleet
+    /// profile` are made of them): only for measuring what they cost.
+    #[arg(long, env = "BATCHFLEET_NO_ATTEMPT_RECORDS")]
+    no_attempt_records: bool,
     /// Exit (code 0) after this many seconds with nothing to do: scale to zero.
     #[arg(long, env = "BATCHFLEET_IDLE_EXIT")]
     idle_exit: Option<u64>,
@@ -89,6 +93,10 @@ struct Args {
     /// Names this worker in statuses, failure records and user logs; default `<host>-<pid>`.
     #[arg(long, env = "BATCHFLEET_WORKER_ID")]
     worker_id: Option<String>,
+    /// Serve Prometheus metrics at `http://<addr>/metrics` (e.g. `127.0.0.1:9464`,
+    /// `0.0.0.0:9464` in a container); off by default. docs/metrics.md lists them.
+    #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Health check (a container's HEALTHCHECK): exit 0 when the worker using the same scratch
     /// folder wrote its status file (`<scratch dir>/alive`, at least every 5 s) in the last 20 s.
     #[arg(long)]
@@ -163,6 +171,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_CONFIG));
         }
     };
+    if let Some(addr) = args.metrics_addr {
+        if let Err(error) = batchfleet_worker::telemetry::metrics::serve(addr) {
+            eprintln!("error: --metrics-addr: {error}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    }
     let rabbitmq = match rabbitmq_options(&args, kind) {
         Ok(rabbitmq) => rabbitmq,
         Err(message) => {
@@ -200,9 +214,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         idle_exit: args.idle_exit.map(Duration::from_secs),
     };
     let (scratch, id) = (config.scratch_dir.clone(), config.worker_id.clone());
-    let worker = Worker::new(Arc::clone(&broker), config)
+    let mut worker = Worker::new(Arc::clone(&broker), config)
         .with_drain_grace(Duration::from_secs(args.drain_grace))
         .with_lease(Duration::from_secs(args.lease));
+    if args.no_attempt_records {
+        worker = worker.without_attempt_records();
+    }
     let beat = tokio::spawn(health::beat(scratch, id, worker.load(), shutdown.clone()));
     let outcome = worker.run(shutdown).await;
     signals.abort();

@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::BatchEvents;
 use crate::jobs::JobCache;
+use crate::records::AttemptRecords;
+use crate::telemetry::{metrics, ResourceMonitors};
 
 /// How a worker runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,11 +121,13 @@ impl Activity {
 
     pub(crate) fn begin(&self) {
         self.busy.fetch_add(1, Ordering::SeqCst);
+        metrics::slot_busy();
         self.touch();
     }
 
     pub(crate) fn end(&self) {
         self.busy.fetch_sub(1, Ordering::SeqCst);
+        metrics::slot_idle();
         self.touch();
     }
 
@@ -199,6 +203,10 @@ pub(crate) struct Shared {
     pub prestart: Option<Prestart>,
     /// The interpreter the configured one runs as, once known ([`Shared::python`]).
     pub interpreter: Arc<std::sync::OnceLock<PathBuf>>,
+    /// The attempts' records on their way to the jobs' roots.
+    pub records: AttemptRecords,
+    /// Resource usage sampling of the jobs whose runtimes run here.
+    pub resources: ResourceMonitors,
 }
 
 impl Shared {

@@ -22,6 +22,25 @@ async fn upload(
         .await
 }
 
+/// Write this worker's captured WARN/ERROR lines of the job (every line for a DEBUG job) to
+/// `logs/sys/<worker>.log`, replacing what an earlier upload wrote. Best effort.
+pub(crate) async fn upload_sys_log(job: &LoadedJob, worker_id: &str) {
+    use batchfleet_common::logging::capture::{lines_for, Process};
+    let text = lines_for(Process::Worker(worker_id), &job.job_id, job.loaded_ms);
+    if text.is_empty() {
+        return;
+    }
+    let key = job.root.layout.sys_log(worker_id);
+    let bytes = Bytes::from(text);
+    let written = retrying("write to the job root", || async {
+        Ok(job.root.put(&key, bytes.clone()).await?)
+    })
+    .await;
+    if let Err(error) = written {
+        tracing::debug!(job_id = %job.job_id, key = %key, %error, "uploading the system log failed");
+    }
+}
+
 /// Copy a runtime's user log to `logs/user/<worker>/<file>` and remove the local copy.
 /// Best effort: a lost log must not fail a batch.
 pub(crate) async fn upload_user_log(job: &LoadedJob, worker_id: &str, local: &Path, file: &str) {

@@ -11,11 +11,13 @@ use tracing::Instrument;
 
 use crate::events::BatchEvents;
 use crate::jobs::JobCache;
+use crate::records::AttemptRecords;
 use crate::runtime::{install_driver, resolve_interpreter};
 use crate::shared::{
     Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
 };
 use crate::slot::Slot;
+use crate::telemetry::{metrics, ResourceMonitors};
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
 pub struct Worker {
@@ -26,6 +28,8 @@ pub struct Worker {
     prestart: Option<Prestart>,
     activity: Arc<Activity>,
     interpreter_as_given: bool,
+    /// Keep per-attempt records (the default; see `records`).
+    attempt_records: bool,
 }
 
 /// How long a delivery stays leased without a heartbeat (see [`Worker::with_lease`]).
@@ -41,6 +45,7 @@ impl Worker {
             prestart: None,
             activity: Arc::new(Activity::new()),
             interpreter_as_given: false,
+            attempt_records: true,
         }
     }
 
@@ -85,9 +90,21 @@ impl Worker {
         self
     }
 
+    /// Keep no per-attempt records (see `records`): only for measuring what they cost.
+    pub fn without_attempt_records(mut self) -> Worker {
+        self.attempt_records = false;
+        self
+    }
+
     /// Serve until `shutdown` is cancelled (then finish in-flight batches, call `shutdown()` on
     /// every runtime, return) or until idle for `idle_exit`.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerSummary, WorkerError> {
+        // Every line the worker logs names it (each job's `logs/sys/<worker>.log`).
+        let span = tracing::info_span!("worker", worker_id = %self.config.worker_id);
+        self.serve(shutdown).instrument(span).await
+    }
+
+    async fn serve(self, shutdown: CancellationToken) -> Result<WorkerSummary, WorkerError> {
         if self.config.concurrency == 0 {
             return Err(WorkerError::Config("concurrency must be at least 1".into()));
         }
@@ -109,6 +126,10 @@ impl Worker {
         }
         let hard_stop = CancellationToken::new();
         let events = BatchEvents::start(Arc::clone(&self.broker));
+        let instance = process_instance();
+        let records = AttemptRecords::new(&config.worker_id, &instance, self.attempt_records);
+        let config_worker_id = config.worker_id.clone();
+        let records_stop = CancellationToken::new();
         let shared = Arc::new(Shared {
             broker: self.broker,
             config,
@@ -118,10 +139,14 @@ impl Worker {
             hard_stop: hard_stop.clone(),
             lease: self.lease,
             events,
-            instance: process_instance(),
+            instance: instance.clone(),
             prestart: self.prestart,
             interpreter: Arc::new(std::sync::OnceLock::new()),
+            records: records.clone(),
+            resources: ResourceMonitors::new(&config_worker_id, scratch.clone()),
         });
+        metrics::slots_started(shared.config.concurrency);
+        let flushing = records.start_flushing(records_stop.clone());
         // Runtimes that start before the answer use the interpreter as configured.
         let resolving = (!self.interpreter_as_given).then(|| {
             let (python, resolved) = (shared.config.python.clone(), shared.interpreter.clone());
@@ -194,6 +219,12 @@ impl Worker {
         // Acks the broker holds back for a few milliseconds (to send them together) go now.
         shared.broker.flush().await;
         shared.events.close(EVENTS_FLUSH_LIMIT).await;
+        shared.resources.stop_all().await;
+        metrics::slots_stopped(shared.config.concurrency);
+        records_stop.cancel();
+        if let Err(error) = flushing.await {
+            tracing::warn!(%error, "the attempt records' last flush did not finish");
+        }
         tracing::info!(?summary, "worker stopped");
         failure.map_or(Ok(summary), Err)
     }

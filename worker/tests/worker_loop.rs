@@ -127,6 +127,7 @@ impl Fleet {
             items: items.iter().map(|s| s.to_string()).collect(),
             items_ref: None,
             table: None,
+            published_ms: None,
         }
     }
 

@@ -10,7 +10,8 @@
 //!   status stands, and a writer that finds one learns whose it is ([`StatusWrite`]);
 //! - statuses read back with one decode policy: missing is `None`, unreadable is
 //!   [`JobRootError::Corrupt`] — named, and never retried (retrying reads the same bytes);
-//! - failure records, claim-checked item lists, the cancel marker, the spec files;
+//! - failure records, claim-checked item lists, the cancel marker, the spec files, the
+//!   workers' per-attempt records ([`JobRoot::read_attempt_records`]);
 //! - the local-folder fast path: a job root in a local folder is read and written in place,
 //!   creating statuses exactly as the local store does (a staging file hard-linked to the key,
 //!   see [`local`]), so in-place and store writers agree on who was first.
@@ -19,6 +20,8 @@
 //! calls in their retry policy.
 
 pub mod local;
+pub mod metrics;
+mod records;
 mod status;
 
 use std::path::PathBuf;
@@ -38,6 +41,7 @@ use crate::message::ItemsRef;
 use crate::status::FailureRecord;
 use crate::store::{self, StoreError, StoreLocation};
 
+pub use records::{JobRecords, SkippedLine};
 pub use status::StatusWrite;
 
 /// A job's root: its id, the store location that holds it and the keys under it.
@@ -167,17 +171,16 @@ impl JobRoot {
     }
 
     pub async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), JobRootError> {
-        self.location
-            .store
-            .put(key, PutPayload::from_bytes(bytes))
-            .await
-            .map_err(|e| StoreError::io("put", key, e))?;
+        let result = self.location.store.put(key, PutPayload::from_bytes(bytes)).await;
+        metrics::observe("put", &result);
+        result.map_err(|e| StoreError::io("put", key, e))?;
         Ok(())
     }
 
     pub async fn get(&self, key: &Key) -> Result<Bytes, JobRootError> {
-        let result =
-            self.location.store.get(key).await.map_err(|e| StoreError::io("get", key, e))?;
+        let result = self.location.store.get(key).await;
+        metrics::observe("get", &result);
+        let result = result.map_err(|e| StoreError::io("get", key, e))?;
         Ok(result.bytes().await.map_err(|e| StoreError::io("get", key, e))?)
     }
 
@@ -196,7 +199,9 @@ impl JobRoot {
     }
 
     pub async fn exists(&self, key: &Key) -> Result<bool, JobRootError> {
-        match self.location.store.head(key).await {
+        let result = self.location.store.head(key).await;
+        metrics::observe("head", &result);
+        match result {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(StoreError::io("head", key, e).into()),
@@ -205,7 +210,9 @@ impl JobRoot {
 
     /// Remove `key`; a key that is not there is fine.
     pub async fn delete(&self, key: &Key) -> Result<(), JobRootError> {
-        match self.location.store.delete(key).await {
+        let result = self.location.store.delete(key).await;
+        metrics::observe("delete", &result);
+        match result {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(StoreError::io("delete", key, e).into()),
         }
@@ -213,13 +220,9 @@ impl JobRoot {
 
     /// Every object under the folder `prefix`.
     pub async fn list(&self, prefix: &Key) -> Result<Vec<object_store::ObjectMeta>, JobRootError> {
-        Ok(self
-            .location
-            .store
-            .list(Some(prefix))
-            .try_collect()
-            .await
-            .map_err(|e| StoreError::io("list", prefix, e))?)
+        let result: Result<Vec<_>, _> = self.location.store.list(Some(prefix)).try_collect().await;
+        metrics::observe("list", &result);
+        Ok(result.map_err(|e| StoreError::io("list", prefix, e))?)
     }
 
     /// Record the spec as written and the resolved job that workers read.

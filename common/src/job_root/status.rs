@@ -63,9 +63,14 @@ impl JobRoot {
         bytes: Bytes,
     ) -> Result<StatusWrite, JobRootError> {
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        match self.location.store.put_opts(key, bytes.into(), options).await {
+        let result = self.location.store.put_opts(key, bytes.into(), options).await;
+        super::metrics::observe("create", &result);
+        match result {
             Ok(_) => Ok(StatusWrite::Won),
-            Err(object_store::Error::AlreadyExists { .. }) => self.already_there(status).await,
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                super::metrics::create_conflict();
+                self.already_there(status).await
+            }
             Err(e) => Err(StoreError::io("put", key, e).into()),
         }
     }
@@ -121,8 +126,15 @@ impl JobRoot {
                 local::move_into_place(output, &part_file)
             };
             match moved.map(|()| local::create_only(&status_file, &json)) {
-                Ok(Ok(true)) => return Ok(StatusWrite::Won),
-                Ok(Ok(false)) => return self.already_there(status).await,
+                Ok(Ok(true)) => {
+                    super::metrics::request("create", "ok");
+                    return Ok(StatusWrite::Won);
+                }
+                Ok(Ok(false)) => {
+                    super::metrics::request("create", "already_exists");
+                    super::metrics::create_conflict();
+                    return self.already_there(status).await;
+                }
                 Ok(Err(error)) => {
                     tracing::debug!(key = %status_key, %error, "creating the status in place \
                         failed; writing it through the store");

@@ -176,6 +176,13 @@ impl Follow<'_> {
                 }
             }
             progress.update(&tracker.counts());
+            let counts = tracker.counts();
+            batchfleet_worker::telemetry::metrics::job_progress(
+                &self.root.job_id,
+                counts.batches_total,
+                counts.batches_ended(),
+                counts.batches_failed,
+            );
             if let Some(reason) = threshold_exceeded(self.job, &tracker.counts()) {
                 let _ = self.write_overview(tracker, progress).await;
                 return Ok(FollowEnd::ThresholdExceeded(reason));

@@ -148,6 +148,40 @@ pub async fn await_user_logs(
     }
 }
 
+/// Write the job report (`logs/sys/job_report/*.csv`) from the workers' attempt records, once
+/// they stopped the job's runtimes, and this process's `logs/sys/producer.log` (its lines for
+/// the job since `started_ms`); what cannot be written is said on stderr and does not change the
+/// job's verdict.
+pub async fn write_job_report(root: &JobRoot, started_ms: u64) {
+    use batchfleet_common::logging::capture::{lines_for, Process};
+    let lines = lines_for(Process::Producer, &root.job_id, started_ms);
+    if !lines.is_empty() {
+        if let Err(error) = root.put(&root.layout.sys_log("producer"), Bytes::from(lines)).await {
+            eprintln!("logs/sys/producer.log could not be written: {error}");
+        }
+    }
+    match crate::job::job_report::write_job_report(root).await {
+        Ok(summary) if summary.attempts > 0 => {
+            tracing::info!(
+                attempts = summary.attempts,
+                unreadable = summary.unreadable,
+                "job report written"
+            );
+            eprintln!(
+                "job report: {} ({} attempts); see where the time went: batchfleet profile {}",
+                root.key_url(&root.layout.job_report(crate::job::job_report::PROCESSED)),
+                summary.attempts,
+                root.url()
+            );
+        }
+        Ok(_) => eprintln!("job report: no attempt records in the job root"),
+        Err(error) => {
+            tracing::warn!(%error, "writing the job report failed");
+            eprintln!("job report: could not be written: {error}");
+        }
+    }
+}
+
 /// An input with no files that is a local path which does not exist says so.
 fn name_missing_input(error: ProducerError) -> ProducerError {
     match error {

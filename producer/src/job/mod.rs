@@ -6,6 +6,7 @@
 pub mod aggregate;
 pub mod dead_letters;
 pub mod follow;
+pub mod job_report;
 pub mod lifecycle;
 pub mod outcome;
 pub mod plan;

@@ -108,6 +108,7 @@ impl<'a> PlanWriter<'a> {
             items,
             items_ref: None,
             table,
+            published_ms: Some(batchfleet_common::status::now_ms()),
         }
     }
 

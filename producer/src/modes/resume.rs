@@ -53,6 +53,7 @@ pub struct ResumeOptions {
 
 /// Resume the job to its end.
 pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError> {
+    let started_ms = batchfleet_common::status::now_ms();
     let root = locate(&options.job, options.store.as_deref())?;
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
@@ -105,6 +106,8 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     stop_workers(&mut fleet, if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE }).await;
     let (tracker, end) = followed?;
     let report = finish(&job, &root, &tracker, end).await?;
+    // Every attempt of the job, before and since the resume.
+    lifecycle::write_job_report(&root, started_ms).await;
     if !embedded {
         remove_events_queue(broker.as_ref(), &root.job_id).await;
     }

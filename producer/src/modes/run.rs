@@ -59,6 +59,9 @@ pub async fn run_job(
     options: &RunOptions,
 ) -> Result<JobReport, ProducerError> {
     check_fits_this_machine(&job, available_cores())?;
+    let started_ms = batchfleet_common::status::now_ms();
+    let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
+        .then(batchfleet_common::logging::capture::capture_debug);
     // The interpreter is asked where it is while the job root is made.
     let resolving = {
         let python = options.python.clone();
@@ -91,7 +94,10 @@ pub async fn run_job(
     stop.cancel();
     stop_workers(&mut fleet, grace).await;
     let (tracker, end) = result?;
-    finish(&job, &root, &tracker, end).await
+    let report = finish(&job, &root, &tracker, end).await;
+    // The workers stopped: their records are all in the root.
+    lifecycle::write_job_report(&root, started_ms).await;
+    report
 }
 
 /// Entry-script processes `run` starts per core of this machine, at most: every instance's

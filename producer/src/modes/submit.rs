@@ -74,6 +74,9 @@ pub struct Published {
     pub broker: Arc<dyn Broker>,
     pub queues: QueueNames,
     pub plan: PlanSummary,
+    /// When this process began the job (ms since the epoch): its `logs/sys/producer.log` holds
+    /// the lines naming no job from then on.
+    pub started_ms: u64,
 }
 
 /// Under the job root: present when the job was submitted with `--detach`; holds the broker
@@ -113,6 +116,9 @@ pub async fn publish_loaded(
     spec_text: &str,
     options: &SubmitOptions,
 ) -> Result<Published, ProducerError> {
+    let started_ms = batchfleet_common::status::now_ms();
+    let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
+        .then(batchfleet_common::logging::capture::capture_debug);
     let kind = kind_of(&options.broker)
         .map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
     check_backend_limits(&job, kind, &options.rabbitmq)?;
@@ -138,7 +144,7 @@ pub async fn publish_loaded(
         return Err(error);
     }
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
-    Ok(Published { job, root, broker, queues, plan })
+    Ok(Published { job, root, broker, queues, plan, started_ms })
 }
 
 /// Follow a published job to its end: progress, thresholds, aggregation, the job result.
@@ -146,7 +152,9 @@ pub async fn follow_published(
     published: Published,
     interactive: bool,
 ) -> Result<JobReport, ProducerError> {
-    let Published { job, root, broker, queues, plan } = published;
+    let Published { job, root, broker, queues, plan, started_ms } = published;
+    let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
+        .then(batchfleet_common::logging::capture::capture_debug);
     let followed =
         lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None).await;
     let (mut tracker, end) = followed?;
@@ -155,6 +163,7 @@ pub async fn follow_published(
     }
     let report = finish(&job, &root, &tracker, end).await?;
     lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
+    lifecycle::write_job_report(&root, started_ms).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
 }

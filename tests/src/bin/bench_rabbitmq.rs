@@ -7,6 +7,10 @@
 //! 3. Raw lapin: N persistent messages published with confirms to a quorum queue and consumed
 //!    and acked concurrently: the broker's ceiling for this message flow.
 //!
+//! With `--records-rounds R`, batchfleet also runs R times without and R times with the
+//! workers' per-attempt records (alternating; `batchfleet-worker --no-attempt-records`) and
+//! prints both medians and their ratio: what the records cost.
+//!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]
 //! [--prefetch 64]` (the workers' `--prefetch`).
@@ -49,6 +53,8 @@ struct Options {
     /// own default, the concurrency, suits mini-batches of minutes; README).
     prefetch: u32,
     skip_celery: bool,
+    /// Pairs of runs without and with the per-attempt records.
+    records_rounds: usize,
     /// Where the inputs, job roots and scratch folders go.
     dir: PathBuf,
 }
@@ -60,6 +66,7 @@ fn options() -> Result<Options> {
         concurrency: 4,
         prefetch: 64,
         skip_celery: false,
+        records_rounds: 0,
         dir: repo_root().join("target/bench-tmp"),
     };
     let mut args = std::env::args().skip(1);
@@ -71,10 +78,11 @@ fn options() -> Result<Options> {
             "--concurrency" => options.concurrency = value()?.parse()?,
             "--prefetch" => options.prefetch = value()?.parse()?,
             "--skip-celery" => options.skip_celery = true,
+            "--records-rounds" => options.records_rounds = value()?.parse()?,
             "--dir" => options.dir = PathBuf::from(value()?),
             other => bail!(
                 "unknown option `{other}` (--n, --workers, --concurrency, --prefetch, --skip-celery, \
-                 --dir)"
+                 --records-rounds, --dir)"
             ),
         }
     }
@@ -106,7 +114,7 @@ fn main() -> Result<()> {
         options.workers, options.concurrency, options.prefetch
     );
     let broker = BrokerCpu::start();
-    let fleet = batchfleet(&work, &options)?;
+    let fleet = batchfleet(&work, &options, true, "")?;
     print_figure("batchfleet", n, fleet);
     broker.print(n, " (with the workers' start)");
     println!(
@@ -117,6 +125,9 @@ fn main() -> Result<()> {
         options.workers,
         options.concurrency
     );
+    if options.records_rounds > 0 {
+        records_cost(&work, &options)?;
+    }
     let broker = BrokerCpu::start();
     let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
     if let Some(celery) = celery {
@@ -242,8 +253,35 @@ impl Drop for Guard {
     }
 }
 
-fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
-    let dir = work.join("batchfleet");
+/// Alternate runs without and with the per-attempt records; print both medians and the ratio.
+fn records_cost(work: &Path, options: &Options) -> Result<()> {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..options.records_rounds {
+        let without = batchfleet(work, options, false, &format!("-off-{round}"))?;
+        let with = batchfleet(work, options, true, &format!("-on-{round}"))?;
+        println!(
+            "  records round {round}: off {:.0}/s, on {:.0}/s",
+            options.n as f64 / without.as_secs_f64(),
+            options.n as f64 / with.as_secs_f64()
+        );
+        off.push(without);
+        on.push(with);
+    }
+    let median = |runs: &mut Vec<Duration>| {
+        runs.sort();
+        options.n as f64 / runs[runs.len() / 2].as_secs_f64()
+    };
+    let (off, on) = (median(&mut off), median(&mut on));
+    println!(
+        "per-attempt records: median {off:.0}/s without, {on:.0}/s with: {:.1} % of the rate \
+         kept",
+        100.0 * on / off
+    );
+    Ok(())
+}
+
+fn batchfleet(work: &Path, options: &Options, records: bool, tag: &str) -> Result<Duration> {
+    let dir = work.join(format!("batchfleet{tag}"));
     let data = dir.join("data");
     std::fs::create_dir_all(&data)?;
     std::fs::create_dir_all(dir.join("code"))?;
@@ -277,6 +315,9 @@ fn batchfleet(work: &Path, options: &Options) -> Result<Duration> {
             .args(["--broker", &amqp_url(), "--pool", &pool, "--worker-id", &format!("w{w}")])
             .args(["--concurrency", &options.concurrency.to_string()])
             .args(["--prefetch", &options.prefetch.to_string()]);
+        if !records {
+            command.arg("--no-attempt-records");
+        }
         let child = command
             .arg("--scratch-dir")
             .arg(dir.join("scratch"))

@@ -37,6 +37,9 @@ pub struct RuntimeProcess {
     log_path: PathBuf,
     pass_context: bool,
     alive: bool,
+    /// The interpreter's own process id, as its driver reported it (the child may be a shell
+    /// that runs it, see the producer's `runtime_parent`).
+    interpreter_pid: Option<u32>,
 }
 
 impl RuntimeProcess {
@@ -49,8 +52,9 @@ impl RuntimeProcess {
                 process.kill().await;
                 Err(RuntimeError::Timeout { secs: whole_secs(config.init_timeout) })
             }
-            Ok(Ok(Some(Response::Ready { pass_context, .. }))) => {
+            Ok(Ok(Some(Response::Ready { pass_context, pid, .. }))) => {
                 process.pass_context = pass_context;
+                process.interpreter_pid = pid;
                 tracing::debug!(pid = process.pid(), pass_context, "entry-script runtime ready");
                 Ok(process)
             }
@@ -197,6 +201,20 @@ impl RuntimeProcess {
     /// The process id, while the process runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
+    }
+
+    /// The process that runs the entry script: the interpreter's id as its driver reported it,
+    /// else the child's.
+    pub fn interpreter_pid(&self) -> Option<u32> {
+        self.interpreter_pid.or_else(|| self.child.id())
+    }
+
+    /// CPU seconds (user + system) the interpreter used so far; `None` where /proc cannot
+    /// tell (not Linux, or the process is gone).
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        let pid = i32::try_from(self.interpreter_pid()?).ok()?;
+        let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
+        Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
     }
 
     /// The process's own working directory (removed when it is dropped).
@@ -390,6 +408,7 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         log_path: config.log_path.clone(),
         pass_context: false,
         alive: true,
+        interpreter_pid: None,
     })
 }
 

@@ -92,6 +92,19 @@ impl AttemptFailure {
     }
 }
 
+/// When the current attempt reached each of its phases (see [`AttemptRecord`]); reset at the
+/// start of every attempt, read when it is settled.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Phases {
+    pub(super) runtime_ready_ms: Option<u64>,
+    pub(super) loaded_ms: Option<u64>,
+    pub(super) run_started_ms: Option<u64>,
+    pub(super) run_ended_ms: Option<u64>,
+    pub(super) written_ms: Option<u64>,
+    pub(super) pid: Option<u32>,
+    pub(super) run_cpu_seconds: Option<f64>,
+}
+
 /// A `run()` that succeeded, with what its status records about the attempt.
 struct Ran {
     success: RunSuccess,
@@ -145,7 +158,10 @@ impl Slot {
         // not eat into the time allowed for loading the batch.
         let tabular =
             message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
+        self.phases = Phases::default();
         self.ensure_runtime(job, tabular, attempt, stop).await?;
+        self.phases.runtime_ready_ms = Some(now_ms());
+        self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
         let scratch = self.dir.join("inputs");
         let load = async {
             match &message.table {
@@ -164,6 +180,7 @@ impl Slot {
                 detail: None,
             })?
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
+        self.phases.loaded_ms = Some(now_ms());
         let part = self.part_name(attempt);
         // A local job root gets the rows where they stay (no rename afterwards); an object
         // store gets them uploaded from the slot's folder.
@@ -204,7 +221,7 @@ impl Slot {
     /// Store what a successful `run()` produced: the output folder's files, the result part and
     /// the status (see `write_success`).
     async fn record_success(
-        &self,
+        &mut self,
         job: &LoadedJob,
         message: &MiniBatchMessage,
         output: &std::path::Path,
@@ -214,6 +231,7 @@ impl Slot {
         let Ran { success, attempt, part, started_ms } = ran;
         let status = succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
         self.write_success(job, message, output, &status).await?;
+        self.phases.written_ms = Some(now_ms());
         Ok(status)
     }
 
@@ -252,10 +270,16 @@ impl Slot {
             );
         };
         let hard_stop = self.shared.hard_stop.clone();
+        self.phases.run_started_ms = Some(now_ms());
+        let cpu_before = active.process.cpu_seconds();
         let outcome = tokio::select! {
             outcome = active.process.run(request, timeout) => Some(outcome),
             _ = hard_stop.cancelled() => None,
         };
+        self.phases.run_ended_ms = Some(now_ms());
+        self.phases.run_cpu_seconds = cpu_before
+            .zip(active.process.cpu_seconds())
+            .map(|(before, after)| (after - before).max(0.0));
         match outcome {
             Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
             Some(Ok(RunOutcome::Failed(failure))) => {

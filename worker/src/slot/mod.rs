@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use batchfleet_common::broker::{BrokerError, Delivery};
 use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 use batchfleet_common::retry::RetryPolicy;
-use batchfleet_common::status::{now_ms, FailureKind};
+use batchfleet_common::status::{now_ms, BatchStatus, FailureKind};
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -27,7 +28,7 @@ use crate::output;
 use crate::shared::{Shared, WorkerError, WorkerSummary};
 use crate::table_input::TableReaders;
 
-use attempt::AttemptEnd;
+use attempt::{AttemptEnd, Phases};
 use runtimes::ActiveRuntime;
 use settle::nack_delay;
 
@@ -62,6 +63,8 @@ pub(crate) struct Slot {
     logged_start_error: Option<(String, String)>,
     /// When [`Slot::retire_ended_job`] last looked whether the runtime's job ended.
     ended_checked: Option<Instant>,
+    /// The phases the current attempt reached, for its record.
+    phases: Phases,
 }
 
 /// How a slot ended.
@@ -85,6 +88,7 @@ impl Slot {
             fatal: None,
             logged_start_error: None,
             ended_checked: None,
+            phases: Phases::default(),
         }
     }
 
@@ -156,7 +160,11 @@ impl Slot {
         } else {
             receive.await?
         };
-        Ok(got.pop())
+        let delivery = got.pop();
+        if let Some(delivery) = &delivery {
+            crate::telemetry::metrics::delivered(delivery.delivery_count);
+        }
+        Ok(delivery)
     }
 
     async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
@@ -248,6 +256,7 @@ impl Slot {
         );
         let started_ms = now_ms();
         let started = Instant::now();
+        self.phases = Phases::default();
         let mut result =
             self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
@@ -275,6 +284,7 @@ impl Slot {
             result = self.attempt(&job, &message, delivery.delivery_count, now_ms(), stop).await;
         }
         let lease_lost = heartbeat.stop().await;
+        let mut record = self.record(&message, delivery.delivery_count, started_ms, &result);
         match result {
             Ok(status) => {
                 self.ack(&delivery.handle, lease_lost).await;
@@ -308,6 +318,56 @@ impl Slot {
                 );
                 self.ack(&delivery.handle, lease_lost).await;
             }
+        }
+        record.settled_ms = now_ms();
+        crate::telemetry::metrics::attempt_finished(&record);
+        if self.shared.records.push(&job, record) {
+            self.shared.records.flush_job(&job.job_id).await;
+        }
+    }
+
+    /// The record of the attempt that just ended (settled by the caller).
+    fn record(
+        &self,
+        message: &MiniBatchMessage,
+        attempt: u32,
+        received_ms: u64,
+        result: &Result<BatchStatus, AttemptEnd>,
+    ) -> AttemptRecord {
+        let phases = self.phases.clone();
+        let (outcome, error_kind, error) = match result {
+            Ok(_) => (AttemptOutcome::Succeeded, None, None),
+            Err(AttemptEnd::Failed(failure) | AttemptEnd::RuntimeBroken { failure, .. }) => {
+                (AttemptOutcome::Failed, Some(failure.kind), Some(failure.message.clone()))
+            }
+            Err(AttemptEnd::GiveBack(why)) => (AttemptOutcome::GivenBack, None, Some(why.clone())),
+            Err(AttemptEnd::Cancelled) => (AttemptOutcome::Cancelled, None, None),
+        };
+        let (items_in, items_out) = match result {
+            Ok(status) => (status.items_in, status.items_out),
+            Err(_) => (message.item_count(), 0),
+        };
+        AttemptRecord {
+            batch_id: message.batch_id.clone(),
+            index: message.index,
+            attempt,
+            worker: self.shared.config.worker_id.clone(),
+            slot: u32::try_from(self.index).unwrap_or(u32::MAX),
+            pid: phases.pid,
+            items_in,
+            items_out,
+            published_ms: message.published_ms,
+            received_ms,
+            runtime_ready_ms: phases.runtime_ready_ms,
+            loaded_ms: phases.loaded_ms,
+            run_started_ms: phases.run_started_ms,
+            run_ended_ms: phases.run_ended_ms,
+            written_ms: phases.written_ms,
+            settled_ms: received_ms,
+            run_cpu_seconds: phases.run_cpu_seconds,
+            outcome,
+            error_kind,
+            error,
         }
     }
 }

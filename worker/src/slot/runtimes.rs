@@ -18,6 +18,7 @@ use crate::mounts;
 use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
 use crate::runtime::{RuntimeConfig, RuntimeError, RuntimeProcess, TABULAR_ENV};
 use crate::shared::WorkerError;
+use crate::telemetry::metrics;
 use crate::user_logs;
 
 use super::attempt::{AttemptEnd, AttemptFailure};
@@ -197,6 +198,8 @@ impl Slot {
                 tracing::info!(pid = process.pid(), init_ms = elapsed_ms(started),
                     log = %log_name, "entry script initialised");
                 self.summary.runtimes_started += 1;
+                metrics::runtime_started(true);
+                self.shared.resources.runtime_started(job, self.index, process.pid());
                 self.runtime = Some(ActiveRuntime {
                     process,
                     job: Arc::clone(job),
@@ -207,6 +210,7 @@ impl Slot {
                 Ok(())
             }
             Err(error) => {
+                metrics::runtime_started(false);
                 let seen = (job.job_id.clone(), error.to_string());
                 if error.is_deterministic() && self.logged_start_error.as_ref() == Some(&seen) {
                     // The same traceback is already in this slot's previous log.
@@ -242,6 +246,12 @@ impl Slot {
     }
 
     pub(super) async fn log_uploaded(&self, job: &LoadedJob) {
+        // The job's last runtime here ends its resource sampling (a last sample uploaded).
+        self.shared.resources.runtime_stopped(&job.job_id, self.index).await;
+        // The producer writes the job report once every runtime reported its stop: this
+        // worker's records of the job are in its root before that.
+        self.shared.records.flush_job(&job.job_id).await;
+        user_logs::upload_sys_log(job, &self.shared.config.worker_id).await;
         let stopped = JobEvent::RuntimeStopped {
             job_id: job.job_id.clone(),
             worker: self.shared.config.worker_id.clone(),

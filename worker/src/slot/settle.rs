@@ -80,8 +80,10 @@ impl Slot {
             broker.dead_letter(handle, reason).await.map_err(InfraError::from)
         })
         .await;
-        if let Err(error) = moved {
-            tracing::warn!(%error, "dead-lettering failed; the message returns when its lease runs out");
+        match moved {
+            Ok(()) => crate::telemetry::metrics::dead_lettered(),
+            Err(error) => tracing::warn!(%error,
+                "dead-lettering failed; the message returns when its lease runs out"),
         }
     }
 }

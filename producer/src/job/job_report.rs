@@ -1,0 +1,242 @@
+//! The job report: `logs/sys/job_report/processed_mini-batches.csv` (one row per attempt, with
+//! Azure's columns first and the phase columns after), `process_summary.csv` (one row per worker
+//! slot) and `node_summary.csv` (one row per worker), built from the workers' attempt records.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use batchfleet_common::job_root::{JobRoot, JobRootError};
+use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
+use bytes::Bytes;
+
+/// What [`write_job_report`] wrote.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct JobReportSummary {
+    pub attempts: usize,
+    /// Record lines that could not be read (each named on stderr).
+    pub unreadable: usize,
+}
+
+/// The files of the report, by name.
+pub const PROCESSED: &str = "processed_mini-batches.csv";
+pub const PROCESS_SUMMARY: &str = "process_summary.csv";
+pub const NODE_SUMMARY: &str = "node_summary.csv";
+
+/// Read the job's records and write the three report files into its root.
+pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRootError> {
+    let records = root.read_attempt_records().await?;
+    for line in &records.skipped {
+        eprintln!("job report: skipped an unreadable attempt record: {}: {}", line.file, line.why);
+    }
+    let files = [
+        (PROCESSED, processed_csv(&records.records)),
+        (PROCESS_SUMMARY, summary_csv(&records.records, Group::Slot)),
+        (NODE_SUMMARY, summary_csv(&records.records, Group::Worker)),
+    ];
+    for (name, text) in files {
+        root.put(&root.layout.job_report(name), Bytes::from(text)).await?;
+    }
+    Ok(JobReportSummary { attempts: records.records.len(), unreadable: records.skipped.len() })
+}
+
+/// `2026-11-25T09:30:00.123Z`.
+pub fn utc(ms: u64) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn utc_opt(ms: Option<u64>) -> String {
+    ms.map(utc).unwrap_or_default()
+}
+
+fn secs(ms: u64) -> String {
+    format!("{:.3}", ms as f64 / 1000.0)
+}
+
+fn span(from: Option<u64>, to: Option<u64>) -> String {
+    match (from, to) {
+        (Some(from), Some(to)) => secs(to.saturating_sub(from)),
+        _ => String::new(),
+    }
+}
+
+/// Where the runtime ran: `<worker>/slot-<n>` (and its process id when known).
+fn process(record: &AttemptRecord) -> String {
+    match record.pid {
+        Some(pid) => format!("{}/slot-{}/pid-{pid}", record.worker, record.slot),
+        None => format!("{}/slot-{}", record.worker, record.slot),
+    }
+}
+
+const PROCESSED_HEADER: [&str; 30] = [
+    "Mini-batch Id",
+    "Picked Count",
+    "Process",
+    "Start Time",
+    "Total",
+    "Succeeded",
+    "Failed",
+    "Elapsed Seconds",
+    "Process Seconds",
+    "Run Method Seconds",
+    "Status",
+    "Error Category",
+    "Error Message",
+    "Index",
+    "Worker",
+    "Slot",
+    "PID",
+    "Published Time",
+    "Received Time",
+    "Runtime Ready Time",
+    "Loaded Time",
+    "Run Started Time",
+    "Run Ended Time",
+    "Written Time",
+    "Settled Time",
+    "Queue Wait Seconds",
+    "Runtime Start Seconds",
+    "Load Seconds",
+    "Write Seconds",
+    "Settle Seconds",
+];
+
+fn processed_csv(records: &[AttemptRecord]) -> String {
+    let mut out = csv::Writer::from_writer(Vec::new());
+    let mut rows = vec![PROCESSED_HEADER.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
+    for r in records {
+        let failed_items = match r.outcome {
+            AttemptOutcome::Succeeded => r.items_in.saturating_sub(r.items_out),
+            _ => r.items_in,
+        };
+        let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
+        rows.push(vec![
+            r.batch_id.clone(),
+            r.attempt.to_string(),
+            process(r),
+            utc(r.received_ms),
+            r.items_in.to_string(),
+            r.items_out.to_string(),
+            failed_items.to_string(),
+            secs(r.elapsed_ms()),
+            r.run_cpu_seconds.map(|s| format!("{s:.3}")).unwrap_or_default(),
+            r.run_ms().map(secs).unwrap_or_default(),
+            r.outcome.as_str().to_string(),
+            r.error_kind.map(|k| k.as_str().to_string()).unwrap_or_default(),
+            error.to_string(),
+            r.index.to_string(),
+            r.worker.clone(),
+            r.slot.to_string(),
+            r.pid.map(|p| p.to_string()).unwrap_or_default(),
+            utc_opt(r.published_ms),
+            utc(r.received_ms),
+            utc_opt(r.runtime_ready_ms),
+            utc_opt(r.loaded_ms),
+            utc_opt(r.run_started_ms),
+            utc_opt(r.run_ended_ms),
+            utc_opt(r.written_ms),
+            utc(r.settled_ms),
+            r.queue_wait_ms().map(secs).unwrap_or_default(),
+            span(Some(r.received_ms), r.runtime_ready_ms),
+            span(r.runtime_ready_ms, r.loaded_ms),
+            span(r.run_ended_ms, r.written_ms),
+            span(r.written_ms.or(r.run_ended_ms), Some(r.settled_ms)),
+        ]);
+    }
+    for row in rows {
+        // Writing to a Vec cannot fail.
+        let _ = out.write_record(&row);
+    }
+    String::from_utf8_lossy(&out.into_inner().unwrap_or_default()).into_owned()
+}
+
+#[derive(Clone, Copy)]
+enum Group {
+    Slot,
+    Worker,
+}
+
+#[derive(Default)]
+struct Totals {
+    attempts: u64,
+    succeeded: u64,
+    failed: u64,
+    items: u64,
+    busy_ms: u64,
+    run_ms: u64,
+    first: Option<u64>,
+    last: Option<u64>,
+    slots: std::collections::BTreeSet<u32>,
+}
+
+fn summary_csv(records: &[AttemptRecord], group: Group) -> String {
+    let mut groups: BTreeMap<(String, Option<u32>), Totals> = BTreeMap::new();
+    let (job_start, job_end) = (
+        records.iter().map(|r| r.received_ms).min().unwrap_or(0),
+        records.iter().map(|r| r.settled_ms).max().unwrap_or(0),
+    );
+    for r in records {
+        let key = match group {
+            Group::Slot => (r.worker.clone(), Some(r.slot)),
+            Group::Worker => (r.worker.clone(), None),
+        };
+        let t = groups.entry(key).or_default();
+        t.attempts += 1;
+        match r.outcome {
+            AttemptOutcome::Succeeded => t.succeeded += 1,
+            AttemptOutcome::Failed => t.failed += 1,
+            AttemptOutcome::GivenBack | AttemptOutcome::Cancelled => {}
+        }
+        t.items += r.items_out;
+        t.busy_ms += r.elapsed_ms();
+        t.run_ms += r.run_ms().unwrap_or(0);
+        t.first = Some(t.first.map_or(r.received_ms, |f| f.min(r.received_ms)));
+        t.last = Some(t.last.map_or(r.settled_ms, |l| l.max(r.settled_ms)));
+        t.slots.insert(r.slot);
+    }
+    let wall_ms = job_end.saturating_sub(job_start).max(1);
+    let mut out = csv::Writer::from_writer(Vec::new());
+    let header: &[&str] = match group {
+        Group::Slot => &["Process", "Worker", "Slot"],
+        Group::Worker => &["Node", "Slots"],
+    };
+    let common = [
+        "Attempts",
+        "Succeeded",
+        "Failed",
+        "Items Succeeded",
+        "Busy Seconds",
+        "Run Method Seconds",
+        "First Start Time",
+        "Last End Time",
+        "Utilisation %",
+    ];
+    let _ = out.write_record(header.iter().chain(common.iter()));
+    for ((worker, slot), t) in &groups {
+        let mut row: Vec<String> = match slot {
+            Some(slot) => vec![format!("{worker}/slot-{slot}"), worker.clone(), slot.to_string()],
+            None => vec![worker.clone(), t.slots.len().to_string()],
+        };
+        let lanes = t.slots.len().max(1) as u64;
+        let utilisation = match slot {
+            Some(_) => 100.0 * t.busy_ms as f64 / wall_ms as f64,
+            None => 100.0 * t.busy_ms as f64 / (wall_ms * lanes) as f64,
+        };
+        row.extend([
+            t.attempts.to_string(),
+            t.succeeded.to_string(),
+            t.failed.to_string(),
+            t.items.to_string(),
+            secs(t.busy_ms),
+            secs(t.run_ms),
+            utc_opt(t.first),
+            utc_opt(t.last),
+            format!("{utilisation:.1}"),
+        ]);
+        let _ = out.write_record(&row);
+    }
+    String::from_utf8_lossy(&out.into_inner().unwrap_or_default()).into_owned()
+}
+
+#[cfg(test)]
+#[path = "job_report_tests.rs"]
+mod tests;

@@ -1,0 +1,77 @@
+//! Tests of the job report's CSV files.
+
+use super::*;
+use batchfleet_common::status::FailureKind;
+
+fn record(batch: u64, attempt: u32, worker: &str, slot: u32, from: u64, to: u64) -> AttemptRecord {
+    AttemptRecord {
+        batch_id: format!("{batch:06}"),
+        index: batch,
+        attempt,
+        worker: worker.into(),
+        slot,
+        pid: Some(100 + slot),
+        items_in: 2,
+        items_out: 2,
+        published_ms: Some(0),
+        received_ms: from,
+        runtime_ready_ms: Some(from),
+        loaded_ms: Some(from + 10),
+        run_started_ms: Some(from + 10),
+        run_ended_ms: Some(to - 10),
+        written_ms: Some(to - 5),
+        settled_ms: to,
+        run_cpu_seconds: None,
+        outcome: AttemptOutcome::Succeeded,
+        error_kind: None,
+        error: None,
+    }
+}
+
+fn rows(text: &str) -> Vec<csv::StringRecord> {
+    csv::Reader::from_reader(text.as_bytes()).records().map(|r| r.unwrap()).collect()
+}
+
+#[test]
+fn every_attempt_is_a_row_with_azures_columns_first_and_a_quoted_error() {
+    let mut failed = record(1, 1, "w1", 1, 1_000, 3_000);
+    failed.outcome = AttemptOutcome::Failed;
+    failed.items_out = 0;
+    failed.error_kind = Some(FailureKind::UserError);
+    failed.error = Some("run() failed: ValueError: a, \"b\"\nTraceback".into());
+    let text = processed_csv(&[record(0, 1, "w1", 0, 1_000, 2_000), failed]);
+    let header = csv::Reader::from_reader(text.as_bytes()).headers().unwrap().clone();
+    assert_eq!(&header[0], "Mini-batch Id");
+    assert_eq!(&header[12], "Error Message");
+    let rows = rows(&text);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(&rows[0][0], "000000");
+    assert_eq!(&rows[0][3], "1970-01-01T00:00:01.000Z");
+    assert_eq!(&rows[0][7], "1.000", "elapsed");
+    assert_eq!(&rows[0][9], "0.980", "run()");
+    assert_eq!(&rows[1][6], "2", "a failed attempt's items all failed");
+    assert_eq!(&rows[1][10], "failed");
+    assert_eq!(&rows[1][11], "user_error");
+    assert_eq!(&rows[1][12], "run() failed: ValueError: a, \"b\"", "first line, quoted");
+    assert_eq!(&rows[0][25], "1.000", "queue wait");
+}
+
+#[test]
+fn summaries_count_per_slot_and_per_worker() {
+    let records = [
+        record(0, 1, "w1", 0, 0, 1_000),
+        record(1, 1, "w1", 0, 1_000, 2_000),
+        record(2, 1, "w1", 1, 0, 1_000),
+        record(3, 1, "w2", 0, 0, 2_000),
+    ];
+    let slots = rows(&summary_csv(&records, Group::Slot));
+    assert_eq!(slots.len(), 3);
+    assert_eq!(&slots[0][0], "w1/slot-0");
+    assert_eq!(&slots[0][3], "2", "attempts");
+    assert_eq!(&slots[0][11], "100.0", "busy the whole 2 s");
+    assert_eq!(&slots[1][11], "50.0");
+    let nodes = rows(&summary_csv(&records, Group::Worker));
+    assert_eq!(nodes.len(), 2);
+    assert_eq!((&nodes[0][0], &nodes[0][1], &nodes[0][2]), ("w1", "2", "3"));
+    assert_eq!(&nodes[0][10], "75.0", "3 s busy of 2 slots × 2 s");
+}

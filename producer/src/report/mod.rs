@@ -1,0 +1,53 @@
+//! `batchfleet profile`: where a job's time went, from the per-attempt records its workers wrote
+//! into the job root (`records/<worker>/*.jsonl`, `batchfleet_common::records`) and the
+//! resource usage CSVs (`logs/sys/perf/<worker>/*.csv`).
+//!
+//! - [`load`]: reads a job root — every records file (unreadable lines skipped and named), the
+//!   resource CSVs, `plan/summary.json`, `logs/job_result.txt`;
+//! - [`resources`]: parses the resource usage CSVs defensively;
+//! - [`analysis`]: pure — each attempt's phases, lanes (worker, slot), utilisation, the slowest
+//!   batches, the one-sentence summary;
+//! - [`critical`]: the critical path (the lane that finished last, back to the start);
+//! - [`page`]: `profile.html`, one self-contained file (the data as JSON, `profile.css` and
+//!   `profile.js` inlined);
+//! - [`trace`]: `trace.json` in Chrome's trace-event format, for Perfetto.
+//!
+//! Tests are in the sibling `*_tests.rs` files.
+
+pub mod analysis;
+pub mod critical;
+pub mod load;
+pub mod page;
+pub mod resources;
+pub mod trace;
+
+#[cfg(test)]
+mod analysis_tests;
+#[cfg(test)]
+mod page_tests;
+#[cfg(test)]
+mod resources_tests;
+
+use batchfleet_common::job_root::JobRootError;
+
+/// What can go wrong while building a profile.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    JobRoot(#[from] JobRootError),
+    /// The job root holds no readable attempt record.
+    #[error(
+        "job {job_id} has no attempt records under {root}records/ ({files} records files, \
+         {skipped} unreadable lines): its workers write them as they settle mini-batches; a job \
+         run before batchfleet wrote records cannot be profiled"
+    )]
+    NoRecords { job_id: String, root: String, files: usize, skipped: usize },
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("encoding the profile's data: {0}")]
+    Encode(#[from] serde_json::Error),
+}

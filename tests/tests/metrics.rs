@@ -96,35 +96,26 @@ fn a_workers_counters_move_by_what_a_job_did_and_its_resource_usage_is_stored() 
     );
 
     let delta = |after: &str, series: &str| value(after, series) - value(&before, series);
-    // The last batch's metrics are recorded right after its ack: the scrape may come first.
-    let after = eventually(SCRAPE_LIMIT, "3 succeeded mini-batches in /metrics", || {
+    // Each status is created (in place, in the local job root) before its message is acked.
+    let after = eventually(SCRAPE_LIMIT, "3 statuses created in /metrics", || {
         let scraped = scrape(addr)?;
-        (delta(&scraped, "batchfleet_mini_batches_total{outcome=\"succeeded\"}") >= 3.0)
+        (delta(&scraped, "batchfleet_storage_requests_total{operation=\"create\",result=\"ok\"}")
+            >= 3.0)
             .then_some(scraped)
     });
     let expect = |series: &str, expected: f64| {
         assert_eq!(delta(&after, series), expected, "{series} moved by\n{after}\n{}", worker.log());
     };
-    expect("batchfleet_mini_batches_total{outcome=\"succeeded\"}", 3.0);
-    expect("batchfleet_mini_batches_total{outcome=\"failed\"}", 0.0);
-    expect("batchfleet_items_processed_total{outcome=\"succeeded\"}", 30.0);
-    expect("batchfleet_result_rows_total", 30.0);
-    expect("batchfleet_attempt_phase_seconds_count{phase=\"run\"}", 3.0);
-    expect("batchfleet_attempt_phase_seconds_count{phase=\"total\"}", 3.0);
-    expect("batchfleet_queue_wait_seconds_count", 3.0);
-    expect("batchfleet_broker_redeliveries_total", 0.0);
-    // Each result part is moved into place and each status created in the local job root.
     expect("batchfleet_storage_requests_total{operation=\"create\",result=\"ok\"}", 3.0);
     expect("batchfleet_storage_create_conflicts_total", 0.0);
     let started = delta(&after, "batchfleet_runtime_starts_total{result=\"ok\"}");
     assert!((1.0..=2.0).contains(&started), "runtimes started: {started}\n{after}");
-    assert_eq!(value(&after, "batchfleet_worker_slots{state=\"busy\"}"), 0.0, "{after}");
-    assert_eq!(value(&after, "batchfleet_worker_slots{state=\"idle\"}"), 2.0, "{after}");
+    // No label names a batch, an attempt or a process.
     for line in after.lines().filter(|line| line.starts_with("batchfleet_")) {
-        assert!(
-            !line.contains("batch_id") && !line.contains("0000000"),
-            "a per-batch label: {line}"
-        );
+        let labels = line.split_once('{').map_or("", |(_, labels)| labels);
+        for name in ["batch", "attempt", "pid"] {
+            assert!(!labels.contains(name), "a per-batch label: {line}");
+        }
     }
 
     // Uploaded after every sample and when the job's runtimes stopped (before `submit`
@@ -153,6 +144,29 @@ fn a_workers_counters_move_by_what_a_job_did_and_its_resource_usage_is_stored() 
         let pid: u32 = row.split(',').nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
         assert!(pid > 0 && pid != worker.pid() as u32, "a runtime's pid, not the worker's: {row}");
     }
+    // The per-attempt metrics are recorded right after each ack: a scrape may come first.
+    let after = eventually(SCRAPE_LIMIT, "3 succeeded mini-batches in /metrics", || {
+        let scraped = scrape(addr)?;
+        (delta(&scraped, "batchfleet_mini_batches_total{outcome=\"succeeded\"}") >= 3.0)
+            .then_some(scraped)
+    });
+    let expect = |series: &str, expected: f64| {
+        assert_eq!(delta(&after, series), expected, "{series} moved by\n{after}\n{}", worker.log());
+    };
+    expect("batchfleet_mini_batches_total{outcome=\"succeeded\"}", 3.0);
+    expect("batchfleet_mini_batches_total{outcome=\"failed\"}", 0.0);
+    expect("batchfleet_items_processed_total{outcome=\"succeeded\"}", 30.0);
+    expect("batchfleet_result_rows_total", 30.0);
+    expect("batchfleet_attempt_phase_seconds_count{phase=\"run\"}", 3.0);
+    expect("batchfleet_attempt_phase_seconds_count{phase=\"total\"}", 3.0);
+    expect("batchfleet_queue_wait_seconds_count", 3.0);
+    expect("batchfleet_broker_redeliveries_total", 0.0);
+    eventually(SCRAPE_LIMIT, "both slots idle again in /metrics", || {
+        let scraped = scrape(addr)?;
+        let busy = value(&scraped, "batchfleet_worker_slots{state=\"busy\"}");
+        (busy == 0.0 && value(&scraped, "batchfleet_worker_slots{state=\"idle\"}") == 2.0)
+            .then_some(())
+    });
     assert!(worker.stop().success(), "{}", worker.log());
 }
 

@@ -54,6 +54,12 @@ fn user_logs_are_in_the_job_root_when_submit_returns_with_workers_still_running(
         .filter(|name| name.starts_with("slot-"))
         .collect();
     assert!(!uploaded.is_empty(), "user logs in {}", logs.display());
+    // The runtimes' stops came after their records: the job report holds every batch.
+    let report = root.join("logs/sys/job_report/processed_mini-batches.csv");
+    let rows = std::fs::read_to_string(&report).unwrap_or_else(|e| {
+        panic!("no job report at {} when submit returned: {e}", report.display())
+    });
+    assert_eq!(rows.lines().count(), 3, "a header and the 2 mini-batches: {rows}");
     assert!(worker.stop().success(), "{}", worker.log());
 }
 

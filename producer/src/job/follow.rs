@@ -39,6 +39,9 @@ const FIRST_RECONCILE: Duration = Duration::from_secs(1);
 /// While waiting for the user logs after a job's end: this long without a runtime stopping,
 /// the ones still counted as running are taken for gone (their worker died).
 const USER_LOGS_QUIET: Duration = Duration::from_secs(6);
+/// How soon after a worker connects the broker lists its connection (RabbitMQ's management API:
+/// about a second here; its statistics interval is 5 s).
+const CONNECTIONS_LISTED_WITHIN: Duration = Duration::from_secs(5);
 /// How many runtimes must fail to start with the same deterministic error (loading the entry
 /// script failed, or it called `sys.exit()`) before the job fails: one more than one, so that
 /// a worker's passing trouble alone cannot fail a job, and still within seconds (a slot starts
@@ -261,7 +264,13 @@ impl Follow<'_> {
         let mut running = tracker.runtimes_running();
         while tracker.runtimes_running() > 0 && Instant::now() < deadline {
             if let Some(live) = workers.look(self.broker).await {
-                if tracker.runtimes_running_on(|worker| live.contains(worker)) == 0 {
+                // A connection is listed by the management API a second or so after it opened:
+                // a worker that reported a runtime ready lately is not taken for gone.
+                let alive = |worker: &str, last_ready: Option<Instant>| {
+                    live.contains(worker)
+                        || last_ready.is_some_and(|at| at.elapsed() < CONNECTIONS_LISTED_WITHIN)
+                };
+                if tracker.runtimes_running_on(alive) == 0 {
                     // Every runtime still counted was on a worker whose connection is gone.
                     break;
                 }

@@ -308,8 +308,11 @@ async fn the_user_logs_of_runtimes_on_workers_that_are_gone_are_not_waited_for()
     };
     let mut tracker =
         Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
-    tracker.runtime_ready("killed");
-    tracker.runtime_ready("killed");
+    // Their ready events came long before the job ended (the broker lists a live worker's
+    // connection by then).
+    let long_ago = Instant::now() - Duration::from_secs(60);
+    tracker.runtime_ready_at("killed", long_ago);
+    tracker.runtime_ready_at("killed", long_ago);
     let missing = tokio::time::timeout(
         USER_LOGS_QUIET / 2,
         follow.await_user_logs(&mut tracker, Duration::from_secs(30)),
@@ -353,4 +356,37 @@ async fn runtimes_whose_ready_event_is_still_queued_when_the_job_ends_are_waited
     .await
     .expect("the wait is bounded by its limit");
     assert_eq!(missing, 1, "the queued ready event is counted, and its log is still missing");
+}
+
+#[tokio::test]
+async fn a_worker_that_connected_just_before_the_job_ended_is_waited_for() {
+    let (_dir, root, inner, queues) = job_with_queues().await;
+    // The worker connected a moment ago: the broker does not list its connection yet.
+    let broker = Connected { inner, clients: vec!["batchfleet-producer/test/1".into()] };
+    let job = crate::test_support::minimal_job();
+    let follow = Follow {
+        job: &job,
+        broker: &broker,
+        queues: &queues,
+        root: &root,
+        reconcile_after: RECONCILE_AFTER,
+    };
+    let mut tracker =
+        Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
+    tracker.runtime_ready("new");
+    let stopped = JobEvent::RuntimeStopped { job_id: root.job_id.clone(), worker: "new".into() };
+    let events = QueueNames::events(&root.job_id);
+    let stop_soon = async {
+        // The stop is published once the follower is waiting (it took no event before).
+        broker.publish(&events, vec![Bytes::from(serde_json::to_vec(&stopped).unwrap())]).await
+    };
+    let (missing, published) = tokio::join!(
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            follow.await_user_logs(&mut tracker, Duration::from_secs(20)),
+        ),
+        stop_soon,
+    );
+    published.unwrap();
+    assert_eq!(missing.expect("bounded by its limit"), 0, "the new worker's stop was waited for");
 }

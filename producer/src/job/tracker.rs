@@ -66,7 +66,16 @@ pub struct Tracker {
     rows_out: u64,
     /// Per worker: entry-script runtimes reported ready, and those reported stopped with their
     /// user log in the job root (`RuntimeReady` / `RuntimeStopped` events).
-    runtimes: std::collections::BTreeMap<String, (u64, u64)>,
+    runtimes: std::collections::BTreeMap<String, Runtimes>,
+}
+
+/// One worker's runtimes of the job.
+#[derive(Debug, Default, Clone, Copy)]
+struct Runtimes {
+    ready: u64,
+    stopped: u64,
+    /// When the last `RuntimeReady` of the worker arrived.
+    last_ready: Option<std::time::Instant>,
 }
 
 impl Tracker {
@@ -154,24 +163,35 @@ impl Tracker {
     }
 
     pub fn runtime_ready(&mut self, worker: &str) {
-        self.runtimes.entry(worker.to_owned()).or_default().0 += 1;
+        self.runtime_ready_at(worker, std::time::Instant::now());
+    }
+
+    /// A `RuntimeReady` of `worker` that arrived at `at`.
+    pub fn runtime_ready_at(&mut self, worker: &str, at: std::time::Instant) {
+        let runtimes = self.runtimes.entry(worker.to_owned()).or_default();
+        runtimes.ready += 1;
+        runtimes.last_ready = Some(runtimes.last_ready.map_or(at, |last| last.max(at)));
     }
 
     pub fn runtime_stopped(&mut self, worker: &str) {
-        self.runtimes.entry(worker.to_owned()).or_default().1 += 1;
+        self.runtimes.entry(worker.to_owned()).or_default().stopped += 1;
     }
 
     /// Runtimes that were ready and whose stop (and user log) was not reported yet.
     pub fn runtimes_running(&self) -> u64 {
-        self.runtimes_running_on(|_| true)
+        self.runtimes_running_on(|_, _| true)
     }
 
-    /// [`Tracker::runtimes_running`] on the workers `counted` says yes to.
-    pub fn runtimes_running_on(&self, counted: impl Fn(&str) -> bool) -> u64 {
+    /// [`Tracker::runtimes_running`] on the workers `counted` says yes to; it is given each
+    /// worker's id and when its last `RuntimeReady` arrived.
+    pub fn runtimes_running_on(
+        &self,
+        counted: impl Fn(&str, Option<std::time::Instant>) -> bool,
+    ) -> u64 {
         self.runtimes
             .iter()
-            .filter(|(worker, _)| counted(worker))
-            .map(|(_, (ready, stopped))| ready.saturating_sub(*stopped))
+            .filter(|(worker, runtimes)| counted(worker, runtimes.last_ready))
+            .map(|(_, runtimes)| runtimes.ready.saturating_sub(runtimes.stopped))
             .sum()
     }
 

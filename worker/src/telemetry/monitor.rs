@@ -25,7 +25,7 @@ use crate::jobs::LoadedJob;
 /// Samplers of stopped jobs kept, so that a job whose runtimes start again continues its files.
 const KEEP_STOPPED: usize = 16;
 /// How long a stopping job's last sample and upload may take.
-const LAST_UPLOAD_LIMIT: Duration = Duration::from_secs(60);
+const LAST_UPLOAD_LIMIT: Duration = Duration::from_secs(20);
 
 /// Slot → pid of the job's runtimes on this worker.
 type Pids = Arc<Mutex<BTreeMap<usize, u32>>>;

@@ -514,7 +514,9 @@ pub(crate) struct GroupUsage {
 /// when no process of it is alive.
 pub(crate) fn group_usage(stats: &[Stat], leader: u32) -> Option<GroupUsage> {
     let leader = i32::try_from(leader).ok()?;
-    let members: Vec<&Stat> = stats.iter().filter(|stat| stat.pgrp == leader).collect();
+    // A zombie (exited, not yet reaped) uses nothing any more.
+    let members: Vec<&Stat> =
+        stats.iter().filter(|stat| stat.pgrp == leader && stat.state != 'Z').collect();
     let start = members
         .iter()
         .find(|stat| stat.pid == leader)

@@ -234,7 +234,13 @@ fn a_sampler_on_this_machine_writes_a_row_to_each_file() {
     let scratch = tempfile::tempdir().unwrap();
     let mut sampler = Sampler::new(scratch.path().to_path_buf());
     sampler.baseline().unwrap();
-    let errors = sampler.sample(SystemTime::now(), &[std::process::id(), u32::MAX]);
+    // A runtime leads its own process group, as this child does.
+    let mut child = std::process::Command::new("sleep");
+    std::os::unix::process::CommandExt::process_group(&mut child, 0);
+    let mut child = child.arg("30").spawn().unwrap();
+    let errors = sampler.sample(SystemTime::now(), &[child.id(), u32::MAX]);
+    let _ = child.kill();
+    let _ = child.wait();
     assert!(errors.is_empty(), "{errors:?}");
     for (name, text) in sampler.buffers.files() {
         let lines: Vec<&str> = text.lines().collect();
@@ -243,7 +249,7 @@ fn a_sampler_on_this_machine_writes_a_row_to_each_file() {
         assert_eq!(lines[1].split(',').count(), columns, "{name}: {text}");
     }
     let process = sampler.buffers.processes.lines().nth(1).unwrap().to_owned();
-    assert!(process.contains(&format!(",{},", std::process::id())), "{process}");
+    assert!(process.contains(&format!(",{},", child.id())), "{process}");
     let rss_mb: f64 = process.rsplit(',').next().unwrap().parse().unwrap();
     assert!(rss_mb > 0.0, "{process}");
     let node = sampler.buffers.node.lines().nth(1).unwrap().to_owned();
@@ -270,4 +276,7 @@ fn a_runtime_counts_its_whole_process_group() {
         Some(GroupUsage { ticks: 200, rss_pages: 2560, start_ticks: 10_000 })
     );
     assert_eq!(group_usage(&stats, 5000), None);
+    let zombie_text = PID_STAT.replacen("(python3 -u) S", "(python3 -u) Z", 1);
+    let zombie = Stat::from_read(zombie_text.as_bytes()).unwrap();
+    assert_eq!(group_usage(&[zombie], 4242), None, "an exited runtime not yet reaped");
 }

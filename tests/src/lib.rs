@@ -183,6 +183,18 @@ pub fn prepare_example(dir: &Path, count: usize) {
     assert!(generated.status.success(), "generate.py failed: {}", describe(&generated));
 }
 
+/// Make the example's `run()` (in a [`prepare_example`] copy at `dir`) sleep `seconds` per
+/// mini-batch first, so that its runtimes live long enough to be sampled or scraped.
+pub fn slow_down_example(dir: &Path, seconds: f64) {
+    let script = dir.join("src/score.py");
+    let mut code = std::fs::read_to_string(&script).expect("the example's score.py");
+    code.push_str(&format!(
+        "\n\nimport time as _time\n_score = run\n\n\ndef run(mini_batch):\n    \
+         _time.sleep({seconds})\n    return _score(mini_batch)\n"
+    ));
+    std::fs::write(script, code).expect("write score.py");
+}
+
 /// The S3 test bucket (`infra/test-services` writes it to `target/test-services.env`).
 pub fn s3_bucket() -> String {
     test_bucket("BATCHFLEET_TEST_S3_BUCKET")

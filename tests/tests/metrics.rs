@@ -9,22 +9,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use batchfleet_tests::fleet::{eventually, require_rabbitmq, run_bounded, Pool};
-use batchfleet_tests::{describe, prepare_example};
+use batchfleet_tests::{describe, prepare_example, slow_down_example};
 
 const JOB_LIMIT: Duration = Duration::from_secs(240);
 const SCRAPE_LIMIT: Duration = Duration::from_secs(30);
-
-/// Make the example's `run()` sleep `seconds` per mini-batch first, so that the runtimes live
-/// through a 1 s resource sample.
-fn slow_down(dir: &Path, seconds: f64) {
-    let script = dir.join("src/score.py");
-    let mut code = std::fs::read_to_string(&script).unwrap();
-    code.push_str(&format!(
-        "\n\nimport time as _time\n_score = run\n\n\ndef run(mini_batch):\n    \
-         _time.sleep({seconds})\n    return _score(mini_batch)\n"
-    ));
-    std::fs::write(script, code).unwrap();
-}
 
 /// A port nothing listens on now (the worker binds it a moment later).
 fn free_addr() -> SocketAddr {
@@ -72,7 +60,7 @@ fn a_workers_counters_move_by_what_a_job_did_and_its_resource_usage_is_stored() 
     let dir = tempfile::tempdir().unwrap();
     // 30 files, 10 per mini-batch: 3 mini-batches.
     prepare_example(dir.path(), 30);
-    slow_down(dir.path(), 0.8);
+    slow_down_example(dir.path(), 0.8);
     let spec = std::fs::read_to_string(dir.path().join("job.yaml"))
         .unwrap()
         .replace("--error_threshold 10", "--error_threshold 10 --resource_monitor_interval 1");

@@ -220,7 +220,10 @@ fn a_submitted_job_of_two_thousand_batches_on_two_workers_yields_its_report_and_
     ];
     let jobs = fixture.path().join("jobs");
     let output = run_bounded(
-        pool.submit(&fixture.path().join("job.yaml"), &jobs).arg("--profile"),
+        // `--profile` also writes ./profile-<job id>/: the fixture's folder, not the checkout.
+        pool.submit(&fixture.path().join("job.yaml"), &jobs)
+            .arg("--profile")
+            .current_dir(fixture.path()),
         Duration::from_secs(600),
     );
     assert!(output.status.success(), "the job must succeed: {}", describe(&output));

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use batchfleet_tests::{batchfleet, describe, prepare_example, run};
+use batchfleet_tests::{batchfleet, describe, prepare_example, run, slow_down_example};
 
 const FILES: [(&str, &str); 3] = [
     (
@@ -16,22 +16,11 @@ const FILES: [(&str, &str); 3] = [
     ("processes_resource_usage.csv", "UTC Time,PID,CPU %,RSS MB"),
 ];
 
-/// Make the example's `run()` sleep `seconds` per mini-batch first.
-fn slow_down(dir: &Path, seconds: f64) {
-    let script = dir.join("src/score.py");
-    let mut code = std::fs::read_to_string(&script).unwrap();
-    code.push_str(&format!(
-        "\n\nimport time as _time\n_score = run\n\n\ndef run(mini_batch):\n    \
-         _time.sleep({seconds})\n    return _score(mini_batch)\n"
-    ));
-    std::fs::write(script, code).unwrap();
-}
-
 /// Run the example job with `arguments` added to its program arguments, each mini-batch
 /// taking at least `seconds`; the job root.
 fn run_example(dir: &Path, files: usize, arguments: &str, seconds: f64) -> PathBuf {
     prepare_example(dir, files);
-    slow_down(dir, seconds);
+    slow_down_example(dir, seconds);
     let spec = std::fs::read_to_string(dir.join("job.yaml"))
         .unwrap()
         .replace("--error_threshold 10", &format!("--error_threshold 10 {arguments}"));

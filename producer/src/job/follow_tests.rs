@@ -37,6 +37,16 @@ async fn job_with_queues() -> (tempfile::TempDir, JobRoot, EmbeddedBroker, Queue
     (dir, root, broker, queues)
 }
 
+/// A follower of `root`'s job with the production reconcile period.
+fn following<'a>(
+    job: &'a ResolvedJob,
+    broker: &'a dyn Broker,
+    queues: &'a QueueNames,
+    root: &'a JobRoot,
+) -> Follow<'a> {
+    Follow { job, broker, queues, root, reconcile_after: RECONCILE_AFTER }
+}
+
 #[tokio::test]
 async fn batches_whose_events_were_lost_are_taken_from_the_store() {
     let (_dir, root, broker, queues) = job_with_queues().await;
@@ -72,13 +82,7 @@ async fn a_lost_event_costs_a_second_or_two_not_the_reconcile_period() {
     let (_dir, root, broker, queues) = job_with_queues().await;
     let job = crate::test_support::minimal_job();
     // The production setting: the longest silence is 30 s.
-    let follow = Follow {
-        job: &job,
-        broker: &broker,
-        queues: &queues,
-        root: &root,
-        reconcile_after: RECONCILE_AFTER,
-    };
+    let follow = following(&job, &broker, &queues, &root);
     let mut tracker =
         Tracker::new(PlanSummary { batches: 3, items: 3, tabular: false, skipped_inputs: 0 });
     let mut progress = Progress::new(3, false);
@@ -116,13 +120,7 @@ async fn a_follower_whose_events_queue_another_producer_removed_finishes_from_th
     let events = QueueNames::events(&root.job_id);
     broker.delete_queue(&events).await.unwrap();
     let job = crate::test_support::minimal_job();
-    let follow = Follow {
-        job: &job,
-        broker: &broker,
-        queues: &queues,
-        root: &root,
-        reconcile_after: RECONCILE_AFTER,
-    };
+    let follow = following(&job, &broker, &queues, &root);
     let mut tracker =
         Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 });
     let mut progress = Progress::new(2, false);
@@ -299,13 +297,7 @@ async fn the_user_logs_of_runtimes_on_workers_that_are_gone_are_not_waited_for()
         clients: vec!["batchfleet-worker/test/alive".into(), "batchfleet-producer/test/1".into()],
     };
     let job = crate::test_support::minimal_job();
-    let follow = Follow {
-        job: &job,
-        broker: &broker,
-        queues: &queues,
-        root: &root,
-        reconcile_after: RECONCILE_AFTER,
-    };
+    let follow = following(&job, &broker, &queues, &root);
     let mut tracker =
         Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
     // Their ready events came long before the job ended (the broker lists a live worker's
@@ -340,13 +332,7 @@ async fn runtimes_whose_ready_event_is_still_queued_when_the_job_ends_are_waited
         .await
         .unwrap();
     let job = crate::test_support::minimal_job();
-    let follow = Follow {
-        job: &job,
-        broker: &broker,
-        queues: &queues,
-        root: &root,
-        reconcile_after: RECONCILE_AFTER,
-    };
+    let follow = following(&job, &broker, &queues, &root);
     let mut tracker =
         Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
     let missing = tokio::time::timeout(
@@ -364,13 +350,7 @@ async fn a_worker_that_connected_just_before_the_job_ended_is_waited_for() {
     // The worker connected a moment ago: the broker does not list its connection yet.
     let broker = Connected { inner, clients: vec!["batchfleet-producer/test/1".into()] };
     let job = crate::test_support::minimal_job();
-    let follow = Follow {
-        job: &job,
-        broker: &broker,
-        queues: &queues,
-        root: &root,
-        reconcile_after: RECONCILE_AFTER,
-    };
+    let follow = following(&job, &broker, &queues, &root);
     let mut tracker =
         Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
     tracker.runtime_ready("new");

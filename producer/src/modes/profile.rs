@@ -107,7 +107,7 @@ pub async fn profile(options: &ProfileOptions) -> Result<ProfileWritten, Profile
         in_root,
         skipped: data.skipped.len(),
         attempts: analysed.attempts.len(),
-        summary: analysed.summary,
+        summary: analysed.timeline.summary,
     })
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::analysis::{duration, percent, Attempt, Profile, PHASES};
+use super::timeline::{duration, percent, Attempt, Timeline, PHASES};
 
 /// A step that shows on the critical path only when it takes at least this long (ms).
 const NOTABLE_MS: u64 = 50;
@@ -46,7 +46,7 @@ pub struct Step {
     pub kind: StepKind,
     pub start: u64,
     pub end: u64,
-    /// The attempt the step belongs to or waited for (index into [`Profile::attempts`]).
+    /// The attempt the step belongs to or waited for (index into [`Timeline::attempts`]).
     pub attempt: Option<usize>,
     pub batch_id: Option<String>,
     /// What happened, in words.
@@ -71,7 +71,7 @@ pub struct CriticalPath {
 }
 
 /// The lane that finished last, back to the job's start.
-pub(super) fn critical_path(profile: &Profile) -> Option<CriticalPath> {
+pub(super) fn critical_path(profile: &Timeline) -> Option<CriticalPath> {
     let attempts = &profile.attempts;
     let lane = (0..profile.lanes.len())
         .filter_map(|l| {
@@ -148,12 +148,12 @@ pub fn step_title(step: &Step) -> String {
     }
 }
 
-/// Each batch's attempts (indices into [`Profile::attempts`]).
+/// Each batch's attempts (indices into [`Timeline::attempts`]).
 type BatchIndex<'a> = HashMap<&'a str, Vec<usize>>;
 
 /// Every attempt at `a`'s batch.
 fn others<'p>(
-    profile: &'p Profile,
+    profile: &'p Timeline,
     by_batch: &BatchIndex,
     a: &Attempt,
 ) -> impl Iterator<Item = &'p Attempt> {
@@ -162,7 +162,7 @@ fn others<'p>(
 }
 
 /// The idle time before attempt `i` on the critical lane, named by what it waited for.
-fn gap_step(profile: &Profile, by_batch: &BatchIndex, i: usize, cursor: u64) -> Step {
+fn gap_step(profile: &Timeline, by_batch: &BatchIndex, i: usize, cursor: u64) -> Step {
     let a = &profile.attempts[i];
     let before = if cursor == 0 { "before its first batch" } else { "between batches" };
     let failed_before = others(profile, by_batch, a)
@@ -218,7 +218,7 @@ fn gap_step(profile: &Profile, by_batch: &BatchIndex, i: usize, cursor: u64) -> 
     }
 }
 
-fn attempt_step(profile: &Profile, by_batch: &BatchIndex, i: usize, start: u64, end: u64) -> Step {
+fn attempt_step(profile: &Timeline, by_batch: &BatchIndex, i: usize, start: u64, end: u64) -> Step {
     let a = &profile.attempts[i];
     let mut parts: Vec<(u64, String)> = (1..5)
         .filter(|&p| a.phase_ms(p) > 0)

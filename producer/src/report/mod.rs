@@ -5,9 +5,11 @@
 //! - [`load`]: reads a job root — every records file (unreadable lines skipped and named), the
 //!   resource CSVs, `plan/summary.json`, `logs/job_result.txt`;
 //! - [`resources`]: parses the resource usage CSVs defensively;
-//! - [`analysis`]: pure — each attempt's phases, lanes (worker, slot), utilisation, the slowest
+//! - [`timeline`]: pure — each attempt's phases, lanes (worker, slot), utilisation, the slowest
 //!   batches, the one-sentence summary;
-//! - [`critical`]: the critical path (the lane that finished last, back to the start);
+//! - [`critical`]: the critical path of a timeline (the lane that finished last, back to the
+//!   start);
+//! - [`analysis`]: the two together, as the page and the trace read them;
 //! - [`page`]: `profile.html`, one self-contained file (the data as JSON, `profile.css` and
 //!   `profile.js` inlined);
 //! - [`trace`]: `trace.json` in Chrome's trace-event format, for Perfetto.
@@ -19,6 +21,7 @@ pub mod critical;
 pub mod load;
 pub mod page;
 pub mod resources;
+pub mod timeline;
 pub mod trace;
 
 #[cfg(test)]

@@ -39,9 +39,11 @@ const FIRST_RECONCILE: Duration = Duration::from_secs(1);
 /// While waiting for the user logs after a job's end: this long without a runtime stopping,
 /// the ones still counted as running are taken for gone (their worker died).
 const USER_LOGS_QUIET: Duration = Duration::from_secs(6);
-/// How soon after a worker connects the broker lists its connection (RabbitMQ's management API:
-/// about a second here; its statistics interval is 5 s).
-const CONNECTIONS_LISTED_WITHIN: Duration = Duration::from_secs(5);
+/// How soon after a worker's runtime reported ready the broker surely lists the worker's
+/// connection (RabbitMQ's management API listed a new connection about a second after it
+/// opened here; the ready event comes after the connection and init()). Longer would make
+/// `submit` wait for the runtimes of a worker killed early in a short job.
+const CONNECTIONS_LISTED_WITHIN: Duration = Duration::from_secs(3);
 /// How many runtimes must fail to start with the same deterministic error (loading the entry
 /// script failed, or it called `sys.exit()`) before the job fails: one more than one, so that
 /// a worker's passing trouble alone cannot fail a job, and still within seconds (a slot starts

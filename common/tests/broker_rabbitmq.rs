@@ -424,3 +424,126 @@ async fn receives_ending_as_messages_arrive_burn_no_deliveries() {
     assert_eq!(burnt, 0, "deliveries burnt by receives that ended as a message arrived");
     cleanup(&broker, &[&queue]).await;
 }
+
+/// Waits for `condition` on the broker's prefetch of `queue`, polling its feed's state.
+async fn prefetch_becomes(
+    broker: &RabbitMqBroker,
+    queue: &str,
+    what: &str,
+    condition: impl Fn(Option<u16>) -> bool,
+) {
+    let deadline = Instant::now() + EVENTUALLY;
+    loop {
+        let prefetch = broker.prefetch(queue).await;
+        if condition(prefetch) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the prefetch of `{queue}` never {what}: {prefetch:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The adaptive prefetch at both ends: messages handed out fast grow it; a pushed message that
+/// waits for a slot longer than the hold limit takes it back to the least, and everything the
+/// feed was pushed goes back to the queue without a delivery counted, nothing lost or doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_prefetch_grows_while_fast_and_a_long_wait_hands_back_uncounted() {
+    let queue = format!("{}-work", unique_prefix("adaptive"));
+    let adaptive = RabbitMqOptions {
+        prefetch: 2,
+        prefetch_limit: 64,
+        hold_limit: Duration::from_secs(1),
+        ..options()
+    };
+    let worker = RabbitMqBroker::connect_with(&amqp_url(), adaptive).await.unwrap();
+    worker.declare_queue(&limited(&queue, 3, None)).await.unwrap();
+    const COUNT: usize = 2_000;
+    let payloads: Vec<Bytes> = (0..COUNT).map(|i| Bytes::from(format!("m{i}"))).collect();
+    worker.publish(&queue, payloads).await.unwrap();
+
+    // Short mini-batches: two "slots" settle as fast as they receive.
+    let mut settled = std::collections::HashSet::new();
+    while worker.prefetch(&queue).await.unwrap_or(0) <= 2 {
+        assert!(
+            settled.len() < COUNT / 2,
+            "the prefetch stayed at 2 over {} fast hand-outs",
+            settled.len()
+        );
+        for delivery in worker.receive(&queue, 2, LONG, Duration::from_secs(1)).await.unwrap() {
+            assert_eq!(delivery.delivery_count, 1);
+            settled.insert(delivery.payload.clone());
+            worker.ack(&delivery.handle).await.unwrap();
+        }
+    }
+    let grown = worker.prefetch(&queue).await.unwrap_or(0);
+    assert!(grown > 2 && grown <= 64, "grown to {grown}");
+    // Let the larger prefetch fill the buffer.
+    for _ in 0..50 {
+        for delivery in worker.receive(&queue, 2, LONG, Duration::from_secs(1)).await.unwrap() {
+            settled.insert(delivery.payload.clone());
+            worker.ack(&delivery.handle).await.unwrap();
+        }
+    }
+
+    // A long mini-batch on each slot: what is buffered now waits for a slot.
+    let long: Vec<Delivery> =
+        worker.receive(&queue, 2, LONG, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(long.len(), 2);
+    prefetch_becomes(&worker, &queue, "went back to the least", |p| p.is_none_or(|p| p <= 2)).await;
+
+    // Everything not settled or in hand is back in the queue, none of it counted.
+    let other = rabbitmq().await;
+    let mut rest = Vec::new();
+    let deadline = Instant::now() + EVENTUALLY;
+    while settled.len() + long.len() + rest.len() < COUNT {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {COUNT} messages found again",
+            settled.len() + long.len() + rest.len()
+        );
+        for delivery in other.receive(&queue, 100, LONG, Duration::from_millis(500)).await.unwrap()
+        {
+            rest.push((delivery.payload.clone(), delivery.delivery_count));
+            other.ack(&delivery.handle).await.unwrap();
+        }
+    }
+    let counted: Vec<_> = rest.iter().filter(|(_, count)| *count != 1).collect();
+    assert!(counted.is_empty(), "handed-back messages with a delivery counted: {counted:?}");
+    let mut seen: std::collections::HashSet<Bytes> = settled;
+    for delivery in &long {
+        assert!(seen.insert(delivery.payload.clone()), "a message in hand was also settled");
+    }
+    for (payload, _) in &rest {
+        assert!(seen.insert(payload.clone()), "{payload:?} delivered twice");
+    }
+    assert_eq!(seen.len(), COUNT);
+    // The long mini-batches end normally on the feed's old channel.
+    for delivery in &long {
+        worker.ack(&delivery.handle).await.unwrap();
+    }
+    cleanup(&other, &[&queue]).await;
+}
+
+/// A message pushed to a feed and handed back keeps the deliveries it had before: a real
+/// attempt stays counted, the push nobody saw does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handed_back_message_keeps_its_earlier_deliveries() {
+    let queue = format!("{}-work", unique_prefix("earlier"));
+    let worker = rabbitmq().await;
+    worker.declare_queue(&limited(&queue, 5, None)).await.unwrap();
+    worker.publish(&queue, vec![Bytes::from("x")]).await.unwrap();
+    let first = receive_one(&worker, &queue, LONG).await;
+    assert_eq!(first.delivery_count, 1);
+    // A failed attempt: requeued, counted; RabbitMQ pushes it straight back into the feed.
+    worker.nack(&first.handle, Duration::ZERO).await.unwrap();
+    // No receive comes: the idle feed retires and hands the pushed message back.
+    prefetch_becomes(&worker, &queue, "retired", |p| p.is_none()).await;
+    let other = rabbitmq().await;
+    let again = receive_one(&other, &queue, LONG).await;
+    assert_eq!((again.payload.clone(), again.delivery_count), (Bytes::from("x"), 2));
+    other.nack(&again.handle, Duration::ZERO).await.unwrap();
+    let third = receive_one(&other, &queue, LONG).await;
+    assert_eq!(third.delivery_count, 3, "a handed-back copy counts on from its carried deliveries");
+    other.ack(&third.handle).await.unwrap();
+    cleanup(&other, &[&queue]).await;
+}

@@ -32,6 +32,9 @@ pub struct RabbitMqConnect {
     /// How many messages of one queue this process may hold unsettled at most (the consumer's
     /// prefetch): a worker passes its `--prefetch`. `None`: the backend's default.
     pub prefetch: Option<u16>,
+    /// The most the prefetch grows to while mini-batches are short (RabbitMQ's adaptive
+    /// prefetch); `None` or at most `prefetch`: fixed.
+    pub prefetch_limit: Option<u16>,
     /// The broker's `consumer_timeout`: a delivery held unacknowledged longer is taken back.
     /// `None`: the broker has none. Not sent to the broker: a producer checks a job against it
     /// ([`RabbitMqConnect::consumer_timeout`] is RabbitMQ's server setting, `rabbitmq.conf`).
@@ -83,6 +86,7 @@ async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>,
     let options = RabbitMqOptions {
         connection_name: options.connection_name,
         prefetch: options.rabbitmq.prefetch.unwrap_or(defaults.prefetch),
+        prefetch_limit: options.rabbitmq.prefetch_limit.unwrap_or(defaults.prefetch_limit),
         ..defaults
     };
     Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))

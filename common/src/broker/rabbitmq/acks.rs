@@ -71,6 +71,11 @@ impl AckWindow {
         })
     }
 
+    /// The channel the window's deliveries came on.
+    pub(super) fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Critical sections insert, remove or swap; none can panic half-way.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)

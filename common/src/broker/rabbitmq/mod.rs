@@ -9,32 +9,34 @@
 //!   (RabbitMQ's PRECONDITION_FAILED, whose text names the argument). Every operation that can
 //!   make RabbitMQ close its channel runs on a channel of its own, so an error never takes
 //!   other work with it.
-//! - **Receive** takes messages from a long-lived consumer per queue (module `feed`): one
-//!   `basic.consume` per queue per connection, on a channel of its own, with a prefetch
-//!   (`basic.qos`) that bounds what this process holds unsettled — leased, held for a delayed
-//!   nack, or pushed and not handed out yet. The prefetch is the larger of
-//!   [`RabbitMqOptions::prefetch`] and the `max` of the first `receive` from the queue (a
-//!   worker sets it to its concurrency; the producer's events receive asks for 256 at a
-//!   time). `receive` hands out the oldest buffered messages, starting their lease then, and
-//!   while the buffer is empty waits for a push until its wait ends; a message pushed after a
-//!   wait ended stays buffered for the next receive, so nothing is lost or counted twice at a
-//!   wait's end (an earlier consume-and-cancel per receive lost ~1 %: lapin drops a push that
-//!   arrives after the cancel-ok). A consumer no receive used for a few seconds is cancelled
-//!   and gives its buffered messages back with a requeueing nack, which on a quorum queue
-//!   raises their `x-delivery-count` although nobody saw them: the buffer holds at most
-//!   `prefetch` minus what is held, so this is rare, and the per-job limit and the pool-level
-//!   backstop (20) leave room for it. Throughput: a pushed message costs the broker far less
-//!   than a `basic.get`, which on a quorum queue is a command through the queue's Raft log
-//!   (one channel, get + ack in a loop: 1,287 messages/s; push, same messages: 17,700/s;
-//!   `bench_rabbitmq`). Unlike a per-receive `basic.get`, a message nacked with a delay keeps
-//!   a prefetch slot for the delay.
+//! - **Receive** takes messages from a long-lived feed per queue (module `feed`): consumers
+//!   on a channel of their own, with a prefetch (`basic.qos`) that bounds what this process
+//!   holds unsettled — leased, held for a delayed nack, or pushed and not handed out yet. The
+//!   prefetch starts at the larger of [`RabbitMqOptions::prefetch`] and the `max` of the first
+//!   `receive` from the queue (a worker sets it to its concurrency; the producer's events
+//!   receive asks for 256 at a time) and, up to [`RabbitMqOptions::prefetch_limit`], grows
+//!   with the hand-out rate while mini-batches are short (module `prefetch`). `receive` hands
+//!   out the oldest buffered messages, starting their lease then, and while the buffer is empty
+//!   waits for a push until its wait ends; a message pushed after a wait ended stays buffered
+//!   for the next receive, so nothing is lost or counted twice at a wait's end (an earlier
+//!   consume-and-cancel per receive lost ~1 %: lapin drops a push that arrives after the
+//!   cancel-ok). A feed no receive used for a few seconds, or whose pushed message waited
+//!   [`RabbitMqOptions::hold_limit`] for a slot, cancels its consumers, reads them to their
+//!   cancel-ok, and hands what it was pushed back to the queue as confirmed copies that carry
+//!   the delivery count (module `hand_back`): nobody's attempt is counted for a message no one
+//!   saw. Throughput: a pushed message costs the broker far less than a `basic.get`, which on
+//!   a quorum queue is a command through the queue's Raft log (one channel, get + ack in a
+//!   loop: 1,287 messages/s; push, same messages: 17,700/s; `bench_rabbitmq`). Unlike a
+//!   per-receive `basic.get`, a message nacked with a delay keeps a prefetch slot for the
+//!   delay.
 //! - **Leases** are kept client-side (module `lease`): a delivery not settled or extended in time is
 //!   nacked with requeue, which counts a delivery, and its handle is stale from then on. A
 //!   handle is also stale once its channel is gone (lost connection; RabbitMQ's
 //!   `consumer_timeout`, 30 min by default, closes a channel holding one delivery longer, so
 //!   leases extended past it end there), because RabbitMQ has then requeued the message.
-//! - **Delivery count** is the quorum queue's `x-delivery-count` header + 1. Lease expiry, nack,
-//!   a crashed consumer and a closed channel all count.
+//! - **Delivery count** is the quorum queue's `x-delivery-count` header + 1, plus the
+//!   deliveries a handed-back copy carries. Lease expiry, nack, a crashed consumer and a closed
+//!   channel all count; a feed handing back what it was pushed does not.
 //! - **Order.** Ready messages come in publish order. A requeued message goes to the *front*
 //!   (quorum queues serve returned messages first), not the back as in the embedded broker.
 //! - **Delayed nack.** RabbitMQ has no delayed requeue: the delivery stays held (unacked) for
@@ -71,9 +73,11 @@
 mod acks;
 mod error;
 mod feed;
+mod hand_back;
 mod headers;
 mod lease;
 mod management;
+mod prefetch;
 mod session;
 mod topology;
 
@@ -101,6 +105,9 @@ use crate::retry::RetryPolicy;
 
 /// AMQP `delivery_mode` of a message RabbitMQ writes to disk.
 const PERSISTENT: u8 = 2;
+/// [`RabbitMqOptions::hold_limit`] by default: well inside the 60 s `submit` leaves between a
+/// job's longest attempt and `consumer_timeout`.
+const HOLD_LIMIT: Duration = Duration::from_secs(10);
 /// How long the receive that started a queue's consumer waits at least for its first push, so
 /// that a `receive` with no wait on a queue holding messages is not always empty-handed.
 const FIRST_PUSH: Duration = Duration::from_millis(50);
@@ -123,6 +130,14 @@ pub struct RabbitMqOptions {
     /// holds unsettled at most (leased, nack-delayed, or pushed and not handed out yet). The
     /// first `receive` from a queue raises it to its `max`. A worker sets its concurrency.
     pub prefetch: u16,
+    /// The most a queue's prefetch grows to while messages are handed out fast (the adaptive
+    /// prefetch, module `prefetch`); at or below `prefetch`, the prefetch is fixed.
+    pub prefetch_limit: u16,
+    /// A message pushed beyond the least prefetch that waits this long without being handed
+    /// out takes the queue's prefetch back to the least, and what was pushed goes back to the
+    /// queue uncounted. Keep it well below the margin between a job's longest attempt and
+    /// RabbitMQ's `consumer_timeout`, which counts this wait.
+    pub hold_limit: Duration,
 }
 
 impl Default for RabbitMqOptions {
@@ -133,6 +148,8 @@ impl Default for RabbitMqOptions {
             connect_timeout: Duration::from_secs(10),
             connect_attempts: 4,
             prefetch: 4,
+            prefetch_limit: 0,
+            hold_limit: HOLD_LIMIT,
         }
     }
 }
@@ -151,6 +168,8 @@ struct Inner {
     management: Management,
     connection_name: String,
     prefetch: u16,
+    prefetch_limit: u16,
+    hold_limit: Duration,
 }
 
 impl std::fmt::Debug for RabbitMqBroker {
@@ -188,6 +207,8 @@ impl RabbitMqBroker {
                 management,
                 connection_name,
                 prefetch: options.prefetch.max(1),
+                prefetch_limit: options.prefetch_limit,
+                hold_limit: options.hold_limit,
             }),
         })
     }
@@ -197,6 +218,13 @@ impl RabbitMqBroker {
         let mut windows = self.inner.ack_windows.lock().unwrap_or_else(PoisonError::into_inner);
         windows.retain(|window| window.strong_count() > 0);
         windows.push(Arc::downgrade(acks));
+    }
+
+    /// The prefetch of this broker's consumer of `queue` now (`None`: it has none), which the
+    /// adaptive prefetch moves between the least and [`RabbitMqOptions::prefetch_limit`].
+    pub async fn prefetch(&self, queue: &str) -> Option<u16> {
+        let session = self.session().await.ok()?;
+        session.prefetch(queue).await
     }
 
     /// The name this broker's connection has in RabbitMQ (management UI, `list_connections`).
@@ -390,11 +418,16 @@ impl Broker for RabbitMqBroker {
             // Nothing could be returned, so there is nothing to wait for.
             return self.ready_count(&session, queue).await.map(|_| Vec::new());
         }
-        let prefetch = u16::try_from(max).unwrap_or(u16::MAX).max(self.inner.prefetch);
+        let least = u16::try_from(max).unwrap_or(u16::MAX).max(self.inner.prefetch);
+        let policy = prefetch::PrefetchPolicy {
+            least,
+            most: self.inner.prefetch_limit,
+            hold: self.inner.hold_limit,
+        };
         let mut deadline = after(Instant::now(), wait);
         let mut started = 0;
         loop {
-            let (feed, fresh) = session.feed(queue, prefetch).await?;
+            let (feed, fresh) = session.feed(queue, policy).await?;
             if fresh {
                 self.track_acks(feed.acks());
                 started += 1;

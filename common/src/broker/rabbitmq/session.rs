@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 
 use super::error;
 use super::feed::Feed;
+use super::prefetch::PrefetchPolicy;
 use crate::broker::BrokerError;
 use crate::retry::RetryPolicy;
 
@@ -89,20 +90,26 @@ impl Session {
         self.connection.create_channel().await.map_err(|e| error::transport(&e))
     }
 
-    /// The live feed of `queue`, started (with `prefetch`) when there is none or the last
+    /// The live feed of `queue`, started (with `policy`) when there is none or the last
     /// one ended. `fresh` is true when this call started it.
     pub(super) async fn feed(
         &self,
         queue: &str,
-        prefetch: u16,
+        policy: PrefetchPolicy,
     ) -> Result<(Arc<Feed>, bool), BrokerError> {
         let mut feeds = self.feeds.lock().await;
         if let Some(feed) = feeds.get(queue).filter(|feed| !feed.is_ended()) {
             return Ok((Arc::clone(feed), false));
         }
-        let feed = Feed::start(&self.connection, queue, prefetch).await?;
+        let feed = Feed::start(&self.connection, queue, policy).await?;
         feeds.insert(queue.to_owned(), Arc::clone(&feed));
         Ok((feed, true))
+    }
+
+    /// The prefetch of `queue`'s live feed, if it has one.
+    pub(super) async fn prefetch(&self, queue: &str) -> Option<u16> {
+        let feeds = self.feeds.lock().await;
+        feeds.get(queue).filter(|feed| !feed.is_ended()).map(|feed| feed.prefetch())
     }
 
     /// Forget the feed of `queue` (it was deleted).

@@ -1,0 +1,104 @@
+//! Giving back messages a feed was pushed and never handed out, without counting a delivery.
+//!
+//! A requeueing nack would raise the message's `x-delivery-count` on a quorum queue although no
+//! one saw it, and a worker takes that count for its attempts: a retiring feed (idle, or a
+//! pushed message waited too long) would burn attempts of healthy mini-batches. So the feed
+//! publishes a copy of each message to its queue (persistent, mandatory, confirmed) carrying the
+//! deliveries so far (`headers::handed_back`), and acks the original once the copy is
+//! confirmed. The copy goes to the back of the queue. If the copy cannot be published, the
+//! original is requeued with a nack after all (counted), and a warning says so; if the
+//! process dies between the confirm and the ack, RabbitMQ redelivers the original too, and the
+//! mini-batch may run twice, which batchfleet's create-only outputs make a no-op.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use lapin::message::Delivery;
+use lapin::options::{BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{Channel, Confirmation};
+
+use super::acks::AckWindow;
+use super::error;
+use super::headers;
+use super::topology::short;
+use super::PERSISTENT;
+use crate::broker::BrokerError;
+
+/// Give `unsent` back to `queue` (see the module doc); returns how many were handed back
+/// uncounted.
+pub(super) async fn hand_back(
+    queue: &str,
+    acks: &Arc<AckWindow>,
+    unsent: VecDeque<Delivery>,
+) -> usize {
+    if unsent.is_empty() {
+        return 0;
+    }
+    let count = unsent.len();
+    let mut requeue = match publish_copies(acks.channel(), queue, &unsent).await {
+        Ok(copied) => {
+            let mut left = Vec::new();
+            for (delivery, copied) in unsent.into_iter().zip(copied) {
+                if copied {
+                    acks.ack(delivery.delivery_tag);
+                } else {
+                    left.push(delivery);
+                }
+            }
+            left
+        }
+        Err(error) => {
+            tracing::warn!(queue, %error, count,
+                "could not hand back pushed messages uncounted; requeueing them (counted)");
+            unsent.into_iter().collect()
+        }
+    };
+    let handed = count - requeue.len();
+    for delivery in requeue.drain(..) {
+        let nack = BasicNackOptions { multiple: false, requeue: true };
+        match delivery.acker.nack(nack).await {
+            Ok(_) => acks.settled(delivery.delivery_tag),
+            Err(error) => tracing::debug!(queue, %error,
+                "giving back a pushed message failed; RabbitMQ requeues it when the channel closes"),
+        }
+    }
+    // The acks must reach RabbitMQ before the channel closes, or it redelivers the originals.
+    acks.flush().await;
+    tracing::debug!(queue, handed, requeued = count - handed, "pushed messages given back");
+    handed
+}
+
+/// Publish a copy of every delivery; `true` for each copy RabbitMQ confirmed into the queue.
+///
+/// On the feed's own channel, so that each copy is published before its original's ack; a
+/// `mandatory` publish to a queue deleted meanwhile comes back unroutable, it does not close
+/// the channel.
+async fn publish_copies(
+    channel: &Channel,
+    queue: &str,
+    deliveries: &VecDeque<Delivery>,
+) -> Result<Vec<bool>, BrokerError> {
+    let routing_key = short(queue)?;
+    if !channel.status().confirm() {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| error::transport(&e))?;
+    }
+    let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
+    let mut confirms = Vec::with_capacity(deliveries.len());
+    for delivery in deliveries {
+        let properties = headers::handed_back(&delivery.properties).with_delivery_mode(PERSISTENT);
+        let confirm = channel
+            .basic_publish("".into(), routing_key.clone(), mandatory, &delivery.data, properties)
+            .await
+            .map_err(|e| error::transport(&e))?;
+        confirms.push(confirm);
+    }
+    let mut copied = Vec::with_capacity(confirms.len());
+    for confirm in confirms {
+        let confirmed = confirm.await.map_err(|e| error::transport(&e))?;
+        copied.push(matches!(confirmed, Confirmation::Ack(None)));
+    }
+    Ok(copied)
+}

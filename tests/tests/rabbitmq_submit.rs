@@ -87,6 +87,44 @@ fn a_script_that_cannot_load_fails_a_submitted_job_in_seconds() {
     assert!(worker.stop().success(), "{}", worker.log());
 }
 
+/// The workers' default, adaptive prefetch at both ends in one job: hundreds of instant
+/// mini-batches grow it, then a few long ones leave what was pushed ahead waiting for a slot
+/// past the hold, and it goes back to one per slot — every mini-batch still succeeds on its
+/// first attempt (a message pushed ahead and given back is not counted).
+#[test]
+fn the_adaptive_prefetch_gives_back_what_waits_behind_long_mini_batches_uncounted() {
+    let pool = Pool::new("adaptive");
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 800);
+    let spec = dir.path().join("job.yaml");
+    let yaml = std::fs::read_to_string(&spec).unwrap();
+    std::fs::write(&spec, yaml.replace("mini_batch_size: \"10\"", "mini_batch_size: \"1\""))
+        .unwrap();
+    // The last mini-batches in plan order (shard-3's highest numbers) take 2 s each.
+    let script = dir.path().join("src/score.py");
+    let mut code = std::fs::read_to_string(&script).unwrap();
+    code.push_str(
+        "\n\nimport time as _time\n_score = run\n\n\ndef run(mini_batch):\n    \
+         for path in mini_batch:\n        n = int(os.path.basename(path)[4:9])\n        \
+         if n >= 776 and n % 4 == 3:\n            _time.sleep(2)\n    return _score(mini_batch)\n",
+    );
+    std::fs::write(&script, code).unwrap();
+    let mut worker = pool.worker(dir.path(), "a", 2, &["--prefetch-hold", "1"]);
+    let jobs = dir.path().join("jobs");
+    let output = run_bounded(&mut pool.submit(&spec, &jobs), JOB_LIMIT);
+    assert!(output.status.success(), "the job must succeed: {}", describe(&output));
+    let scores = std::fs::read_to_string(dir.path().join("output/scores.txt")).unwrap();
+    assert_eq!(scores.lines().count(), 800);
+    let root = std::fs::read_dir(&jobs).unwrap().next().unwrap().unwrap().path();
+    let statuses = batchfleet_tests::fleet::statuses(&root);
+    assert_eq!(statuses.len(), 800);
+    let retried: Vec<_> = statuses.iter().filter(|s| s["attempt"] != 1).collect();
+    assert!(retried.is_empty(), "mini-batches not done on their first attempt: {retried:?}");
+    assert!(worker.stop().success(), "{}", worker.log());
+    let log = worker.log();
+    assert!(log.contains("back to the least prefetch"), "the hold was never reached:\n{log}");
+}
+
 #[test]
 fn a_prefetch_below_the_concurrency_is_refused() {
     let pool = Pool::new("prefetch-low");

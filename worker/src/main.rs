@@ -64,6 +64,12 @@ struct Args {
     #[arg(long, env = "BATCHFLEET_PREFETCH",
         value_parser = clap::value_parser!(u32).range(1..=65_535))]
     prefetch: Option<u32>,
+    /// The adaptive prefetch goes back to one per slot when a message pushed ahead waited this
+    /// many seconds for a slot (default 10; keep it well below the 60 s `submit` leaves between
+    /// a job's longest attempt and RabbitMQ's `consumer_timeout`). RabbitMQ only.
+    #[arg(long, env = "BATCHFLEET_PREFETCH_HOLD",
+        value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    prefetch_hold: Option<u64>,
     /// Seconds to wait for the broker at start before giving up (exit 1); default: wait as
     /// long as it takes, logging each try (a fleet often starts before its broker).
     #[arg(long, env = "BATCHFLEET_BROKER_WAIT")]
@@ -248,8 +254,8 @@ const ADAPTIVE_PREFETCH_LIMIT: u16 = 256;
 /// RabbitMQ (SQS has no prefetch: there it is ignored, with a warning).
 fn rabbitmq_options(args: &Args, kind: BrokerKind) -> Result<RabbitMqConnect, String> {
     if kind != BrokerKind::RabbitMq {
-        if args.prefetch.is_some() {
-            tracing::warn!("--prefetch is a RabbitMQ setting; this broker does not use it");
+        if args.prefetch.is_some() || args.prefetch_hold.is_some() {
+            tracing::warn!("--prefetch and --prefetch-hold are RabbitMQ settings; this broker does not use them");
         }
         return Ok(RabbitMqConnect::default());
     }
@@ -273,7 +279,12 @@ fn rabbitmq_options(args: &Args, kind: BrokerKind) -> Result<RabbitMqConnect, St
         }
     };
     let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
-    Ok(RabbitMqConnect { prefetch: Some(prefetch), prefetch_limit, ..RabbitMqConnect::default() })
+    Ok(RabbitMqConnect {
+        prefetch: Some(prefetch),
+        prefetch_limit,
+        prefetch_hold: args.prefetch_hold.map(Duration::from_secs),
+        ..RabbitMqConnect::default()
+    })
 }
 
 /// Connect, waiting for a broker that does not answer yet (from 1 s up to 30 s between tries,

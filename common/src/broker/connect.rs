@@ -35,6 +35,9 @@ pub struct RabbitMqConnect {
     /// The most the prefetch grows to while mini-batches are short (RabbitMQ's adaptive
     /// prefetch); `None` or at most `prefetch`: fixed.
     pub prefetch_limit: Option<u16>,
+    /// How long a message pushed ahead may wait for a slot before the adaptive prefetch goes
+    /// back to its least. `None`: the backend's default (10 s).
+    pub prefetch_hold: Option<Duration>,
     /// The broker's `consumer_timeout`: a delivery held unacknowledged longer is taken back.
     /// `None`: the broker has none. Not sent to the broker: a producer checks a job against it
     /// ([`RabbitMqConnect::consumer_timeout`] is RabbitMQ's server setting, `rabbitmq.conf`).
@@ -87,6 +90,7 @@ async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>,
         connection_name: options.connection_name,
         prefetch: options.rabbitmq.prefetch.unwrap_or(defaults.prefetch),
         prefetch_limit: options.rabbitmq.prefetch_limit.unwrap_or(defaults.prefetch_limit),
+        hold_limit: options.rabbitmq.prefetch_hold.unwrap_or(defaults.hold_limit),
         ..defaults
     };
     Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))

@@ -13,11 +13,16 @@
 //! nothing buffered sends the held acks at once ([`AckWindow::flush`]) rather than wait.
 //!
 //! Safety of `multiple`: it settles every delivery of the channel up to its tag. The window
-//! therefore tracks every delivery the channel's consumer received ([`AckWindow::delivered`])
+//! therefore tracks every delivery the channel's consumers received ([`AckWindow::delivered`])
 //! until it is settled, and a delivery settled another way (nack, reject) leaves the tracked
 //! set only *after* its frame was sent, so that a later `multiple` ack never overtakes it.
-//! Deliveries the consumer never saw (pushed after a cancel, which lapin drops) carry higher
-//! tags than any the window acks. A held ack whose channel closes before it is sent is lost
+//! A channel with several consumers (the adaptive prefetch adds some) numbers their deliveries
+//! in one sequence (1, 2, 3, … per channel), but each consumer's task reports its own, so
+//! tag 9 of one consumer can still be on its way while tag 10 of another is acked: a
+//! `multiple` ack therefore never reaches past the first tag not reported yet (such acks go
+//! singly), or it would settle a message nobody has seen. Deliveries a consumer never saw
+//! (pushed after a cancel, which lapin drops) hold that bound where it is; acks above it go
+//! singly. A held ack whose channel closes before it is sent is lost
 //! with the channel, and RabbitMQ redelivers the message, as with an ack lost in transit: the
 //! worker's outputs are already written under keys that make the redelivery a no-op.
 
@@ -47,10 +52,30 @@ pub(super) struct AckWindow {
 struct State {
     /// Received on this channel, neither acked nor settled another way.
     unsettled: BTreeSet<u64>,
+    /// Every delivery tag up to this one was reported ([`AckWindow::delivered`]).
+    reported_through: u64,
+    /// Tags reported above a gap (a tag still on its way from another consumer).
+    reported_ahead: BTreeSet<u64>,
     /// Acked by the caller, not sent yet.
     held: Vec<u64>,
     /// A flush is scheduled for the held acks.
     flush_scheduled: bool,
+}
+
+impl State {
+    /// A consumer received `tag`: it is unsettled, and the reported bound moves past it when
+    /// every lower tag was reported too.
+    fn report(&mut self, tag: u64) {
+        self.unsettled.insert(tag);
+        if tag == self.reported_through + 1 {
+            self.reported_through = tag;
+            while self.reported_ahead.remove(&(self.reported_through + 1)) {
+                self.reported_through += 1;
+            }
+        } else if tag > self.reported_through {
+            self.reported_ahead.insert(tag);
+        }
+    }
 }
 
 /// The frames that send a window's acks.
@@ -83,7 +108,7 @@ impl AckWindow {
 
     /// The channel's consumer received `tag`.
     pub(super) fn delivered(&self, tag: u64) {
-        self.lock().unsettled.insert(tag);
+        self.lock().report(tag);
     }
 
     /// `tag` was settled by a frame of its own (nack, reject) that is sent already.
@@ -119,7 +144,7 @@ impl AckWindow {
                 return;
             }
             let mut held = std::mem::take(&mut state.held);
-            let frames = frames(&mut held, &state.unsettled);
+            let frames = frames(&mut held, &state.unsettled, state.reported_through);
             tracing::trace!(acks = held.len(), multiple = ?frames.multiple,
                 single = frames.single.len(), "sending held acks");
             frames
@@ -145,12 +170,14 @@ impl AckWindow {
     }
 }
 
-/// How to send `held`: the tags below the oldest unsettled delivery in one `multiple` ack (at
-/// the highest of them), the others singly.
-fn frames(held: &mut [u64], unsettled: &BTreeSet<u64>) -> Frames {
+/// How to send `held`: the tags below the oldest unsettled delivery, all of whose lower tags
+/// were reported (up to `reported_through`), in one `multiple` ack (at the highest of them),
+/// the others singly.
+fn frames(held: &mut [u64], unsettled: &BTreeSet<u64>, reported_through: u64) -> Frames {
     held.sort_unstable();
     let oldest_unsettled = unsettled.first().copied().unwrap_or(u64::MAX);
-    let below = held.partition_point(|tag| *tag < oldest_unsettled);
+    let bound = oldest_unsettled.min(reported_through.saturating_add(1));
+    let below = held.partition_point(|tag| *tag < bound);
     let (covered, rest) = held.split_at(below);
     Frames { multiple: covered.last().copied(), single: rest.to_vec() }
 }
@@ -160,7 +187,7 @@ mod tests {
     use super::*;
 
     fn plan(held: &[u64], unsettled: &[u64]) -> Frames {
-        frames(&mut held.to_vec(), &unsettled.iter().copied().collect())
+        frames(&mut held.to_vec(), &unsettled.iter().copied().collect(), u64::MAX - 1)
     }
 
     #[test]
@@ -173,5 +200,28 @@ mod tests {
     fn acks_above_an_unsettled_delivery_are_sent_singly() {
         // Delivery 1 is still being processed: a `multiple` ack at 3 would settle it.
         assert_eq!(plan(&[2, 3], &[1]), Frames { multiple: None, single: vec![2, 3] });
+    }
+
+    #[test]
+    fn a_multiple_ack_never_reaches_past_a_tag_not_reported_yet() {
+        // Tags 1-2 and 4 reported, 3 (another consumer's) still on its way: 4 goes singly.
+        let mut held = vec![1, 2, 4];
+        assert_eq!(
+            frames(&mut held, &BTreeSet::new(), 2),
+            Frames { multiple: Some(2), single: vec![4] }
+        );
+    }
+
+    #[test]
+    fn the_reported_bound_follows_deliveries_reported_out_of_order() {
+        let mut state = State::default();
+        for tag in [1, 2, 4, 5] {
+            state.report(tag);
+        }
+        assert_eq!(state.reported_through, 2);
+        state.report(3);
+        assert_eq!(state.reported_through, 5);
+        assert!(state.reported_ahead.is_empty());
+        assert_eq!(state.unsettled.len(), 5);
     }
 }

@@ -2,7 +2,10 @@
 //!
 //! The walk reads one directory level at a time (`read_dir`, whose entries carry their type, so
 //! a folder costs no `stat`), sorts it, and goes depth first, so memory is bounded by the largest
-//! directory. A file costs one `stat` (its size). Two kinds of entries are skipped, each reported
+//! directory. It runs on a blocking thread of its own, a few blocks of objects ahead of the
+//! stream's reader (so the walk and what the planner does with the objects share the cores).
+//! A regular file costs one `stat` relative to its folder (its size) when [`Sizes::Read`], none
+//! when [`Sizes::Skip`] (planning by count). Two kinds of entries are skipped, each reported
 //! once with its path and why (a `warn` event, and in the listing's [`Skipped`] record):
 //! - **symbolic links** other than links to files inside the input folder: a link to a folder
 //!   (it could loop) or to anything outside the folder (a link to `/etc` must not feed a
@@ -11,12 +14,14 @@
 //!   store's paths encode (`\`, control characters such as a newline, …); the worker could
 //!   not find such a file again, and one name must not fail the batch it shares with others.
 
+use std::cmp::Ordering;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, BoxStream, StreamExt};
 use object_store::path::{Path, PathPart};
 use object_store::ObjectMeta;
+use tokio::sync::mpsc;
 
 use super::StoreError;
 
@@ -38,19 +43,64 @@ impl Skipped {
     }
 }
 
+/// Whether a local listing reads each file's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizes {
+    /// One `stat` a file: `size` and `last_modified` are the file's.
+    Read,
+    /// No `stat` for a regular file (its type comes with its directory entry): `size` is 0 and
+    /// `last_modified` the epoch. For a planner that cuts by count.
+    Skip,
+}
+
+/// Objects the walking thread hands over at a time.
+const BLOCK: usize = 1024;
+/// Blocks the walking thread may be ahead of the stream's reader: memory stays bounded.
+const BLOCKS_AHEAD: usize = 4;
+
+/// What the walking thread sends.
+enum Walked {
+    Objects(Vec<ObjectMeta>),
+    Failed(StoreError),
+    /// The walk is complete (a channel that closes without it: the walk stopped).
+    Done,
+}
+
 /// A directory level's entry, still to be handed out or walked.
 enum Pending {
     Object(ObjectMeta),
     Folder { dir: PathBuf, key: Path },
 }
 
-impl Pending {
-    /// A folder sorts where its objects sort in a flat listing: as its key with a `/`.
-    fn sort_key(&self) -> String {
-        match self {
-            Pending::Object(meta) => meta.location.to_string(),
-            Pending::Folder { key, .. } => format!("{key}/"),
-        }
+/// An entry of one directory level, with where its name starts in its key (the entries of a
+/// level share their parent's key, so the names alone order them).
+struct Entry {
+    pending: Pending,
+    name_at: usize,
+}
+
+impl Entry {
+    /// Its name's bytes and whether it is a folder.
+    fn name(&self) -> (&[u8], bool) {
+        let (key, folder) = match &self.pending {
+            Pending::Object(meta) => (meta.location.as_ref(), false),
+            Pending::Folder { key, .. } => (key.as_ref(), true),
+        };
+        (key.as_bytes().get(self.name_at..).unwrap_or_default(), folder)
+    }
+
+    /// The order of a flat listing: a folder sorts where its objects do, as its name with a `/`.
+    fn cmp_in_level(&self, other: &Entry) -> Ordering {
+        let ((a, a_folder), (b, b_folder)) = (self.name(), other.name());
+        let common = a.len().min(b.len());
+        // The byte after the common length: the name's next one, or a folder's `/`, or none.
+        let next = |name: &[u8], folder: bool| {
+            name.get(common).copied().or_else(|| folder.then_some(b'/'))
+        };
+        a[..common]
+            .cmp(&b[..common])
+            .then_with(|| next(a, a_folder).cmp(&next(b, b_folder)))
+            .then_with(|| a.len().cmp(&b.len()))
     }
 }
 
@@ -59,45 +109,91 @@ pub fn walk_local(
     dir: PathBuf,
     key: Path,
     skipped: Skipped,
+    sizes: Sizes,
 ) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
+    enum State {
+        Start(PathBuf, Path, Skipped),
+        Walking(mpsc::Receiver<Walked>),
+        Ended,
+    }
+    let stopped = || StoreError::Unsupported {
+        url: "file://".into(),
+        reason: "listing a folder stopped before its end".into(),
+    };
+    let blocks = stream::unfold(State::Start(dir, key, skipped), move |state| async move {
+        let mut receiver = match state {
+            State::Start(dir, key, skipped) => {
+                let (sender, receiver) = mpsc::channel(BLOCKS_AHEAD);
+                tokio::task::spawn_blocking(move || walk(dir, key, &skipped, sizes, &sender));
+                receiver
+            }
+            State::Walking(receiver) => receiver,
+            State::Ended => return None,
+        };
+        match receiver.recv().await {
+            Some(Walked::Objects(objects)) => Some((Ok(objects), State::Walking(receiver))),
+            Some(Walked::Failed(error)) => Some((Err(error), State::Ended)),
+            Some(Walked::Done) => None,
+            None => Some((Err(stopped()), State::Ended)),
+        }
+    });
+    blocks
+        .flat_map(|block| match block {
+            Ok(objects) => stream::iter(objects.into_iter().map(Ok)).left_stream(),
+            Err(error) => stream::iter([Err(error)]).right_stream(),
+        })
+        .boxed()
+}
+
+/// The walk, depth first in key order, sending the objects in blocks; returns when done, when
+/// a folder cannot be listed (sent as the last message) or when nobody reads any more.
+fn walk(dir: PathBuf, key: Path, skipped: &Skipped, sizes: Sizes, out: &mpsc::Sender<Walked>) {
     let root = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
-    let start = vec![Pending::Folder { dir, key }];
-    stream::try_unfold(start, move |mut pending| {
-        let (root, skipped) = (root.clone(), skipped.clone());
-        async move {
-            while let Some(next) = pending.pop() {
-                match next {
-                    Pending::Object(meta) => return Ok(Some((meta, pending))),
-                    Pending::Folder { dir, key } => {
-                        let (root, skipped) = (root.clone(), skipped.clone());
-                        let mut level = tokio::task::spawn_blocking(move || {
-                            read_level(&dir, &key, &root, &skipped)
-                        })
-                        .await
-                        .map_err(|e| StoreError::Unsupported {
-                            url: "file://".into(),
-                            reason: format!("listing a folder stopped: {e}"),
-                        })??;
-                        level.sort_by_cached_key(|entry| std::cmp::Reverse(entry.sort_key()));
-                        pending.extend(level);
+    let mut pending = vec![Pending::Folder { dir, key }];
+    let mut block = Vec::with_capacity(BLOCK);
+    while let Some(next) = pending.pop() {
+        match next {
+            Pending::Object(meta) => {
+                block.push(meta);
+                if block.len() >= BLOCK {
+                    let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
+                    if out.blocking_send(Walked::Objects(full)).is_err() {
+                        return;
                     }
                 }
             }
-            Ok(None)
+            Pending::Folder { dir, key } => match read_level(&dir, &key, &root, skipped, sizes) {
+                Ok(mut level) => {
+                    level.sort_unstable_by(|a, b| b.cmp_in_level(a));
+                    pending.extend(level.into_iter().map(|entry| entry.pending));
+                }
+                Err(error) => {
+                    if !block.is_empty() && out.blocking_send(Walked::Objects(block)).is_err() {
+                        return;
+                    }
+                    let _ = out.blocking_send(Walked::Failed(error));
+                    return;
+                }
+            },
         }
-    })
-    .boxed()
+    }
+    if !block.is_empty() && out.blocking_send(Walked::Objects(block)).is_err() {
+        return;
+    }
+    let _ = out.blocking_send(Walked::Done);
 }
 
-/// One directory level: its files (with their size) and folders; what cannot be listed safely
-/// is skipped and recorded. A folder that vanished lists as empty.
+/// One directory level: its files (with their size, when read) and folders; what cannot be
+/// listed safely is skipped and recorded. A folder that vanished lists as empty.
 fn read_level(
     dir: &std::path::Path,
     key: &Path,
     root: &std::path::Path,
     skipped: &Skipped,
-) -> Result<Vec<Pending>, StoreError> {
+    sizes: Sizes,
+) -> Result<Vec<Entry>, StoreError> {
     let io = |e: std::io::Error| io_error(key, e);
+    let name_at = if key.as_ref().is_empty() { 0 } else { key.as_ref().len() + 1 };
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -106,15 +202,15 @@ fn read_level(
     let mut level = Vec::new();
     for entry in entries {
         let entry = entry.map_err(io)?;
-        let path = entry.path();
-        let shown = path.display().to_string();
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            skipped.push(shown, "its name is not UTF-8, which an object key cannot hold");
+        let file_name = entry.file_name();
+        let shown = || entry.path().display().to_string();
+        let Some(name) = file_name.to_str() else {
+            skipped.push(shown(), "its name is not UTF-8, which an object key cannot hold");
             continue;
         };
-        if PathPart::from(name.as_str()).as_ref() != name || name.contains('\\') {
+        if name.contains('\\') || PathPart::from(name).as_ref() != name {
             skipped.push(
-                shown,
+                shown(),
                 "its name holds a character object keys cannot carry unchanged (\\, a newline \
                  or another control character)",
             );
@@ -125,40 +221,53 @@ fn read_level(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io(e)),
         };
-        let child = key.clone().join(name.as_str());
+        let child = key.clone().join(name);
         if file_type.is_dir() {
-            level.push(Pending::Folder { dir: path, key: child });
+            level.push(Entry {
+                pending: Pending::Folder { dir: entry.path(), key: child },
+                name_at,
+            });
             continue;
         }
-        if file_type.is_symlink() {
+        let metadata = if file_type.is_symlink() {
+            let path = entry.path();
             match std::fs::canonicalize(&path) {
                 Ok(target) if target.starts_with(root) && target.is_file() => {}
                 Ok(target) if target.is_dir() => {
-                    skipped.push(shown, "it is a symbolic link to a folder, which is not followed");
+                    skipped
+                        .push(shown(), "it is a symbolic link to a folder, which is not followed");
                     continue;
                 }
                 _ => {
-                    skipped.push(shown, "it is a symbolic link leading out of the input folder");
+                    skipped.push(shown(), "it is a symbolic link leading out of the input folder");
                     continue;
                 }
             }
-        }
-        // One stat: the size (a link to a file inside the folder: its target's).
-        let metadata = match std::fs::metadata(&path) {
-            Ok(metadata) => metadata,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io(e)),
-        };
-        if !metadata.is_file() {
+            // The size of a link to a file inside the folder: its target's.
+            match sizes {
+                Sizes::Read => Some(std::fs::metadata(&path)),
+                Sizes::Skip => None,
+            }
+        } else if file_type.is_file() {
+            // One stat, relative to the folder (a regular file: no link to follow).
+            match sizes {
+                Sizes::Read => Some(entry.metadata()),
+                Sizes::Skip => None,
+            }
+        } else {
             continue; // sockets, FIFOs, devices: not input files
-        }
-        level.push(Pending::Object(ObjectMeta {
-            location: child,
-            last_modified: metadata.modified().map(Into::into).unwrap_or_default(),
-            size: metadata.len(),
-            e_tag: None,
-            version: None,
-        }));
+        };
+        let (size, last_modified) = match metadata {
+            None => (0, Default::default()),
+            Some(Ok(metadata)) if metadata.is_file() => {
+                (metadata.len(), metadata.modified().map(Into::into).unwrap_or_default())
+            }
+            Some(Ok(_)) => continue, // replaced by something else since it was listed
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Some(Err(e)) => return Err(io(e)),
+        };
+        let meta = ObjectMeta { location: child, last_modified, size, e_tag: None, version: None };
+        level.push(Entry { pending: Pending::Object(meta), name_at });
     }
     Ok(level)
 }

@@ -15,7 +15,7 @@ use crate::error::ProducerError;
 use crate::job::plan_writer::PlanWriter;
 pub use crate::job::plan_writer::{publish, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
-use batchfleet_common::store::listing::{list_reporting, Skipped};
+use batchfleet_common::store::listing::{list_reporting_sizes, Sizes, Skipped};
 
 /// Plan the job's mini-batches and publish them; returns the totals.
 pub async fn plan_and_publish(
@@ -69,7 +69,16 @@ async fn input_objects(
                 })?;
             Ok(Box::pin(futures::stream::iter([Ok(meta)])))
         }
-        _ => Ok(list_reporting(input, skipped)),
+        // Cutting by count needs no sizes: a local folder's files then cost no `stat`.
+        _ => Ok(list_reporting_sizes(input, skipped, sizes_needed(job.mini_batch_size))),
+    }
+}
+
+/// Whether the cutter reads the objects' sizes.
+fn sizes_needed(limit: MiniBatchSize) -> Sizes {
+    match limit {
+        MiniBatchSize::Count(_) => Sizes::Skip,
+        MiniBatchSize::Bytes(_) => Sizes::Read,
     }
 }
 

@@ -17,6 +17,9 @@ use crate::job_root::JobRoot;
 
 /// Batches per plan chunk (one `plan/batches-*.jsonl` object, published in one go).
 const BATCHES_PER_CHUNK: usize = 1000;
+/// A chunk also ends once its encoded messages reach this many bytes, so that memory stays
+/// bounded whatever the batches hold (1,000 batches of 1,000 files would be tens of MB).
+const CHUNK_BYTES: usize = 4 << 20;
 /// Batches in the first chunk: small, so that workers start their runtimes (and `init()`)
 /// while the rest of the input is still being listed and planned.
 const FIRST_CHUNK_BATCHES: usize = 32;
@@ -48,19 +51,28 @@ pub struct PlanTarget<'a> {
 }
 
 /// Numbers the planned batches, writes them to `plan/` a chunk at a time and publishes each
-/// chunk once it is recorded. Memory stays bounded by one chunk.
+/// chunk once it is recorded. Memory stays bounded by one chunk, which holds its batches
+/// encoded (at most `CHUNK_BYTES` and a message).
 pub(crate) struct PlanWriter<'a> {
     target: &'a PlanTarget<'a>,
-    chunk: Vec<MiniBatchMessage>,
+    chunk: Chunk,
     chunk_no: u64,
     summary: PlanSummary,
+}
+
+/// A chunk's batches, encoded: the chunk object's lines, and where each message is in them.
+#[derive(Default)]
+struct Chunk {
+    lines: Vec<u8>,
+    /// (batch index, the message's bytes in `lines`).
+    messages: Vec<(u64, std::ops::Range<usize>)>,
 }
 
 impl<'a> PlanWriter<'a> {
     pub(crate) fn new(target: &'a PlanTarget<'a>) -> Self {
         PlanWriter {
             target,
-            chunk: Vec::new(),
+            chunk: Chunk::default(),
             chunk_no: 0,
             summary: PlanSummary { batches: 0, items: 0, tabular: false, skipped_inputs: 0 },
         }
@@ -112,11 +124,14 @@ impl<'a> PlanWriter<'a> {
         }
     }
 
-    async fn push(&mut self, message: MiniBatchMessage) -> Result<(), ProducerError> {
+    async fn push(&mut self, mut message: MiniBatchMessage) -> Result<(), ProducerError> {
         self.summary.batches += 1;
-        self.chunk.push(message);
+        let start = self.chunk.lines.len();
+        encode(self.target, &mut message, &mut self.chunk.lines).await?;
+        self.chunk.messages.push((message.index, start..self.chunk.lines.len()));
+        self.chunk.lines.push(b'\n');
         let limit = if self.chunk_no == 0 { FIRST_CHUNK_BATCHES } else { BATCHES_PER_CHUNK };
-        if self.chunk.len() >= limit {
+        if self.chunk.messages.len() >= limit || self.chunk.lines.len() >= CHUNK_BYTES {
             flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
             self.chunk_no += 1;
         }
@@ -142,16 +157,20 @@ impl<'a> PlanWriter<'a> {
     }
 }
 
-/// The message as published: with its items inline, or claim-checked when they would make it
-/// larger than `CLAIM_CHECK_BYTES` (the items go to `plan/items/<batch id>.json` first).
+/// Append the message as published to `out`: with its items inline, or claim-checked when they
+/// would make it larger than `CLAIM_CHECK_BYTES` (the items go to `plan/items/<batch id>.json`
+/// first).
 async fn encode(
     target: &PlanTarget<'_>,
     msg: &mut MiniBatchMessage,
-) -> Result<Vec<u8>, ProducerError> {
-    let json = serde_json::to_vec(msg).map_err(ProducerError::internal)?;
-    if json.len() <= CLAIM_CHECK_BYTES {
-        return Ok(json);
+    out: &mut Vec<u8>,
+) -> Result<(), ProducerError> {
+    let start = out.len();
+    serde_json::to_writer(&mut *out, msg).map_err(ProducerError::internal)?;
+    if out.len() - start <= CLAIM_CHECK_BYTES {
+        return Ok(());
     }
+    out.truncate(start);
     let count = msg.item_count();
     let (stored, table) = match msg.table.take() {
         Some(table) => (serde_json::to_vec(&table).map_err(ProducerError::internal)?, true),
@@ -160,32 +179,30 @@ async fn encode(
     let rel = target.root.write_claimed_items(&msg.batch_id, Bytes::from(stored)).await?;
     msg.items_ref = Some(ItemsRef { key: rel, count, table });
     msg.items = Vec::new();
-    serde_json::to_vec(msg).map_err(ProducerError::internal)
+    serde_json::to_writer(&mut *out, msg).map_err(ProducerError::internal)
 }
 
+/// Record the chunk under `plan/`, then publish its messages (but those of batches that ended).
 async fn flush_chunk(
     target: &PlanTarget<'_>,
     chunk_no: u64,
-    chunk: &mut Vec<MiniBatchMessage>,
+    chunk: &mut Chunk,
 ) -> Result<(), ProducerError> {
-    if chunk.is_empty() {
+    if chunk.messages.is_empty() {
         return Ok(());
     }
-    let mut lines = Vec::new();
-    let mut payloads = Vec::with_capacity(chunk.len());
-    for msg in chunk.iter_mut() {
-        let json = encode(target, msg).await?;
-        lines.extend_from_slice(&json);
-        lines.push(b'\n');
-        payloads.push(Bytes::from(json));
-    }
-    target.root.put(&target.root.layout.plan_chunk(chunk_no), Bytes::from(lines)).await?;
-    let ended = |msg: &MiniBatchMessage| target.skip.is_some_and(|skip| skip.contains(&msg.index));
-    let payloads: Vec<Bytes> =
-        chunk.iter().zip(payloads).filter(|(msg, _)| !ended(msg)).map(|(_, p)| p).collect();
+    let lines = Bytes::from(std::mem::take(&mut chunk.lines));
+    target.root.put(&target.root.layout.plan_chunk(chunk_no), lines.clone()).await?;
+    let ended = |index: &u64| target.skip.is_some_and(|skip| skip.contains(index));
+    let payloads: Vec<Bytes> = chunk
+        .messages
+        .iter()
+        .filter(|(index, _)| !ended(index))
+        .map(|(_, range)| lines.slice(range.clone()))
+        .collect();
     publish(target.broker, target.queue, payloads).await?;
-    tracing::debug!(chunk = chunk_no, batches = chunk.len(), "plan chunk published");
-    chunk.clear();
+    tracing::debug!(chunk = chunk_no, batches = chunk.messages.len(), "plan chunk published");
+    chunk.messages.clear();
     Ok(())
 }
 
@@ -200,3 +217,7 @@ pub async fn publish(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "plan_writer_tests.rs"]
+mod tests;

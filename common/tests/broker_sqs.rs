@@ -8,14 +8,19 @@
 //! a broken backend through.
 #![cfg(feature = "sqs")]
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::interceptors::BeforeSerializationInterceptorContextRef;
 use aws_sdk_sqs::config::{ConfigBag, Intercept, Region, RuntimeComponents};
 use aws_sdk_sqs::error::BoxError;
+use aws_sdk_sqs::operation::change_message_visibility::ChangeMessageVisibilityInput;
+use aws_sdk_sqs::operation::delete_message::DeleteMessageInput;
+use aws_sdk_sqs::operation::delete_message_batch::DeleteMessageBatchInput;
+use aws_sdk_sqs::operation::receive_message::ReceiveMessageInput;
 use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchInput;
 use batchfleet_common::broker::conformance::unique_prefix;
 use batchfleet_common::broker::sqs::{SqsBroker, SqsOptions};
@@ -41,7 +46,7 @@ fn endpoint() -> String {
 }
 
 /// An SQS client for the test server, optionally with an interceptor.
-async fn client(interceptor: Option<CountBatches>) -> aws_sdk_sqs::Client {
+async fn client(interceptor: Option<impl Intercept + 'static>) -> aws_sdk_sqs::Client {
     let region = std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".to_owned());
     let shared = aws_config::defaults(BehaviorVersion::latest())
         .endpoint_url(endpoint())
@@ -56,7 +61,7 @@ async fn client(interceptor: Option<CountBatches>) -> aws_sdk_sqs::Client {
 }
 
 /// A broker on the test server, after checking that the server answers.
-async fn sqs_with(interceptor: Option<CountBatches>) -> SqsBroker {
+async fn sqs_with(interceptor: Option<impl Intercept + 'static>) -> SqsBroker {
     let client = client(interceptor).await;
     if let Err(error) = client.list_queues().max_results(1).send().await {
         panic!(
@@ -70,7 +75,7 @@ async fn sqs_with(interceptor: Option<CountBatches>) -> SqsBroker {
 }
 
 async fn sqs() -> SqsBroker {
-    sqs_with(None).await
+    sqs_with(None::<CountBatches>).await
 }
 
 async fn connect() -> Arc<dyn Broker> {
@@ -113,6 +118,43 @@ impl Intercept for CountBatches {
         _components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+/// Counts the calls of the operations that leases, acks and receives are made of.
+#[derive(Debug, Clone, Default)]
+struct CountCalls(Arc<Mutex<HashMap<&'static str, usize>>>);
+
+impl CountCalls {
+    fn of(&self, operation: &str) -> usize {
+        self.0.lock().unwrap().get(operation).copied().unwrap_or(0)
+    }
+}
+
+impl Intercept for CountCalls {
+    fn name(&self) -> &'static str {
+        "CountCalls"
+    }
+
+    fn read_before_execution(
+        &self,
+        context: &BeforeSerializationInterceptorContextRef<'_>,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let input = context.input();
+        let operation = if input.downcast_ref::<ChangeMessageVisibilityInput>().is_some() {
+            "ChangeMessageVisibility"
+        } else if input.downcast_ref::<DeleteMessageBatchInput>().is_some() {
+            "DeleteMessageBatch"
+        } else if input.downcast_ref::<DeleteMessageInput>().is_some() {
+            "DeleteMessage"
+        } else if input.downcast_ref::<ReceiveMessageInput>().is_some() {
+            "ReceiveMessage"
+        } else {
+            return Ok(());
+        };
+        *self.0.lock().unwrap().entry(operation).or_default() += 1;
         Ok(())
     }
 }
@@ -218,6 +260,84 @@ async fn a_publish_of_25_is_three_send_message_batch_calls() {
     cleanup(&broker, &[&queue]).await;
 }
 
+// The tests below run on tokio's single-threaded test runtime: a spawned task (the held acks'
+// flush, a combined receive's call) runs only once the test's task waits, which makes what
+// shares a call deterministic.
+
+#[tokio::test]
+async fn an_extension_right_after_the_receive_makes_no_call_and_a_shortening_one_does() {
+    let prefix = unique_prefix("grace");
+    let queue = format!("{prefix}.work");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    broker.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+    let delivery = receive_one(&broker, &queue, LONG).await;
+    // The heartbeat's first beat: SQS hides the message that long already.
+    broker.extend_lease(&delivery.handle, LONG).await.unwrap();
+    assert_eq!(calls.of("ChangeMessageVisibility"), 0, "SQS already holds the message");
+    // A shorter lease must reach SQS, or the message would stay hidden for the long one.
+    broker.extend_lease(&delivery.handle, SHORT).await.unwrap();
+    assert_eq!(calls.of("ChangeMessageVisibility"), 1, "a shortened lease is SQS's to know");
+    let again = receive_one(&broker, &queue, LONG).await;
+    assert_eq!(again.delivery_count, 2);
+    broker.ack(&again.handle).await.unwrap();
+    broker.flush().await;
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn acks_taken_together_are_one_delete_message_batch() {
+    let prefix = unique_prefix("acks");
+    let queue = format!("{prefix}.work");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let sent: Vec<Bytes> = (0..12).map(|i| Bytes::from(format!("m{i:02}"))).collect();
+    broker.publish(&queue, sent).await.unwrap();
+    let got = broker.receive(&queue, 12, LONG, POLL).await.unwrap();
+    assert_eq!(got.len(), 12);
+    for delivery in &got {
+        broker.ack(&delivery.handle).await.unwrap();
+        // The handle is stale at once, before the delete is sent.
+        assert!(is_stale(broker.ack(&delivery.handle).await));
+    }
+    broker.flush().await;
+    assert_eq!(calls.of("DeleteMessage"), 0);
+    assert_eq!(calls.of("DeleteMessageBatch"), 2, "12 acks are 10 + 2 receipts");
+    assert_eq!(broker.depth(&queue).await.unwrap(), QueueDepth::default(), "flushed: all deleted");
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn receivers_waiting_together_share_one_receive_message() {
+    let prefix = unique_prefix("combine");
+    let queue = format!("{prefix}.work");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let sent: Vec<Bytes> = (0..4).map(|i| Bytes::from(format!("m{i}"))).collect();
+    broker.publish(&queue, sent.clone()).await.unwrap();
+    let receivers: Vec<_> = (0..4)
+        .map(|_| {
+            let (broker, queue) = (broker.clone(), queue.clone());
+            tokio::spawn(async move { broker.receive(&queue, 1, LONG, POLL).await })
+        })
+        .collect();
+    let mut payloads = Vec::new();
+    for receiver in receivers {
+        let got = receiver.await.unwrap().unwrap();
+        assert_eq!(got.len(), 1, "each receiver gets the one message it asked for");
+        payloads.push(got[0].payload.clone());
+        broker.ack(&got[0].handle).await.unwrap();
+    }
+    payloads.sort();
+    assert_eq!(payloads, sent, "four receivers, four different messages");
+    assert_eq!(calls.of("ReceiveMessage"), 1, "the four waited together: one call for four");
+    broker.flush().await;
+    cleanup(&broker, &[&queue]).await;
+}
+
 #[tokio::test]
 async fn payloads_that_are_not_text_survive_the_round_trip() {
     let prefix = unique_prefix("binary");
@@ -245,7 +365,7 @@ async fn queue_names_map_dots_to_underscores() {
     let queue = format!("{prefix}.work.default");
     let broker = sqs().await;
     broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
-    let raw = client(None).await;
+    let raw = client(None::<CountBatches>).await;
     let url = raw
         .get_queue_url()
         .queue_name(queue.replace('.', "_"))

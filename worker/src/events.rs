@@ -46,7 +46,10 @@ async fn publish_payload(
     }
 }
 
-/// How long the first batch event of a message waits for others to join it.
+/// How long the first batch event of a message waits for others to join it. A longer linger
+/// saves SQS calls (`bench_sqs`, 3,000 trivial mini-batches, load 7-8: 10 ms 162 and 226
+/// mini-batches per second, 50 ms 235 and 260), but every job's end waits for its last event,
+/// and an embedded job is to end within 50 ms of its last batch: 10 ms.
 const EVENT_LINGER: Duration = Duration::from_millis(10);
 /// Statuses one event message carries at most...
 const EVENT_MAX_STATUSES: usize = 256;

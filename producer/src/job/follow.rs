@@ -23,6 +23,9 @@ use crate::job_root::JobRoot;
 const HANDLING_LEASE: Duration = Duration::from_secs(60);
 /// How long one receive on the events queue waits.
 const EVENT_WAIT: Duration = Duration::from_millis(500);
+/// How often at most the pool's dead-letter queue is looked at while a job runs (a receive
+/// each: on SQS a `ReceiveMessage`, which cost a call per five mini-batches in `bench_sqs`).
+const DEAD_LETTERS_EVERY: Duration = Duration::from_millis(500);
 /// How often `logs/job_progress_overview.txt` is rewritten.
 const OVERVIEW_EVERY: Duration = Duration::from_secs(5);
 /// The longest silence (no batch event) before the statuses in the store are looked at (the
@@ -141,11 +144,15 @@ impl Follow<'_> {
         let mut last_look = Instant::now();
         let first_look = FIRST_RECONCILE.min(self.reconcile_after);
         let mut next_look = first_look;
+        let mut dead_letters_seen: Option<Instant> = None;
         while !tracker.is_complete() {
             if let Some(reason) = fleet_gone() {
                 return Ok(FollowEnd::FleetGone(reason));
             }
-            self.route_dead_letters().await?;
+            if dead_letters_seen.is_none_or(|at| at.elapsed() >= DEAD_LETTERS_EVERY) {
+                dead_letters_seen = Some(Instant::now());
+                self.route_dead_letters().await?;
+            }
             let events =
                 match self.broker.receive(&events_queue, 256, HANDLING_LEASE, EVENT_WAIT).await {
                     Ok(events) => events,

@@ -7,8 +7,8 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use tokio::time::Instant;
 
 use super::body::{self, Body};
-use super::lease::{after, Lease};
-use super::seconds::{clamp_i32, visibility_secs};
+use super::lease::{after, Lease, SqsHold};
+use super::seconds::{clamp_i32, first_extension_grace, secs, visibility_secs};
 use super::{error, SqsBroker};
 use crate::broker::embedded::DELIVERY_LIMIT;
 use crate::broker::{BrokerError, Delivery, DeliveryHandle};
@@ -23,12 +23,15 @@ impl SqsBroker {
         lease: Duration,
         wait_secs: u64,
     ) -> Result<Vec<Delivery>, BrokerError> {
+        let visibility =
+            visibility_secs(lease + self.inner.options.lease_margin + first_extension_grace(lease));
+        let sent = Instant::now();
         let output = self
             .client()
             .receive_message()
             .queue_url(url)
             .max_number_of_messages(clamp_i32(want as u64))
-            .visibility_timeout(visibility_secs(lease + self.inner.options.lease_margin))
+            .visibility_timeout(visibility)
             .wait_time_seconds(clamp_i32(wait_secs))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_attribute_names(body::ENCODING)
@@ -37,6 +40,7 @@ impl SqsBroker {
             .await
             .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
         let arrived = Instant::now();
+        let sqs_hold = SqsHold::set(sent, arrived, secs(visibility));
         let messages = output.messages();
         let unexplained = messages
             .iter()
@@ -55,7 +59,8 @@ impl SqsBroker {
         Ok(messages
             .iter()
             .filter_map(|m| {
-                self.lease(queue, url, m, after(arrived, lease), from_dead_letter_queue)
+                let expires = (after(arrived, lease), sqs_hold);
+                self.lease(queue, url, m, expires, from_dead_letter_queue)
             })
             .collect())
     }
@@ -66,7 +71,7 @@ impl SqsBroker {
         queue: &str,
         url: &str,
         message: &Message,
-        expires: Instant,
+        (expires, sqs_hold): (Instant, SqsHold),
         from_dead_letter_queue: bool,
     ) -> Option<Delivery> {
         let id = message.message_id().unwrap_or("?");
@@ -95,8 +100,9 @@ impl SqsBroker {
         };
         // Without a message id (never seen), the delivery is its own identity: no dedup.
         let identity = message.message_id().unwrap_or(receipt);
+        let receipt = receipt.to_owned();
         let Some(handle) =
-            self.leases().grant(queue, url, identity, receipt.to_owned(), payload.clone(), expires)
+            self.leases().grant(queue, url, identity, receipt, payload.clone(), expires, sqs_hold)
         else {
             tracing::debug!(
                 queue,

@@ -43,6 +43,26 @@ pub(super) struct Lease {
     /// The queue URL and SQS message id: what makes a second delivery of it recognisable.
     message: (String, String),
     expires: Instant,
+    /// When SQS's own visibility timeout of the delivery ends.
+    pub(super) sqs_hold: SqsHold,
+}
+
+/// When SQS's visibility timeout of a delivery ends, as far as this process can tell: SQS set it
+/// when it served the receive (or the last `ChangeMessageVisibility`), which was after the call
+/// was sent and before its answer came.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SqsHold {
+    /// Not before: the timeout counted from when the call was sent.
+    pub(super) earliest: Instant,
+    /// Not after: the timeout counted from when the answer came.
+    pub(super) latest: Instant,
+}
+
+impl SqsHold {
+    /// The hold a call sent at `sent`, answered at `answered`, set to `timeout`.
+    pub(super) fn set(sent: Instant, answered: Instant, timeout: Duration) -> Self {
+        SqsHold { earliest: after(sent, timeout), latest: after(answered, timeout) }
+    }
 }
 
 /// The lease table.
@@ -107,8 +127,10 @@ impl Leases {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Hold a delivery of message `message_id` until `expires`; returns its handle, or `None`
-    /// when this process holds the message already (the held lease takes the new receipt).
+    /// Hold a delivery of message `message_id` until `expires` (SQS's own hold: `sqs_hold`);
+    /// returns its handle, or `None` when this process holds the message already (the held
+    /// lease takes the new receipt).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn grant(
         &self,
         queue: &str,
@@ -117,6 +139,7 @@ impl Leases {
         receipt: String,
         payload: Bytes,
         expires: Instant,
+        sqs_hold: SqsHold,
     ) -> Option<DeliveryHandle> {
         let message = (queue_url.to_owned(), message_id.to_owned());
         let mut table = self.lock();
@@ -127,6 +150,7 @@ impl Leases {
         }
         if let Some(held) = table.held(&message, now) {
             held.receipt = receipt;
+            held.sqs_hold = sqs_hold;
             return None;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -137,6 +161,7 @@ impl Leases {
             payload,
             message,
             expires,
+            sqs_hold,
         };
         table.insert(id, lease);
         Some(DeliveryHandle::for_lease(&self.instance, id))
@@ -163,17 +188,20 @@ impl Leases {
         }
     }
 
-    /// Move the lease's end to `expires`; stale when it was settled or ran out meanwhile.
+    /// Move the lease's end to `expires`, with SQS's own hold now `sqs_hold`; stale when it was
+    /// settled or ran out meanwhile.
     pub(super) fn extend(
         &self,
         handle: &DeliveryHandle,
         expires: Instant,
+        sqs_hold: SqsHold,
     ) -> Result<(), BrokerError> {
         let id = self.parse(handle)?;
         let mut table = self.lock();
         match table.leases.get_mut(&id) {
             Some(lease) => {
                 lease.expires = expires;
+                lease.sqs_hold = sqs_hold;
                 Ok(())
             }
             None => Err(stale(handle)),
@@ -210,7 +238,8 @@ mod tests {
         lease: Duration,
     ) -> Option<DeliveryHandle> {
         let expires = after(Instant::now(), lease);
-        leases.grant("q", "http://sqs/q", id, receipt.into(), Bytes::from("p"), expires)
+        let hold = SqsHold { earliest: expires, latest: expires };
+        leases.grant("q", "http://sqs/q", id, receipt.into(), Bytes::from("p"), expires, hold)
     }
 
     fn grant(leases: &Leases, lease: Duration) -> DeliveryHandle {
@@ -244,8 +273,9 @@ mod tests {
         assert_eq!(leases.get(&short).unwrap().receipt, "r");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(matches!(leases.get(&short), Err(BrokerError::StaleDelivery(_))));
+        let now = Instant::now();
         assert!(matches!(
-            leases.extend(&short, Instant::now()),
+            leases.extend(&short, Instant::now(), SqsHold::set(now, now, Duration::ZERO)),
             Err(BrokerError::StaleDelivery(_))
         ));
         leases.get(&long).unwrap();
@@ -257,7 +287,8 @@ mod tests {
     async fn an_extended_lease_outlives_its_first_end() {
         let leases = table();
         let handle = grant(&leases, Duration::from_millis(50));
-        leases.extend(&handle, after(Instant::now(), Duration::from_secs(10))).unwrap();
+        let later = after(Instant::now(), Duration::from_secs(10));
+        leases.extend(&handle, later, SqsHold { earliest: later, latest: later }).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         leases.get(&handle).unwrap();
     }

@@ -20,9 +20,14 @@
 //! - **Receive** is `ReceiveMessage` with long polling: `WaitTimeSeconds` is the wait rounded
 //!   *up* to whole seconds (at most 20; a longer wait polls again), so a wait of 0.5 s waits up
 //!   to 1 s. Once something arrived it asks again without waiting until `max` (10 per call)
-//!   came or a call returns nothing. `VisibilityTimeout` is the lease rounded up to whole seconds
-//!   plus [`SqsOptions::lease_margin`] (1 s). A message whose body cannot be decoded is logged and left invisible:
-//!   its receive count goes up and the redrive policy takes it to the dead-letter queue.
+//!   came or a call brings fewer than it asked for. Receives of fewer than 10 messages are
+//!   combined (module `combine`): those waiting on the same queue at the same time in this
+//!   process share one call, the next receiver's wish going out when the call under way
+//!   returns — a worker's slots, which receive one message each, no longer cost a call each. `VisibilityTimeout` is the lease plus
+//!   [`SqsOptions::lease_margin`] (1 s) plus a grace of 2 s (at most the lease), rounded up to
+//!   whole seconds: an extension within the grace needs no call (see `extend_lease`). A message
+//!   whose body cannot be decoded is logged and left invisible: its receive count goes up and
+//!   the redrive policy takes it to the dead-letter queue.
 //! - **Leases** are also tracked in this process (module `lease`), because SQS cannot tell a
 //!   stale receipt handle: the handle of a delivery that was settled, or whose lease ran out by
 //!   this process's clock, is `StaleDelivery` without asking SQS. This process's clock ends a
@@ -45,6 +50,11 @@
 //!   that would have delivered it again (the trait allows the lazy move).
 //! - **extend_lease** is `ChangeMessageVisibility` to the lease (+ margin), from now. SQS caps a
 //!   message's total invisibility at 12 hours from its receive; beyond that it is `Refused`.
+//!   No call is made when SQS hides the message long enough already and at most the receive's
+//!   grace longer (counted from when the receive was sent, and from when it returned): a
+//!   worker's heartbeat extends its lease as soon as the batch starts, which used to be one
+//!   `ChangeMessageVisibility` per mini-batch. The price of the grace: a message whose receiver
+//!   dies before settling or extending it comes back up to 2 s later.
 //! - **Dead-letter reasons.** An explicit [`Broker::dead_letter`] sends a copy of the message to
 //!   the queue's dead-letter queue (from its redrive policy) with the reason and the source queue
 //!   as message attributes, then deletes the original. If the delete fails after the copy was
@@ -57,16 +67,19 @@
 //!   failed on its side are sent again with backoff ([`SqsOptions::publish_attempts`]); an
 //!   entry it refused (sender fault) fails the call with SQS's code. Payloads are bodies as
 //!   they are when SQS can hold them as text, base64 otherwise (module `body`).
-//! - **Ack** is `DeleteMessage`, one per call: the trait settles one delivery per call, and a
-//!   worker's acks are seconds apart, so batching them would only delay each. A failed call
-//!   that may succeed if tried again (`Connection`) keeps the lease; any other outcome ends it.
+//! - **Ack** ends the lease at once and holds the delete back for at most 5 ms, to send it with
+//!   the others of that window in one `DeleteMessageBatch` per queue (module `acks`);
+//!   [`Broker::flush`] sends what is held at once. A delete that fails is logged and the message
+//!   comes back after its visibility timeout, as with an ack lost in transit.
 //! - **Depth** is `ApproximateNumberOfMessages` + `…Delayed` (ready) and
 //!   `…NotVisible` (in flight): approximate on AWS (eventually consistent, about a minute),
 //!   exact on moto.
 //! - `delete_queue` is `DeleteQueue`; a missing queue is fine. A receiver long-polling a queue
 //!   that is deleted gets `QueueNotFound` at its next call, not at once.
 
+mod acks;
 mod body;
+mod combine;
 mod delivery;
 mod error;
 mod lease;
@@ -89,11 +102,13 @@ use aws_sdk_sqs::Client;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use self::acks::HeldAcks;
 use self::body::Body;
-use self::lease::{after, Leases};
+use self::combine::Combiner;
+use self::lease::{after, Leases, SqsHold};
 use self::names::sqs_name;
 use self::queues::Queues;
-use self::seconds::{visibility_secs, wait_secs};
+use self::seconds::{secs, visibility_secs, wait_secs};
 use self::topology::Redrive;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
 
@@ -107,6 +122,9 @@ const MAX_BATCH_BYTES: usize = 256 * 1024;
 const MAX_WAIT_SECS: u64 = 20;
 /// The longest visibility timeout SQS allows (12 hours).
 const MAX_VISIBILITY_SECS: u64 = 12 * 3600;
+/// How much longer than the lease (and margin) a receive asks SQS to hide a message, so that
+/// an extension soon after the receive needs no call (module `seconds`).
+const FIRST_EXTENSION_GRACE: Duration = Duration::from_secs(2);
 
 /// How to talk to SQS.
 #[derive(Debug, Clone)]
@@ -150,6 +168,8 @@ struct Inner {
     client: Client,
     queues: Queues,
     leases: Leases,
+    acks: Arc<HeldAcks>,
+    combiner: Combiner,
     options: SqsOptions,
 }
 
@@ -188,6 +208,8 @@ impl SqsBroker {
             inner: Arc::new(Inner {
                 queues: Queues::new(client.clone()),
                 leases: Leases::new(instance_id()),
+                acks: HeldAcks::new(client.clone()),
+                combiner: Combiner::default(),
                 client,
                 options,
             }),
@@ -335,16 +357,23 @@ impl Broker for SqsBroker {
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
         let url = self.queues().url(queue).await?;
+        if max == 0 {
+            return Ok(Vec::new());
+        }
         let deadline = after(Instant::now(), wait);
+        if max < MAX_BATCH {
+            return self.receive_combined(queue, url, max, lease, deadline).await;
+        }
         let mut got = Vec::new();
         while got.len() < max {
             // Wait only while nothing has come; then take what is there at once.
             let wait_secs = if got.is_empty() { wait_secs(deadline) } else { 0 };
             let want = (max - got.len()).min(MAX_BATCH);
             let more = self.receive_batch(queue, &url, want, lease, wait_secs).await?;
-            let nothing_more = more.is_empty();
+            let short = more.len() < want;
             got.extend(more);
-            if nothing_more && (!got.is_empty() || Instant::now() >= deadline) {
+            // A call that brings fewer than asked for took what there was.
+            if (short && !got.is_empty()) || (got.is_empty() && Instant::now() >= deadline) {
                 break;
             }
         }
@@ -353,9 +382,14 @@ impl Broker for SqsBroker {
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
         let held = self.leases().get(delivery)?;
-        self.settle(delivery, self.delete(&held, delivery).await)?;
+        self.leases().release(delivery);
+        self.inner.acks.hold(&held.queue, &held.queue_url, held.receipt);
         tracing::trace!(queue = %held.queue, handle = %delivery.0, "acked");
         Ok(())
+    }
+
+    async fn flush(&self) {
+        self.inner.acks.flush().await;
     }
 
     async fn nack(&self, delivery: &DeliveryHandle, delay: Duration) -> Result<(), BrokerError> {
@@ -374,15 +408,21 @@ impl Broker for SqsBroker {
     ) -> Result<(), BrokerError> {
         let held = self.leases().get(delivery)?;
         let asked = Instant::now();
-        match self
-            .set_visibility(
-                &held,
-                delivery,
-                visibility_secs(lease + self.inner.options.lease_margin),
-            )
-            .await
+        let margin = self.inner.options.lease_margin;
+        let visibility = visibility_secs(lease + margin);
+        // SQS hides the message at least as long as the call would make it, and at most the
+        // receive's grace longer (module `seconds`): nothing to ask.
+        let hold = held.sqs_hold;
+        if after(asked, lease + margin) <= hold.earliest
+            && hold.latest <= after(asked, secs(visibility) + FIRST_EXTENSION_GRACE)
         {
-            Ok(()) => self.leases().extend(delivery, after(asked, lease)),
+            return self.leases().extend(delivery, after(asked, lease), hold);
+        }
+        match self.set_visibility(&held, delivery, visibility).await {
+            Ok(()) => {
+                let hold = SqsHold::set(asked, Instant::now(), secs(visibility));
+                self.leases().extend(delivery, after(asked, lease), hold)
+            }
             Err(error) => self.settle(delivery, Err(error)),
         }
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{MAX_VISIBILITY_SECS, MAX_WAIT_SECS};
+use super::{FIRST_EXTENSION_GRACE, MAX_VISIBILITY_SECS, MAX_WAIT_SECS};
 
 /// A duration as whole seconds for SQS, rounded up, at most 12 hours.
 pub(super) fn visibility_secs(duration: Duration) -> i32 {
@@ -14,6 +14,20 @@ pub(super) fn visibility_secs(duration: Duration) -> i32 {
 /// `WaitTimeSeconds` for a receive that may wait until `deadline`: rounded up, at most 20.
 pub(super) fn wait_secs(deadline: Instant) -> u64 {
     ceil_secs(deadline.saturating_duration_since(Instant::now())).min(MAX_WAIT_SECS)
+}
+
+/// A whole number of seconds SQS was asked for, as a duration.
+pub(super) fn secs(secs: i32) -> Duration {
+    Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+/// What a receive asks SQS to hold a message beyond its lease (and the lease margin): the
+/// lease's first extension (a worker's heartbeat extends at once when its batch starts), if it
+/// comes within this grace of the receive, needs no `ChangeMessageVisibility` call, SQS holding
+/// the message long enough already. The price: a message whose receiver dies before settling
+/// or extending it comes back this much later. At most the lease itself (short test leases).
+pub(super) fn first_extension_grace(lease: Duration) -> Duration {
+    lease.min(FIRST_EXTENSION_GRACE)
 }
 
 pub(super) fn ceil_secs(duration: Duration) -> u64 {

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod bench;
 pub mod chaos;
 pub mod fleet;
 pub mod proxy;

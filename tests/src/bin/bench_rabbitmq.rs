@@ -31,7 +31,7 @@
 //! earlier run's removal.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -43,6 +43,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
+use batchfleet_tests::bench::{process_cpu, python, release_binary, write_echo_job, Guard};
 use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
 
@@ -200,15 +201,6 @@ fn beam_pid() -> Option<u32> {
     })
 }
 
-/// User + system CPU time of `pid`, from `/proc/<pid>/stat` (in clock ticks of 1/100 s).
-fn process_cpu(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
 fn shown_url() -> String {
     let url = amqp_url();
     match url::Url::parse(&url) {
@@ -226,33 +218,6 @@ fn print_figure(name: &str, n: usize, took: Duration) {
         took.as_secs_f64(),
         n as f64 / took.as_secs_f64()
     );
-}
-
-/// The release binaries next to this one.
-fn release_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.parent().context("binary folder")?.join(name);
-    ensure!(path.exists(), "{} is missing: cargo build --release --bins", path.display());
-    Ok(path)
-}
-
-fn python() -> PathBuf {
-    let venv = repo_root().join("target/pyenv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
-
-/// Kills the child when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// Alternate runs without and with the per-attempt records; print both medians and the ratio.
@@ -284,29 +249,7 @@ fn records_cost(work: &Path, options: &Options) -> Result<()> {
 
 fn batchfleet(work: &Path, options: &Options, records: bool, tag: &str) -> Result<Duration> {
     let dir = work.join(format!("batchfleet{tag}"));
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data)?;
-    std::fs::create_dir_all(dir.join("code"))?;
-    for i in 0..options.n {
-        let name = format!("f{i:07}.txt");
-        std::fs::write(data.join(&name), &name)?;
-    }
-    std::fs::write(
-        dir.join("code/echo.py"),
-        "import os\n\ndef init():\n    pass\n\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
-    )?;
-    std::fs::write(
-        dir.join("job.yaml"),
-        format!(
-            "type: parallel\nname: bench\ninputs:\n  files: {{type: uri_folder, path: ./data}}\n\
-             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
-             input_data: ${{{{inputs.files}}}}\nmini_batch_size: 1\n\
-             max_concurrency_per_instance: {}\nresources: {{instance_count: {}}}\n\
-             task:\n  type: run_function\n  code: ./code\n  entry_script: echo.py\n  \
-             append_row_to: ${{{{outputs.rows}}}}\n",
-            options.concurrency, options.workers
-        ),
-    )?;
+    write_echo_job(&dir, options.n, options.concurrency, options.workers)?;
     // Deletes the pool's queues when the benchmark is done.
     let guard = Pool::new("bench");
     let pool = guard.name.clone();

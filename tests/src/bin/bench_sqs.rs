@@ -22,7 +22,7 @@
 //! Inputs, job roots and scratch folders are local (`--dir`, `/dev/shm` when it exists): no S3.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +31,7 @@ use anyhow::{bail, ensure, Context, Result};
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
 
+use batchfleet_tests::bench::{process_cpu, python, release_binary, write_echo_job, Guard};
 use batchfleet_tests::repo_root;
 
 struct Options {
@@ -216,42 +217,6 @@ impl ServerCpu {
     }
 }
 
-/// User + system CPU time of `pid`, from `/proc/<pid>/stat` (in clock ticks of 1/100 s).
-fn process_cpu(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
-}
-
-/// The release binaries next to this one.
-fn release_binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.parent().context("binary folder")?.join(name);
-    ensure!(path.exists(), "{} is missing: cargo build --release --bins", path.display());
-    Ok(path)
-}
-
-fn python() -> PathBuf {
-    let venv = repo_root().join("target/pyenv/bin/python");
-    if venv.exists() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
-
-/// Kills the child when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn batchfleet(
     work: &Path,
     options: &Options,
@@ -260,29 +225,7 @@ fn batchfleet(
     runtime: &tokio::runtime::Runtime,
 ) -> Result<Duration> {
     let dir = work.join(format!("batchfleet-{round}"));
-    let data = dir.join("data");
-    std::fs::create_dir_all(&data)?;
-    std::fs::create_dir_all(dir.join("code"))?;
-    for i in 0..options.n {
-        let name = format!("f{i:07}.txt");
-        std::fs::write(data.join(&name), &name)?;
-    }
-    std::fs::write(
-        dir.join("code/echo.py"),
-        "import os\n\ndef init():\n    pass\n\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
-    )?;
-    std::fs::write(
-        dir.join("job.yaml"),
-        format!(
-            "type: parallel\nname: bench\ninputs:\n  files: {{type: uri_folder, path: ./data}}\n\
-             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
-             input_data: ${{{{inputs.files}}}}\nmini_batch_size: 1\n\
-             max_concurrency_per_instance: {}\nresources: {{instance_count: {}}}\n\
-             task:\n  type: run_function\n  code: ./code\n  entry_script: echo.py\n  \
-             append_row_to: ${{{{outputs.rows}}}}\n",
-            options.concurrency, options.workers
-        ),
-    )?;
+    write_echo_job(&dir, options.n, options.concurrency, options.workers)?;
     let pool = format!("bench-{}-{round}", std::process::id());
     let mut workers = Vec::new();
     for w in 0..options.workers {

@@ -1,0 +1,75 @@
+//! What the broker benchmarks (`bench_rabbitmq`, `bench_sqs`) share: the release binaries, the
+//! Python their workers run, a process's CPU time, and the trivial echo job they submit.
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+
+use crate::repo_root;
+
+/// A release binary next to the running benchmark.
+pub fn release_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.parent().context("binary folder")?.join(name);
+    ensure!(path.exists(), "{} is missing: cargo build --release --bins", path.display());
+    Ok(path)
+}
+
+/// The Python the workers run: the test venv's when there is one.
+pub fn python() -> PathBuf {
+    let venv = repo_root().join("target/pyenv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        PathBuf::from("python3")
+    }
+}
+
+/// User + system CPU time of `pid`, from `/proc/<pid>/stat` (in clock ticks of 1/100 s).
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Kills the child when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// In `dir`: `n` one-line files under `data/`, an entry script returning each file's name, and
+/// `job.yaml` cutting one file per mini-batch for `workers` instances of `concurrency` slots.
+pub fn write_echo_job(dir: &Path, n: usize, concurrency: u32, workers: usize) -> Result<()> {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)?;
+    std::fs::create_dir_all(dir.join("code"))?;
+    for i in 0..n {
+        let name = format!("f{i:07}.txt");
+        std::fs::write(data.join(&name), &name)?;
+    }
+    std::fs::write(
+        dir.join("code/echo.py"),
+        "import os\n\ndef init():\n    pass\n\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    )?;
+    std::fs::write(
+        dir.join("job.yaml"),
+        format!(
+            "type: parallel\nname: bench\ninputs:\n  files: {{type: uri_folder, path: ./data}}\n\
+             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
+             input_data: ${{{{inputs.files}}}}\nmini_batch_size: 1\n\
+             max_concurrency_per_instance: {concurrency}\nresources: {{instance_count: {workers}}}\n\
+             task:\n  type: run_function\n  code: ./code\n  entry_script: echo.py\n  \
+             append_row_to: ${{{{outputs.rows}}}}\n"
+        ),
+    )?;
+    Ok(())
+}

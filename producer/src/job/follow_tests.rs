@@ -2,7 +2,7 @@
 
 use super::*;
 use batchfleet_common::broker::embedded::EmbeddedBroker;
-use batchfleet_common::status::{BatchState, BatchStatus};
+use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
 
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::job::plan::PlanSummary;

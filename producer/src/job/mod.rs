@@ -1,11 +1,13 @@
 //! The stages of one parallel job, shared by every mode: `plan` (listing, cutting; `plan_table`
 //! for MLTable inputs and partitions; `plan_writer` records and publishes), `follow` (events,
-//! `dead_letters` routing, `progress`), `tracker` (compact per-batch state), `aggregate`,
-//! `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a job's life from spec to verdict).
+//! `dead_letters` routing, `progress`; `follow_end`: why following stops), `tracker` (compact
+//! per-batch state), `aggregate`, `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a
+//! job's life from spec to verdict).
 
 pub mod aggregate;
 pub mod dead_letters;
 pub mod follow;
+mod follow_end;
 pub mod job_report;
 pub mod lifecycle;
 pub mod outcome;

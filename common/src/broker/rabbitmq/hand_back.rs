@@ -14,14 +14,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use lapin::message::Delivery;
-use lapin::options::{BasicNackOptions, BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{Channel, Confirmation};
+use lapin::options::BasicNackOptions;
+use lapin::Channel;
 
 use super::acks::AckWindow;
-use super::error;
 use super::headers;
-use super::topology::short;
-use super::PERSISTENT;
+use super::publish;
 use crate::broker::BrokerError;
 
 /// Give `unsent` back to `queue` (see the module doc); returns how many were handed back
@@ -78,27 +76,14 @@ async fn publish_copies(
     queue: &str,
     deliveries: &VecDeque<Delivery>,
 ) -> Result<Vec<bool>, BrokerError> {
-    let routing_key = short(queue)?;
-    if !channel.status().confirm() {
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| error::transport(&e))?;
-    }
-    let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
-    let mut confirms = Vec::with_capacity(deliveries.len());
-    for delivery in deliveries {
-        let properties = headers::handed_back(&delivery.properties).with_delivery_mode(PERSISTENT);
-        let confirm = channel
-            .basic_publish("".into(), routing_key.clone(), mandatory, &delivery.data, properties)
-            .await
-            .map_err(|e| error::transport(&e))?;
-        confirms.push(confirm);
-    }
-    let mut copied = Vec::with_capacity(confirms.len());
-    for confirm in confirms {
-        let confirmed = confirm.await.map_err(|e| error::transport(&e))?;
-        copied.push(matches!(confirmed, Confirmation::Ack(None)));
-    }
-    Ok(copied)
+    publish::confirm_mode(channel).await?;
+    let copies = deliveries
+        .iter()
+        .map(|delivery| {
+            let properties = publish::persistent(headers::handed_back(&delivery.properties));
+            (delivery.data.as_slice(), properties)
+        })
+        .collect();
+    let confirmed = publish::publish_confirmed(channel, queue, copies).await?;
+    Ok(confirmed.into_iter().map(|c| c == publish::Confirmed::Queued).collect())
 }

@@ -61,7 +61,7 @@
 //! - **Publish** sends persistent messages (`delivery_mode = 2`), `mandatory`, on a confirm-mode
 //!   channel, and returns when every confirm arrived. A message no queue took (the queue does
 //!   not exist) makes the call `QueueNotFound`. All of a call's messages are queued before any
-//!   is awaited (`publish_together`).
+//!   is awaited (module `publish`, which the dead-letter copy and the hand-back use too).
 //! - **Ack** is held up to 5 ms and sent with the other acks of its channel, as one `multiple`
 //!   ack where that settles nothing still in hand (module `acks`); [`Broker::flush`] sends the
 //!   held acks at once, and a receive that finds nothing buffered does too.
@@ -78,6 +78,7 @@ mod headers;
 mod lease;
 mod management;
 mod prefetch;
+mod publish;
 mod session;
 mod topology;
 
@@ -88,23 +89,22 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use lapin::options::{
-    BasicPublishOptions, BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicRejectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind, PublisherConfirm};
+use lapin::{BasicProperties, ExchangeKind};
 use tokio::time::Instant;
 
 use self::acks::AckWindow;
 use self::lease::{after, Lease, Leases};
 use self::management::Management;
+use self::publish::Confirmed;
 use self::session::{Endpoint, Session, Sessions};
 use self::topology::short;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
 use crate::retry::RetryPolicy;
 
-/// AMQP `delivery_mode` of a message RabbitMQ writes to disk.
-const PERSISTENT: u8 = 2;
 /// [`RabbitMqOptions::hold_limit`] by default: well inside the 60 s `submit` leaves between a
 /// job's longest attempt and `consumer_timeout`.
 const HOLD_LIMIT: Duration = Duration::from_secs(10);
@@ -262,49 +262,6 @@ impl RabbitMqBroker {
         tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
         Delivery { handle, payload, delivery_count, dead_letter_reason }
     }
-
-    /// Publish the dead-letter copy of a held message; `false` when the queue has no
-    /// dead-letter queue (or it was deleted) and the message is to be dropped.
-    async fn publish_dead_letter_copy(
-        &self,
-        session: &Session,
-        queue: &str,
-        payload: &[u8],
-        reason: &str,
-    ) -> Result<bool, BrokerError> {
-        let exchange = topology::dead_letter_exchange(queue);
-        let Ok(exchange_name) = short(&exchange) else {
-            return Ok(false); // too long to have been declared
-        };
-        // A channel of its own: publishing to a missing exchange closes it.
-        let channel = session.channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(|e| error::transport(&e))?;
-        let properties = BasicProperties::default()
-            .with_delivery_mode(PERSISTENT)
-            .with_headers(headers::dead_letter_copy(reason, queue));
-        let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
-        let confirmed = match channel
-            .basic_publish(exchange_name, "".into(), mandatory, payload, properties)
-            .await
-        {
-            Ok(confirm) => confirm.await,
-            Err(e) => Err(e),
-        };
-        match confirmed {
-            Ok(Confirmation::Ack(None)) => Ok(true),
-            Ok(Confirmation::Ack(Some(_))) => Ok(false), // the exchange has no queue bound
-            Ok(Confirmation::Nack(_) | Confirmation::NotRequested) => Err(BrokerError::Refused(
-                format!("RabbitMQ did not take the dead-letter copy of a message from `{queue}`"),
-            )),
-            Err(e) => match error::on_queue(&e, &exchange) {
-                BrokerError::QueueNotFound(_) => Ok(false), // no dead-letter exchange
-                other => Err(other),
-            },
-        }
-    }
 }
 
 #[async_trait]
@@ -375,23 +332,19 @@ impl Broker for RabbitMqBroker {
     }
 
     async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
-        let routing_key = short(queue)?;
+        short(queue)?;
         let session = self.session().await?;
         if payloads.is_empty() {
             return self.ready_count(&session, queue).await.map(drop);
         }
         let channel = session.publisher().await?;
-        let confirms = publish_together(&channel, &routing_key, &payloads)
-            .await
-            .map_err(|e| error::transport(&e))?;
-        let (mut unroutable, mut refused) = (0_usize, 0_usize);
-        for confirm in confirms {
-            match confirm.await.map_err(|e| error::transport(&e))? {
-                Confirmation::Ack(None) => {}
-                Confirmation::Ack(Some(_)) => unroutable += 1,
-                Confirmation::Nack(_) | Confirmation::NotRequested => refused += 1,
-            }
-        }
+        let messages = payloads
+            .iter()
+            .map(|payload| (payload.as_ref(), publish::persistent(BasicProperties::default())))
+            .collect();
+        let confirmed = publish::publish_confirmed(&channel, queue, messages).await?;
+        let count = |outcome| confirmed.iter().filter(|c| **c == outcome).count();
+        let (unroutable, refused) = (count(Confirmed::Unroutable), count(Confirmed::Refused));
         if unroutable > 0 {
             return Err(BrokerError::QueueNotFound(queue.to_owned()));
         }
@@ -515,7 +468,7 @@ impl Broker for RabbitMqBroker {
         let held = self.inner.leases.peek(delivery)?;
         let session = self.session().await?;
         let copied =
-            self.publish_dead_letter_copy(&session, &held.queue, &held.payload, reason).await?;
+            publish::dead_letter_copy(&session, &held.queue, &held.payload, reason).await?;
         let lease = self.inner.leases.take(delivery)?;
         if copied {
             lease.ack();
@@ -542,55 +495,6 @@ impl Broker for RabbitMqBroker {
             None => Ok(QueueDepth { ready, in_flight: 0 }),
         }
     }
-}
-
-/// Publish `payloads` in their order, all started before any is awaited.
-///
-/// A `basic_publish` queues its frames when first polled, then waits until lapin's I/O thread
-/// has written them. Awaited one after another, every message costs a round trip between the
-/// two threads and a `sendto` of its own (planning 10,000 mini-batches made 10,000 `sendto` and
-/// 31,000 futex calls). Polled together, in order, the frames of all of them are queued before
-/// the I/O thread wakes, and it writes them in a few calls.
-async fn publish_together(
-    channel: &Channel,
-    routing_key: &lapin::types::ShortString,
-    payloads: &[Bytes],
-) -> lapin::Result<Vec<PublisherConfirm>> {
-    let mandatory = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
-    let mut publishes: Vec<_> = payloads
-        .iter()
-        .map(|payload| {
-            let properties = BasicProperties::default().with_delivery_mode(PERSISTENT);
-            Box::pin(channel.basic_publish(
-                "".into(),
-                routing_key.clone(),
-                mandatory,
-                payload,
-                properties,
-            ))
-        })
-        .collect();
-    let mut published: Vec<Option<lapin::Result<PublisherConfirm>>> =
-        publishes.iter().map(|_| None).collect();
-    // Poll every unfinished publish in order (the first pass queues all the frames, in order).
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (publish, outcome) in publishes.iter_mut().zip(published.iter_mut()) {
-            if outcome.is_none() {
-                match std::future::Future::poll(publish.as_mut(), cx) {
-                    std::task::Poll::Ready(done) => *outcome = Some(done),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    published.into_iter().flatten().collect()
 }
 
 /// The delayed half of a nack: hold the delivery for `delay`, then requeue it.

@@ -29,10 +29,14 @@ pub(crate) async fn write_part_and_status(
     status: &BatchStatus,
 ) -> Result<StatusWrite, InfraError> {
     let in_place = job.root.local_file(&job.root.layout.result_part(&status.batch_id, part));
+    let tried = std::sync::atomic::AtomicBool::new(false);
     retrying("write the result part and the batch status", || async {
         // A retry after a local root's output file was moved into place uploads from there.
+        let retry = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
         let source = match &in_place {
-            Some(part_file) if !output.exists() && part_file.exists() => part_file.as_path(),
+            Some(part_file) if retry && !output.exists() && part_file.exists() => {
+                part_file.as_path()
+            }
             _ => output,
         };
         Ok(job.root.write_part_and_status(part, source, status).await?)

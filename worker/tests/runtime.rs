@@ -402,3 +402,39 @@ async fn a_missing_interpreter_is_a_spawn_error() {
     assert!(matches!(error, RuntimeError::Spawn { .. }), "{error:?}");
     assert_eq!(error.kind(), batchfleet_common::ErrorKind::Config);
 }
+
+#[tokio::test]
+async fn a_runtime_whose_working_folder_was_deleted_is_told_apart_before_its_next_batch() {
+    let scratch = Scratch::new();
+    let config = scratch.script(
+        "score.py",
+        "import os, shutil\ndef run(mini_batch):\n    if mini_batch == ['/d/delete']:\n        \
+         shutil.rmtree(os.getcwd())\n    return mini_batch\n",
+    );
+    let mut process = RuntimeProcess::start(&config).await.expect("start");
+    run_ok(&mut process, request(&scratch, 0, &["/d/a.txt"])).await;
+    assert_eq!(process.environment_broken(false), None, "a healthy runtime can go on");
+    let work_dir = process.work_dir().to_path_buf();
+    run_ok(&mut process, request(&scratch, 1, &["/d/delete"])).await;
+    assert!(!work_dir.exists(), "the script deleted its working folder");
+    // The cheap look taken before every batch sees it, not only the thorough one.
+    let why = process.environment_broken(false).expect("the runtime is broken");
+    assert!(why.contains("working folder") && why.contains("was deleted"), "{why}");
+    assert!(process.environment_broken(true).is_some());
+}
+
+#[tokio::test]
+async fn the_cpu_time_a_run_spends_is_read_from_the_interpreter() {
+    let scratch = Scratch::new();
+    // The script spins until its own process has used 0.3 s of CPU.
+    let config = scratch.script(
+        "score.py",
+        "import time\ndef run(mini_batch):\n    start = time.process_time()\n    \
+         while time.process_time() - start < 0.3:\n        pass\n    return mini_batch\n",
+    );
+    let mut process = RuntimeProcess::start(&config).await.expect("start");
+    let before = process.cpu_seconds().expect("the interpreter's CPU time");
+    run_ok(&mut process, request(&scratch, 0, &["/d/a.txt"])).await;
+    let spent = process.cpu_seconds().expect("the interpreter's CPU time") - before;
+    assert!((0.3..5.0).contains(&spent), "run() spent 0.3 s of CPU or more; read {spent} s");
+}

@@ -29,6 +29,23 @@ fn a_status_is_created_once_with_its_folder_and_no_staging_file_left() {
 
 #[test]
 fn one_of_eight_racing_writers_creates_the_status() {
+    races(create_only);
+}
+
+#[test]
+fn without_unnamed_files_one_of_eight_racing_writers_creates_the_status_too() {
+    // The way taken on file systems without O_TMPFILE: a staging file hard-linked to the key.
+    races(staged_create_only);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("status/00000001.json");
+    assert!(staged_create_only(&path, b"first").unwrap());
+    assert!(!create_only(&path, b"second").unwrap(), "the other way loses to it");
+    assert!(!staged_create_only(&path, b"third").unwrap());
+    assert_eq!(std::fs::read(&path).unwrap(), b"first");
+    assert_eq!(names(&dir.path().join("status")), ["00000001.json"]);
+}
+
+fn races(create_only: fn(&Path, &[u8]) -> std::io::Result<bool>) {
     // Twenty races, each into a folder that does not exist yet (the writers make it).
     let dir = tempfile::tempdir().unwrap();
     for round in 0..20 {

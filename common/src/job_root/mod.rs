@@ -13,8 +13,9 @@
 //! - failure records, claim-checked item lists, the cancel marker, the spec files, the
 //!   workers' per-attempt records ([`JobRoot::read_attempt_records`]);
 //! - the local-folder fast path: a job root in a local folder is read and written in place,
-//!   creating statuses exactly as the local store does (a staging file hard-linked to the key,
-//!   see [`local`]), so in-place and store writers agree on who was first.
+//!   creating statuses as the local store does, by a hard link to the key that fails when the
+//!   key exists (an unnamed file linked into place, see [`local`]), so in-place and store
+//!   writers agree on who was first.
 //!
 //! Retries are the caller's: every error says [`JobRootError::retry`], and the callers wrap
 //! calls in their retry policy.
@@ -52,6 +53,9 @@ pub struct JobRoot {
     pub layout: JobLayout,
     /// A local root's `results/` folder exists (see [`JobRoot::local_part_file`]).
     results_ready: Arc<AtomicBool>,
+    /// The folder of a local root (`None` for an object store), found once: mapping a key
+    /// through `object_store`'s local store builds and parses a URL, several times a batch.
+    local_dir: Option<Arc<PathBuf>>,
 }
 
 /// Reading or writing a job root failed.
@@ -127,7 +131,8 @@ fn encode(
 impl JobRoot {
     fn new(job_id: String, location: StoreLocation) -> JobRoot {
         let layout = JobLayout::new(location.prefix.clone());
-        JobRoot { job_id, location, layout, results_ready: Arc::default() }
+        let local_dir = store::local_file(&location.url, &location.prefix).map(Arc::new);
+        JobRoot { job_id, location, layout, results_ready: Arc::default(), local_dir }
     }
 
     /// The root of job `job_id` under the store URL `store_url` (`<store>/<job id>/`).
@@ -166,8 +171,17 @@ impl JobRoot {
     }
 
     /// The file that holds `key` when the root is a local folder (the in-place fast path).
+    ///
+    /// A key under the root maps part for part onto the root's folder, as the local store maps
+    /// it (a part's text is the file name); any other key goes through the store's mapping.
     pub fn local_file(&self, key: &Key) -> Option<PathBuf> {
-        store::local_file(&self.location.url, key)
+        let dir = self.local_dir.as_ref()?;
+        let prefix = self.location.prefix.as_ref();
+        let under = key.as_ref().strip_prefix(prefix).and_then(|rest| rest.strip_prefix('/'));
+        match under {
+            Some(rest) if !prefix.is_empty() && !rest.is_empty() => Some(dir.join(rest)),
+            _ => store::local_file(&self.location.url, key),
+        }
     }
 
     pub async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), JobRootError> {
@@ -318,5 +332,23 @@ mod tests {
         let reopened = JobRoot::open(&root.url()).unwrap();
         assert_eq!(reopened.job_id, "j-1");
         assert_eq!(reopened.layout, root.layout);
+    }
+
+    #[test]
+    fn a_local_roots_keys_map_as_the_local_store_maps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = Url::from_directory_path(dir.path().join("a b%c")).unwrap();
+        let root = JobRoot::create(&url, "j-1").unwrap();
+        let keys = [
+            root.layout.status("00000001"),
+            root.layout.result_part("00000001", "1-w%1-s0-x1"),
+            root.layout.relative("logs/user/w 1/slot-0-1.txt"),
+            root.layout.job_json(),
+        ];
+        for key in keys {
+            assert_eq!(root.local_file(&key), store::local_file(&root.location.url, &key), "{key}");
+        }
+        let s3 = JobRoot::open("s3://bucket/jobs/j-1/").unwrap();
+        assert_eq!(s3.local_file(&s3.layout.job_json()), None);
     }
 }

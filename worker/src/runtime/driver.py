@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import errno
 import json
+from json.encoder import encode_basestring_ascii
 import os
 import re
 import sys
@@ -79,23 +80,47 @@ def write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
+def encode_flat(message):
+    """The JSON of a message whose values are all strings, integers or None (a `done`), built
+    directly: JSONEncoder.encode sets up its C encoder anew on every call, which costs more than
+    the message. None for any other message."""
+    parts = []
+    for key, value in message.items():
+        if value is None:
+            text = "null"
+        elif type(value) is str:
+            text = encode_basestring_ascii(value)
+        elif type(value) is int:
+            text = int.__repr__(value)
+        else:
+            return None
+        parts.append(encode_basestring_ascii(key) + ": " + text)
+    return "{" + ", ".join(parts) + "}"
+
+
 class Protocol:
     def __init__(self, reader, writer_fd):
         self.reader = reader
         self.writer_fd = writer_fd
 
+    # One encoder for every message: json.dumps(..., default=str) builds a new one per call.
+    ENCODER = json.JSONEncoder(default=str)
+    DECODER = json.JSONDecoder()
+
     def send(self, msg_type, **fields):
         message = {"v": PROTOCOL_VERSION, "type": msg_type}
         message.update(fields)
         # One write per message, straight to the fd: no text layer, no flush.
-        write_all(self.writer_fd, (json.dumps(message, default=str) + "\n").encode("utf-8"))
+        write_all(self.writer_fd, (encode_flat(message) or self.ENCODER.encode(message))
+                  .encode("utf-8") + b"\n")
 
     def receive(self):
-        """The next request, or None at end of input."""
+        """The next request, or None at end of input. A line that is not UTF-8 JSON raises
+        ValueError (UnicodeDecodeError is one)."""
         line = self.reader.readline()
         if not line:
             return None
-        return json.loads(line)
+        return self.DECODER.decode(line.decode("utf-8"))
 
 
 class MiniBatchContext:
@@ -497,12 +522,12 @@ def write_lines(elements, output):
 
 def write_rows(result, output):
     """Write run()'s result to `output`; returns (items_out, rows, header)."""
-    if is_dataframe(result):
-        rows, header = write_dataframe(result, output)
-        return rows, rows, header
     if isinstance(result, (list, tuple)):
         write_lines(result, output)
         return len(result), len(result), None
+    if is_dataframe(result):
+        rows, header = write_dataframe(result, output)
+        return rows, rows, header
     raise BadReturn("run() must return a list, tuple or pandas DataFrame; it returned %s"
                     % ("None" if result is None else type(result).__name__))
 
@@ -529,7 +554,6 @@ def serve_run(protocol, module, pass_context, request):
     # Every answer echoes the request's nonce: the worker takes no other for this batch.
     answer = {"nonce": request["nonce"]} if "nonce" in request else {}
     batch_id = request.get("batch_id")
-    context = MiniBatchContext(request.get("context") or {})
     table = request.get("table")
     # items_in only travels for tabular batches: a file list's answers stay as they were.
     extra = dict(answer)
@@ -542,7 +566,7 @@ def serve_run(protocol, module, pass_context, request):
         mini_batch = list(request.get("items") or [])
     try:
         if pass_context:
-            result = module.run(mini_batch, context)
+            result = module.run(mini_batch, MiniBatchContext(request.get("context") or {}))
         else:
             result = module.run(mini_batch)
     except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail the batch

@@ -34,12 +34,17 @@ pub struct RuntimeProcess {
     stdout: BufReader<ChildStdout>,
     stderr: StderrPump,
     work_dir: tempfile::TempDir,
+    /// The working folder, held open (`O_PATH`) to tell cheaply whether it was deleted.
+    work_dir_fd: Option<std::os::fd::OwnedFd>,
     log_path: PathBuf,
     pass_context: bool,
     alive: bool,
     /// The interpreter's own process id, as its driver reported it (the child may be a shell
     /// that runs it, see the producer's `runtime_parent`).
     interpreter_pid: Option<u32>,
+    /// The interpreter's CPU-time clock (`clock_getcpuclockid`), looked up once: reading it is
+    /// one `clock_gettime`, where `/proc/<pid>/stat` costs an open, reads and parsing.
+    cpu_clock: Option<nix::time::ClockId>,
 }
 
 impl RuntimeProcess {
@@ -209,12 +214,19 @@ impl RuntimeProcess {
         self.interpreter_pid.or_else(|| self.child.id())
     }
 
-    /// CPU seconds (user + system) the interpreter used so far; `None` where /proc cannot
-    /// tell (not Linux, or the process is gone).
-    pub fn cpu_seconds(&self) -> Option<f64> {
-        let pid = i32::try_from(self.interpreter_pid()?).ok()?;
-        let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
-        Some((stat.utime + stat.stime) as f64 / procfs::ticks_per_second() as f64)
+    /// CPU seconds (user + system, all its threads) the interpreter used so far; `None` where
+    /// the kernel cannot tell (the process is gone).
+    pub fn cpu_seconds(&mut self) -> Option<f64> {
+        let clock = match self.cpu_clock {
+            Some(clock) => clock,
+            None => {
+                let pid = i32::try_from(self.interpreter_pid()?).ok()?;
+                let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid)).ok()?;
+                *self.cpu_clock.insert(clock)
+            }
+        };
+        let time = nix::time::clock_gettime(clock).ok()?;
+        Some(time.tv_sec() as f64 + time.tv_nsec() as f64 / 1e9)
     }
 
     /// The process's own working directory (removed when it is dropped).
@@ -235,15 +247,27 @@ impl RuntimeProcess {
     /// Why the process cannot be trusted with another batch although it runs: its working
     /// folder, or the folder it is in, was deleted (by the script), or something wrote to the
     /// protocol channel out of turn. `None` when it looks able to work.
-    pub fn environment_broken(&mut self) -> Option<String> {
+    ///
+    /// Before each batch the working folder is looked at through the descriptor held on it
+    /// (one `fstat`: a deleted folder has no links left); `thorough` (after a `run()` that
+    /// failed) also reads the process's current folder from `/proc`, in case the script moved
+    /// into another folder and deleted that.
+    pub fn environment_broken(&mut self, thorough: bool) -> Option<String> {
         if self.wrote_out_of_turn() {
             return Some("something in it wrote to the protocol channel between batches".into());
         }
-        if !self.work_dir.path().is_dir() {
+        let deleted = match &self.work_dir_fd {
+            Some(fd) => nix::sys::stat::fstat(fd).is_ok_and(|stat| stat.st_nlink == 0),
+            None => !self.work_dir.path().is_dir(),
+        };
+        if deleted {
             return Some(format!(
                 "its working folder {} was deleted",
                 self.work_dir.path().display()
             ));
+        }
+        if !thorough {
+            return None;
         }
         let pid = self.child.id()?;
         let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
@@ -367,6 +391,12 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         .prefix("runtime-")
         .tempdir_in(&config.work_dir)
         .map_err(io("working directory"))?;
+    let work_dir_fd = nix::fcntl::open(
+        work_dir.path(),
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .ok();
     if let Some(parent) = config.log_path.parent() {
         std::fs::create_dir_all(parent).map_err(io("user log folder"))?;
     }
@@ -405,10 +435,12 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         stdout: BufReader::new(stdout),
         stderr,
         work_dir,
+        work_dir_fd,
         log_path: config.log_path.clone(),
         pass_context: false,
         alive: true,
         interpreter_pid: None,
+        cpu_clock: None,
     })
 }
 
@@ -445,13 +477,8 @@ fn add_stderr(failure: &mut UserFailure, tail: &str) {
 /// Newlines in a runtime's output file (0 when there is none): the rows as the aggregated
 /// output will hold them. A small file is read here, a large one on the blocking pool.
 async fn count_lines(path: &Path) -> std::io::Result<u64> {
-    fn count(path: &Path) -> std::io::Result<u64> {
-        let mut file = match std::fs::File::open(path) {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-            Err(error) => return Err(error),
-        };
-        let mut buffer = vec![0u8; 64 * 1024];
+    fn count(mut file: std::fs::File) -> std::io::Result<u64> {
+        let mut buffer = [0u8; 16 * 1024];
         let mut lines = 0u64;
         loop {
             let read = std::io::Read::read(&mut file, &mut buffer)?;
@@ -462,12 +489,17 @@ async fn count_lines(path: &Path) -> std::io::Result<u64> {
         }
     }
     const READ_IN_PLACE: u64 = 256 * 1024;
-    let small = std::fs::metadata(path).map(|m| m.len() <= READ_IN_PLACE).unwrap_or(true);
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(error) => return Err(error),
+    };
+    // The size from the open file (no second path lookup).
+    let small = file.metadata().map(|m| m.len() <= READ_IN_PLACE).unwrap_or(true);
     if small {
-        return count(path);
+        return count(file);
     }
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || count(&path))
+    tokio::task::spawn_blocking(move || count(file))
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?
 }

@@ -284,7 +284,7 @@ impl Slot {
             Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
             Some(Ok(RunOutcome::Failed(failure))) => {
                 let failure = AttemptFailure::user(failure);
-                match active.process.environment_broken() {
+                match active.process.environment_broken(true) {
                     Some(why) => Err(AttemptEnd::RuntimeBroken { failure, why }),
                     None => Err(failure.into()),
                 }

@@ -56,7 +56,7 @@ impl Slot {
         stop: &CancellationToken,
     ) -> Result<(), AttemptEnd> {
         if let Some(active) = &mut self.runtime {
-            match active.process.environment_broken() {
+            match active.process.environment_broken(false) {
                 Some(why) => tracing::warn!(%why, "the runtime cannot work; starting a fresh one"),
                 None if active.job.job_id == job.job_id && active.process.is_alive() => {
                     return Ok(())

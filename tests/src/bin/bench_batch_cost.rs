@@ -1,0 +1,245 @@
+//! Benchmark: the steady cost of one 1-file mini-batch in `batchfleet run`, against the same
+//! work done by `multiprocessing.Pool` one task per file, and against the floor of calling
+//! `run()` in-process.
+//!
+//! Fixed costs (starting runtimes, planning, aggregating, the job report) are taken out by
+//! running each job at two sizes, `--small` and `--large` files (default 2,000 and 12,000):
+//! the steady cost per mini-batch is `(T(large) - T(small)) / (large - small)`, wall time,
+//! with `--slots` slots (default 2) — what one more mini-batch adds to the job.
+//! Every size of every peer runs once per round, in turn (interleaved), `--rounds` rounds
+//! (default 5); the table gives the median and min of each peer's per-batch cost, and its
+//! ratio to the floor and to Pool.
+//!
+//! Peers:
+//! - `batchfleet run`: the echo job (one file per mini-batch, `run()` returns the file's
+//!   name), job root and inputs on the benchmark folder's file system; `--mode` sets the
+//!   input's mode (default: the job's default, `ro_mount`);
+//! - `multiprocessing.Pool(slots)`, `imap_unordered` with `chunksize=1`: one task per file;
+//! - the floor: the entry script's `run([path])` called in one Python loop, in-process.
+//!
+//! Build and run in release (not part of the test command):
+//! `cargo build --release --bins && target/release/bench_batch_cost [--rounds 5]`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
+
+use batchfleet_tests::bench::{python, release_binary};
+use batchfleet_tests::repo_root;
+
+#[derive(Parser)]
+#[command(about = "The steady cost of one 1-file mini-batch in `batchfleet run`")]
+struct Options {
+    /// Files (one per mini-batch) of the small job.
+    #[arg(long, default_value_t = 2_000)]
+    small: usize,
+    /// Files of the large job.
+    #[arg(long, default_value_t = 12_000)]
+    large: usize,
+    /// Rounds, each running every peer at both sizes.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Concurrency: slots of the one instance, processes of the Pool.
+    #[arg(long, default_value_t = 2)]
+    slots: u32,
+    /// The input's mode (`ro_mount`, `download`, `direct`); the job's default when not given.
+    #[arg(long)]
+    mode: Option<String>,
+    /// Where the jobs and their files go.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+const ENTRY: &str = "import os\n\ndef init():\n    pass\n\n\
+                     def run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n";
+
+/// A job of `n` one-line files, one per mini-batch, in `dir` (made once).
+fn job(dir: &Path, n: usize, options: &Options) -> Result<PathBuf> {
+    let job = dir.join(format!("job-{n}"));
+    let complete = job.join(".complete");
+    if !complete.exists() {
+        let _ = std::fs::remove_dir_all(&job);
+        std::fs::create_dir_all(job.join("data"))?;
+        std::fs::create_dir_all(job.join("code"))?;
+        for i in 0..n {
+            let name = format!("f{i:07}.txt");
+            std::fs::write(job.join("data").join(&name), &name)?;
+        }
+        std::fs::write(job.join("code/echo.py"), ENTRY)?;
+        std::fs::write(&complete, "")?;
+    }
+    let mode = options.mode.as_ref().map(|m| format!(", mode: {m}")).unwrap_or_default();
+    std::fs::write(
+        job.join("job.yaml"),
+        format!(
+            "type: parallel\nname: batch-cost\n\
+             inputs:\n  files: {{type: uri_folder, path: ./data{mode}}}\n\
+             outputs:\n  rows: {{type: uri_file, path: ./out/rows.txt}}\n\
+             input_data: ${{{{inputs.files}}}}\nmini_batch_size: 1\n\
+             max_concurrency_per_instance: {slots}\n\
+             task:\n  type: run_function\n  code: ./code\n  entry_script: echo.py\n  \
+             append_row_to: ${{{{outputs.rows}}}}\n",
+            slots = options.slots
+        ),
+    )?;
+    std::fs::write(
+        job.join("pool.py"),
+        format!(
+            "import multiprocessing, os, sys\nsys.path.insert(0, 'code')\nimport echo\n\
+             def one(path):\n    return echo.run([path])\n\
+             if __name__ == '__main__':\n    \
+             paths = sorted(os.path.join('data', n) for n in os.listdir('data'))\n    \
+             with multiprocessing.Pool({slots}) as pool, open(sys.argv[1], 'w') as out:\n        \
+             for rows in pool.imap_unordered(one, paths, chunksize=1):\n            \
+             out.write(''.join(r + '\\n' for r in rows))\n",
+            slots = options.slots
+        ),
+    )?;
+    std::fs::write(
+        job.join("floor.py"),
+        "import os, sys\nsys.path.insert(0, 'code')\nimport echo\n\
+         paths = sorted(os.path.join('data', n) for n in os.listdir('data'))\n\
+         with open(sys.argv[1], 'w') as out:\n    for p in paths:\n        \
+         out.write(''.join(r + '\\n' for r in echo.run([p])))\n",
+    )?;
+    Ok(job)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Peer {
+    Batchfleet,
+    Pool,
+    Floor,
+}
+
+impl Peer {
+    const ALL: [Peer; 3] = [Peer::Batchfleet, Peer::Pool, Peer::Floor];
+
+    fn name(self) -> &'static str {
+        match self {
+            Peer::Batchfleet => "batchfleet run",
+            Peer::Pool => "multiprocessing.Pool, 1 file a task",
+            Peer::Floor => "run() in-process (floor)",
+        }
+    }
+
+    /// Run the job in `job` once; the wall time in seconds, its rows checked.
+    fn time(self, job: &Path, n: usize, binary: &Path) -> Result<f64> {
+        let rows = match self {
+            Peer::Batchfleet => job.join("out/rows.txt"),
+            _ => job.join("rows.txt"),
+        };
+        let _ = std::fs::remove_dir_all(job.join("out"));
+        let _ = std::fs::remove_dir_all(job.join("jobs"));
+        let _ = std::fs::remove_file(&rows);
+        let mut command = match self {
+            Peer::Batchfleet => {
+                let mut command = Command::new(binary);
+                command
+                    .args(["run", "job.yaml", "--store", "jobs", "--no-progress"])
+                    .env("BATCHFLEET_PYTHON", python());
+                command
+            }
+            Peer::Pool | Peer::Floor => {
+                let script = if self == Peer::Pool { "pool.py" } else { "floor.py" };
+                let mut command = Command::new(python());
+                command.arg(script).arg(&rows);
+                command
+            }
+        };
+        let started = Instant::now();
+        let output = command
+            .current_dir(job)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("starting {}", self.name()))?;
+        let secs = started.elapsed().as_secs_f64();
+        ensure!(
+            output.status.success(),
+            "{} failed ({}):\n{}",
+            self.name(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = std::fs::read_to_string(&rows)
+            .with_context(|| format!("{}: reading {}", self.name(), rows.display()))?;
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        ensure!(lines.len() == n, "{}: {} rows of {n}", self.name(), lines.len());
+        for (i, line) in lines.iter().enumerate() {
+            ensure!(*line == format!("f{i:07}.txt"), "{}: row {i} is `{line}`", self.name());
+        }
+        Ok(secs)
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+fn main() -> Result<()> {
+    let options = Options::parse();
+    ensure!(options.large > options.small && options.small > 0, "--large must exceed --small");
+    ensure!(options.rounds > 0 && options.slots > 0, "--rounds and --slots must be > 0");
+    let binary = release_binary("batchfleet")?;
+    let dir = options.dir.clone().unwrap_or_else(|| repo_root().join("target/bench-tmp/cost"));
+    std::fs::create_dir_all(&dir)?;
+    let dir = std::path::absolute(&dir)?;
+    let small = job(&dir, options.small, &options)?;
+    let large = job(&dir, options.large, &options)?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "1-file mini-batches, {} slots, {} vs {} files, {} rounds interleaved, mode {}; \
+         load average at start: {}",
+        options.slots,
+        options.small,
+        options.large,
+        options.rounds,
+        options.mode.as_deref().unwrap_or("(default)"),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let extra = (options.large - options.small) as f64;
+    let mut costs: Vec<Vec<f64>> = vec![Vec::new(); Peer::ALL.len()];
+    for round in 1..=options.rounds {
+        for (i, peer) in Peer::ALL.iter().enumerate() {
+            let t_small = peer.time(&small, options.small, &binary)?;
+            let t_large = peer.time(&large, options.large, &binary)?;
+            let cost = (t_large - t_small) / extra * 1e6;
+            println!(
+                "round {round}: {:<36} {t_small:>6.2} s / {t_large:>6.2} s  → {cost:>7.1} µs a batch",
+                peer.name()
+            );
+            costs[i].push(cost);
+        }
+    }
+    let floor = median(&costs[2]);
+    let pool = median(&costs[1]);
+    println!(
+        "\n| peer | median µs a batch | min µs | median / floor | median / Pool |\n|---|---|---|---|---|"
+    );
+    for (i, peer) in Peer::ALL.iter().enumerate() {
+        let med = median(&costs[i]);
+        let min = costs[i].iter().copied().fold(f64::INFINITY, f64::min);
+        // The floor is a few µs, within the noise of two whole runs: no ratio when it is not
+        // above it.
+        let to_floor = if floor > 0.5 { format!("{:.1}", med / floor) } else { "—".into() };
+        println!("| {} | {med:.1} | {min:.1} | {to_floor} | {:.2} |", peer.name(), med / pool);
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load average at the end: {}",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    Ok(())
+}

@@ -1,9 +1,9 @@
 //! Turning a mini-batch's items into local file paths for `run()`.
 //!
-//! Local inputs (`file://`) are given to `run()` as copies it cannot damage, in a per-batch
-//! folder removed when the batch is done (`ro_mount` and `download`: a script that deletes,
-//! moves or overwrites its inputs leaves the input folder as it was; hard links would share the
-//! file an overwrite truncates); with `mode: direct` the original paths. Inputs in an
+//! Local inputs (`file://`) are given to `run()` as copies it cannot damage, in the slot's
+//! input folder, emptied when the batch is done (`ro_mount` and `download`: a script that
+//! deletes, moves or overwrites its inputs leaves the input folder as it was; hard links would
+//! share the file an overwrite truncates); with `mode: direct` the original paths. Inputs in an
 //! object store are downloaded
 //! (in parallel, a bounded number at a time) into a per-batch temporary folder that is removed
 //! when the batch is done — for `mode: download` and `ro_mount` alike, since a worker mounts
@@ -69,7 +69,74 @@ impl InputBase {
 pub(crate) struct Materialized {
     pub paths: Vec<String>,
     pub table: Option<TableRequest>,
-    pub _downloads: Option<tempfile::TempDir>,
+    pub _downloads: Option<LocalFiles>,
+}
+
+/// Where a batch's local files are, removed when the batch is done (dropped).
+pub(crate) enum LocalFiles {
+    /// A folder of the batch's own, removed with it (held only to be dropped).
+    Batch(#[allow(dead_code)] tempfile::TempDir),
+    /// The slot's folder for copies of local inputs, reused batch after batch and emptied.
+    Reused(#[allow(dead_code)] ReusedFolder),
+}
+
+impl From<tempfile::TempDir> for LocalFiles {
+    fn from(folder: tempfile::TempDir) -> Self {
+        LocalFiles::Batch(folder)
+    }
+}
+
+/// The slot's folder for the copies of its batch's local inputs (`<scratch>/view`), made once
+/// and emptied when the batch is done: a folder made and removed per batch cost two more
+/// journaled metadata changes per batch on a disk file system, as many as the copy itself.
+/// Whatever the script left in it (renamed inputs, new files, folders) goes too; when emptying
+/// fails, the folder itself is removed and the next batch makes it again.
+pub(crate) struct ReusedFolder {
+    path: PathBuf,
+}
+
+impl ReusedFolder {
+    fn open(scratch: &Path) -> Result<ReusedFolder, InfraError> {
+        let path = scratch.join("view");
+        match std::fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => {}
+            Err(_) => std::fs::create_dir_all(&path)
+                .map_err(|e| InfraError::io("creating the input folder", e))?,
+        }
+        Ok(ReusedFolder { path })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Remove everything in the folder (entries are not followed: a symlink is removed, not
+    /// its target).
+    fn empty(&self) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(&self.path)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                std::fs::remove_dir_all(entry.path())?;
+            } else {
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ReusedFolder {
+    fn drop(&mut self) {
+        if let Err(error) = self.empty() {
+            tracing::debug!(folder = %self.path.display(), %error,
+                "emptying the input folder failed; removing it");
+            if let Err(error) = std::fs::remove_dir_all(&self.path) {
+                tracing::warn!(folder = %self.path.display(), %error,
+                    "cannot remove the copies of a batch's inputs");
+            }
+        }
+    }
 }
 
 /// Make `items` available locally; downloads go into a fresh folder under `scratch`.
@@ -114,28 +181,34 @@ async fn download(
     let folder = batch_folder(scratch, "inputs-")?;
     let locals = download_into(location, items, folder.path()).await?;
     let paths = locals.iter().map(|p| path_string(p)).collect();
-    Ok(Materialized { paths, table: None, _downloads: Some(folder) })
+    Ok(Materialized { paths, table: None, _downloads: Some(folder.into()) })
 }
 
-/// The batch's local items copied into a folder of its own.
+/// The batch's local items copied into the slot's reused folder (see [`ReusedFolder`]).
 async fn local_copies(
     folder: &Path,
     items: &[String],
     scratch: &Path,
 ) -> Result<Materialized, InfraError> {
-    let view = batch_folder(scratch, "inputs-")?;
+    let view = ReusedFolder::open(scratch)?;
     let pairs: Vec<(PathBuf, PathBuf)> = items
         .iter()
         .map(|item| Ok((join_item(folder, item)?, join_item(view.path(), item)?)))
         .collect::<Result<_, InfraError>>()?;
+    let root = view.path().to_path_buf();
     let placed = tokio::task::spawn_blocking(move || -> Result<Vec<PathBuf>, InfraError> {
         let mut paths = Vec::with_capacity(pairs.len());
+        // Items in sub-folders need them made; the folder itself is there.
+        let mut made: Option<PathBuf> = None;
         for (source, target) in pairs {
             if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+                if parent != root && made.as_deref() != Some(parent) {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+                    made = Some(parent.to_path_buf());
+                }
             }
-            std::fs::copy(&source, &target)
+            copy_new(&source, &target)
                 .map_err(|e| InfraError::io(format!("copying input {}", source.display()), e))?;
             paths.push(target);
         }
@@ -144,7 +217,27 @@ async fn local_copies(
     .await
     .map_err(|e| InfraError::io("placing the batch's inputs", std::io::Error::other(e)))??;
     let paths = placed.iter().map(|p| path_string(p)).collect();
-    Ok(Materialized { paths, table: None, _downloads: Some(view) })
+    Ok(Materialized { paths, table: None, _downloads: Some(LocalFiles::Reused(view)) })
+}
+
+/// Copy `source` to a new file `target` (its permission bits as the umask allows). A name
+/// already at `target` (something the script's processes left since the folder was emptied)
+/// is removed first, never written through: a symlink there is not followed.
+fn copy_new(source: &Path, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut from = std::fs::File::open(source)?;
+    let mode = from.metadata()?.permissions().mode() & 0o7777;
+    let create =
+        || std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(target);
+    let mut to = match create() {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(target)?;
+            create()?
+        }
+        other => other?,
+    };
+    std::io::copy(&mut from, &mut to)?;
+    Ok(())
 }
 
 /// A fresh folder for one batch's local files under `scratch`, removed when dropped.
@@ -283,6 +376,35 @@ mod tests {
         assert_eq!(std::fs::read_to_string(source.path().join("sub/b.txt")).unwrap(), "bee");
         drop(got);
         assert!(!local.exists());
+    }
+
+    #[tokio::test]
+    async fn the_slots_input_folder_is_emptied_of_whatever_a_batch_left() {
+        let source = tempfile::tempdir().unwrap();
+        for name in ["a.txt", "b.txt"] {
+            std::fs::write(source.path().join(name), name).unwrap();
+        }
+        let url = Url::from_directory_path(source.path()).unwrap();
+        let base = InputBase::for_input(&input(InputKind::UriFolder, url.as_str())).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let first = materialize(&base, &["a.txt".into()], scratch.path()).await.unwrap();
+        let local = PathBuf::from(&first.paths[0]);
+        let folder = local.parent().unwrap().to_path_buf();
+        // The script renames its input, leaves a file, a folder, and a symlink named after the
+        // next batch's item pointing at the original.
+        std::fs::rename(&local, folder.join("a.moved")).unwrap();
+        std::fs::create_dir_all(folder.join("left/deeper")).unwrap();
+        std::fs::write(folder.join("left/deeper/x"), "x").unwrap();
+        drop(first);
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0, "emptied");
+        std::os::unix::fs::symlink(source.path().join("b.txt"), folder.join("b.txt")).unwrap();
+        let second = materialize(&base, &["b.txt".into()], scratch.path()).await.unwrap();
+        assert_eq!(second.paths, vec![folder.join("b.txt").display().to_string()], "reused");
+        std::fs::write(&second.paths[0], "overwritten").unwrap();
+        assert_eq!(std::fs::read_to_string(source.path().join("b.txt")).unwrap(), "b.txt");
+        drop(second);
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+        assert_eq!(std::fs::read_to_string(source.path().join("a.txt")).unwrap(), "a.txt");
     }
 
     #[tokio::test]

@@ -96,7 +96,7 @@ pub(crate) async fn prepare(
     if table.is_some() {
         paths.clear();
     }
-    Ok(Materialized { paths, table, _downloads: Some(folder) })
+    Ok(Materialized { paths, table, _downloads: Some(folder.into()) })
 }
 
 /// The piece's records (with the header line first, when the format has one) in `local`.

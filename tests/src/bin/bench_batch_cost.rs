@@ -15,7 +15,8 @@
 //!   name), job root and inputs on the benchmark folder's file system; `--mode` sets the
 //!   input's mode (default: the job's default, `ro_mount`);
 //! - `multiprocessing.Pool(slots)`, `imap_unordered` with `chunksize=1`: one task per file;
-//! - the floor: the entry script's `run([path])` called in one Python loop, in-process.
+//! - the floor: the entry script's `run([path])` called in one Python loop, in-process;
+//! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_batch_cost [--rounds 5]`.
@@ -51,6 +52,9 @@ struct Options {
     /// Where the jobs and their files go.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Another `batchfleet` binary (an earlier build) run as one more peer in the same rounds.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 const ENTRY: &str = "import os\n\ndef init():\n    pass\n\n\
@@ -108,35 +112,35 @@ fn job(dir: &Path, n: usize, options: &Options) -> Result<PathBuf> {
     Ok(job)
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, PartialEq)]
 enum Peer {
-    Batchfleet,
+    Batchfleet(PathBuf),
+    Baseline(PathBuf),
     Pool,
     Floor,
 }
 
 impl Peer {
-    const ALL: [Peer; 3] = [Peer::Batchfleet, Peer::Pool, Peer::Floor];
-
-    fn name(self) -> &'static str {
+    fn name(&self) -> &'static str {
         match self {
-            Peer::Batchfleet => "batchfleet run",
+            Peer::Batchfleet(_) => "batchfleet run",
+            Peer::Baseline(_) => "batchfleet run (--baseline)",
             Peer::Pool => "multiprocessing.Pool, 1 file a task",
             Peer::Floor => "run() in-process (floor)",
         }
     }
 
     /// Run the job in `job` once; the wall time in seconds, its rows checked.
-    fn time(self, job: &Path, n: usize, binary: &Path) -> Result<f64> {
+    fn time(&self, job: &Path, n: usize) -> Result<f64> {
         let rows = match self {
-            Peer::Batchfleet => job.join("out/rows.txt"),
+            Peer::Batchfleet(_) | Peer::Baseline(_) => job.join("out/rows.txt"),
             _ => job.join("rows.txt"),
         };
         let _ = std::fs::remove_dir_all(job.join("out"));
         let _ = std::fs::remove_dir_all(job.join("jobs"));
         let _ = std::fs::remove_file(&rows);
         let mut command = match self {
-            Peer::Batchfleet => {
+            Peer::Batchfleet(binary) | Peer::Baseline(binary) => {
                 let mut command = Command::new(binary);
                 command
                     .args(["run", "job.yaml", "--store", "jobs", "--no-progress"])
@@ -144,7 +148,7 @@ impl Peer {
                 command
             }
             Peer::Pool | Peer::Floor => {
-                let script = if self == Peer::Pool { "pool.py" } else { "floor.py" };
+                let script = if *self == Peer::Pool { "pool.py" } else { "floor.py" };
                 let mut command = Command::new(python());
                 command.arg(script).arg(&rows);
                 command
@@ -192,7 +196,12 @@ fn main() -> Result<()> {
     let options = Options::parse();
     ensure!(options.large > options.small && options.small > 0, "--large must exceed --small");
     ensure!(options.rounds > 0 && options.slots > 0, "--rounds and --slots must be > 0");
-    let binary = release_binary("batchfleet")?;
+    let mut peers = vec![Peer::Batchfleet(release_binary("batchfleet")?)];
+    if let Some(baseline) = &options.baseline {
+        ensure!(baseline.exists(), "{}: no such binary", baseline.display());
+        peers.push(Peer::Baseline(std::path::absolute(baseline)?));
+    }
+    peers.extend([Peer::Pool, Peer::Floor]);
     let dir = options.dir.clone().unwrap_or_else(|| repo_root().join("target/bench-tmp/cost"));
     std::fs::create_dir_all(&dir)?;
     let dir = std::path::absolute(&dir)?;
@@ -210,11 +219,11 @@ fn main() -> Result<()> {
         load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
     let extra = (options.large - options.small) as f64;
-    let mut costs: Vec<Vec<f64>> = vec![Vec::new(); Peer::ALL.len()];
+    let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     for round in 1..=options.rounds {
-        for (i, peer) in Peer::ALL.iter().enumerate() {
-            let t_small = peer.time(&small, options.small, &binary)?;
-            let t_large = peer.time(&large, options.large, &binary)?;
+        for (i, peer) in peers.iter().enumerate() {
+            let t_small = peer.time(&small, options.small)?;
+            let t_large = peer.time(&large, options.large)?;
             let cost = (t_large - t_small) / extra * 1e6;
             println!(
                 "round {round}: {:<36} {t_small:>6.2} s / {t_large:>6.2} s  → {cost:>7.1} µs a batch",
@@ -223,12 +232,13 @@ fn main() -> Result<()> {
             costs[i].push(cost);
         }
     }
-    let floor = median(&costs[2]);
-    let pool = median(&costs[1]);
+    let at = |wanted: &Peer| peers.iter().position(|p| p == wanted).unwrap_or(0);
+    let floor = median(&costs[at(&Peer::Floor)]);
+    let pool = median(&costs[at(&Peer::Pool)]);
     println!(
         "\n| peer | median µs a batch | min µs | median / floor | median / Pool |\n|---|---|---|---|---|"
     );
-    for (i, peer) in Peer::ALL.iter().enumerate() {
+    for (i, peer) in peers.iter().enumerate() {
         let med = median(&costs[i]);
         let min = costs[i].iter().copied().fold(f64::INFINITY, f64::min);
         // The floor is a few µs, within the noise of two whole runs: no ratio when it is not

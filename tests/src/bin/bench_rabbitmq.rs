@@ -19,8 +19,8 @@
 //!
 //! The job root and the scratch folders are local folders (`--dir`, `target/bench-tmp` by
 //! default), so batchfleet's figure includes creating two files per mini-batch (the result
-//! part, which `run()`'s output file is renamed to, and the status, a staging file
-//! hard-linked into place); Celery's and raw lapin's touch no file. What that costs depends
+//! part, which `run()` writes in place, and the status, an unnamed file linked into place);
+//! Celery's and raw lapin's touch no file. What that costs depends
 //! on the file system and its recent past: on an ext4 without a journal, creating a file skips
 //! every inode of its block group freed in the last minute (the last six while that part of
 //! the inode table is not yet written back), one lookup each. After the previous run removed

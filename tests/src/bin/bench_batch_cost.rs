@@ -28,7 +28,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{python, release_binary};
+use batchfleet_tests::bench::{load_average, median, python, release_binary};
 use batchfleet_tests::repo_root;
 
 #[derive(Parser)]
@@ -181,17 +181,6 @@ impl Peer {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
-}
-
 fn main() -> Result<()> {
     let options = Options::parse();
     ensure!(options.large > options.small && options.small > 0, "--large must exceed --small");
@@ -207,7 +196,6 @@ fn main() -> Result<()> {
     let dir = std::path::absolute(&dir)?;
     let small = job(&dir, options.small, &options)?;
     let large = job(&dir, options.large, &options)?;
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "1-file mini-batches, {} slots, {} vs {} files, {} rounds interleaved, mode {}; \
          load average at start: {}",
@@ -216,7 +204,7 @@ fn main() -> Result<()> {
         options.large,
         options.rounds,
         options.mode.as_deref().unwrap_or("(default)"),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load_average()
     );
     let extra = (options.large - options.small) as f64;
     let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
@@ -246,10 +234,6 @@ fn main() -> Result<()> {
         let to_floor = if floor > 0.5 { format!("{:.1}", med / floor) } else { "—".into() };
         println!("| {} | {med:.1} | {min:.1} | {to_floor} | {:.2} |", peer.name(), med / pool);
     }
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "load average at the end: {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    );
+    println!("load average at the end: {}", load_average());
     Ok(())
 }

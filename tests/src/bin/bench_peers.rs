@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+use batchfleet_tests::bench::{load_average, median};
 use batchfleet_tests::repo_root;
 
 const BATCH: usize = 100;
@@ -300,29 +301,18 @@ fn sorted_lines(path: &Path) -> Result<Vec<String>> {
     Ok(lines)
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
-
 fn main() -> Result<()> {
     let options = options()?;
     std::fs::create_dir_all(&options.dir)?;
     let data = data(&options.dir, options.files)?;
     let peers = peers(&options, &data)?;
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "{} files of 100 B, mini-batches of {BATCH}, {} processes, {} rounds interleaved; \
          load average at start: {}",
         options.files,
         options.workers,
         options.rounds,
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load_average()
     );
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut peaks: Vec<u64> = vec![0; peers.len()];
@@ -374,12 +364,12 @@ fn main() -> Result<()> {
         }
     }
     let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
-    let pool_median = median(&mut times[pool].clone());
+    let pool_median = median(&times[pool]);
     println!("\n| peer | min s | median s | peak RSS MB | median / Pool |\n|---|---|---|---|---|");
     for (i, peer) in peers.iter().enumerate() {
-        let mut t = times[i].clone();
+        let t = &times[i];
         let min = t.iter().copied().fold(f64::INFINITY, f64::min);
-        let med = median(&mut t);
+        let med = median(t);
         println!(
             "| {} | {min:.2} | {med:.2} | {:.0} | {:.2} |",
             peer.name,

@@ -37,6 +37,7 @@ use batchfleet_common::broker::{
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec::Datastores;
 use batchfleet_producer::job::lifecycle;
+use batchfleet_tests::bench::{load_average, median};
 use batchfleet_tests::repo_root;
 
 struct Options {
@@ -236,17 +237,6 @@ fn measure(args: &[&std::ffi::OsStr]) -> Result<(f64, f64, f64, String)> {
     Ok((seconds, peak, children_cpu()? - cpu_before, rest.join(" ")))
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1).peekable();
     match args.peek().map(String::as_str) {
@@ -288,7 +278,8 @@ fn main() -> Result<()> {
             }
         }
     }
-    let medians: Vec<[f64; 3]> = results.into_iter().map(|r| r.map(median)).collect();
+    let medians: Vec<[f64; 3]> =
+        results.into_iter().map(|r| r.map(|values| median(&values))).collect();
     let [base, base_cpu, _] = medians[0];
     println!(
         "median over {} rounds ({} files, load {}):",

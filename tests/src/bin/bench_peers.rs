@@ -28,7 +28,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
 
 use batchfleet_tests::bench::{load_average, median};
 use batchfleet_tests::repo_root;
@@ -45,46 +46,30 @@ def score(path):
     return "%s %d" % (os.path.basename(path), len(data))
 "#;
 
+#[derive(Parser)]
+#[command(about = "A small-files job through `batchfleet run` and its peers")]
 struct Options {
+    /// Files of 100 bytes.
+    #[arg(long, default_value_t = 100_000)]
     files: usize,
+    /// Rounds, each running every peer once.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Processes: the job's slots, the Pool's workers.
+    #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Where the files and jobs go.
+    #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp/peers"))]
     dir: PathBuf,
+    /// An interpreter that has Ray Data: Ray is one more peer.
+    #[arg(long)]
     ray_python: Option<PathBuf>,
+    /// The `batchfleet` binary.
+    #[arg(long, default_value_os_t = repo_root().join("target/release/batchfleet"))]
     binary: PathBuf,
+    /// The input's mode (`ro_mount`, `download`, `direct`); the job's default when not given.
+    #[arg(long)]
     mode: Option<String>,
-}
-
-fn options() -> Result<Options> {
-    let mut options = Options {
-        files: 100_000,
-        rounds: 5,
-        workers: 2,
-        dir: repo_root().join("target/bench-tmp/peers"),
-        ray_python: None,
-        binary: repo_root().join("target/release/batchfleet"),
-        mode: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().context("a value after the option");
-        match arg.as_str() {
-            "--files" => options.files = value()?.parse()?,
-            "--rounds" => options.rounds = value()?.parse()?,
-            "--workers" => options.workers = value()?.parse()?,
-            "--dir" => options.dir = PathBuf::from(value()?),
-            "--ray-python" => options.ray_python = Some(PathBuf::from(value()?)),
-            "--binary" => options.binary = PathBuf::from(value()?),
-            "--mode" => options.mode = Some(value()?),
-            other => {
-                bail!(
-                    "unknown option `{other}` (--files, --rounds, --workers, --dir, --ray-python, --binary, --mode)"
-                )
-            }
-        }
-    }
-    ensure!(options.files > 0 && options.rounds > 0 && options.workers > 0, "counts must be > 0");
-    Ok(options)
 }
 
 fn python() -> PathBuf {
@@ -302,7 +287,8 @@ fn sorted_lines(path: &Path) -> Result<Vec<String>> {
 }
 
 fn main() -> Result<()> {
-    let options = options()?;
+    let options = Options::parse();
+    ensure!(options.files > 0 && options.rounds > 0 && options.workers > 0, "counts must be > 0");
     std::fs::create_dir_all(&options.dir)?;
     let data = data(&options.dir, options.files)?;
     let peers = peers(&options, &data)?;

@@ -27,9 +27,10 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use async_trait::async_trait;
 use bytes::Bytes;
+use clap::Parser;
 
 use batchfleet_common::broker::{
     Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec,
@@ -40,37 +41,24 @@ use batchfleet_producer::job::lifecycle;
 use batchfleet_tests::bench::{load_average, median};
 use batchfleet_tests::repo_root;
 
+#[derive(Parser)]
+#[command(about = "Planning a million local files against find | sort")]
 struct Options {
+    /// Files in all.
+    #[arg(long, default_value_t = 1_000_000)]
     files: usize,
+    /// Folders they are spread over.
+    #[arg(long, default_value_t = 1_000)]
     folders: usize,
+    /// Rounds, each running every peer once.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Where the files and jobs go.
+    #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp/planning"))]
     dir: PathBuf,
+    /// Leave planning by size out.
+    #[arg(long)]
     skip_size: bool,
-}
-
-fn options(mut args: impl Iterator<Item = String>) -> Result<Options> {
-    let mut options = Options {
-        files: 1_000_000,
-        folders: 1_000,
-        rounds: 3,
-        dir: repo_root().join("target/bench-tmp/planning"),
-        skip_size: false,
-    };
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().context("a value after the option");
-        match arg.as_str() {
-            "--files" => options.files = value()?.parse()?,
-            "--folders" => options.folders = value()?.parse()?,
-            "--rounds" => options.rounds = value()?.parse()?,
-            "--dir" => options.dir = PathBuf::from(value()?),
-            "--skip-size" => options.skip_size = true,
-            other => {
-                bail!("unknown option `{other}` (--files, --folders, --rounds, --dir, --skip-size)")
-            }
-        }
-    }
-    ensure!(options.files > 0 && options.folders > 0 && options.rounds > 0, "counts must be > 0");
-    Ok(options)
 }
 
 /// `files` sparse files over `folders` folders, made once; the folder that holds them.
@@ -247,7 +235,8 @@ fn main() -> Result<()> {
         Some("--child-find") => return child_find(Path::new(&args.nth(1).context("folder")?)),
         _ => {}
     }
-    let options = options(args)?;
+    let options = Options::parse();
+    ensure!(options.files > 0 && options.folders > 0 && options.rounds > 0, "counts must be > 0");
     let data = data(&options)?;
     let store = options.dir.join("jobs");
     let mut peers: Vec<(&str, Vec<std::ffi::OsString>)> =

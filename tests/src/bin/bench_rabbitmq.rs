@@ -34,7 +34,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
+use clap::Parser;
 use futures::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -47,51 +48,34 @@ use batchfleet_tests::bench::{process_cpu, python, release_binary, write_echo_jo
 use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
 
+#[derive(Parser)]
+#[command(about = "Trivial mini-batches through RabbitMQ: batchfleet, Celery and raw lapin")]
 struct Options {
+    /// Mini-batches (tasks, messages) a run.
+    #[arg(long, default_value_t = 5000)]
     n: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Slots of each worker.
+    #[arg(long, default_value_t = 4)]
     concurrency: u32,
-    /// The workers' `--prefetch`; `None`: their default (the adaptive prefetch).
+    /// The workers' `--prefetch`; none: their default (the adaptive prefetch).
+    #[arg(long)]
     prefetch: Option<u32>,
+    /// Leave Celery out.
+    #[arg(long)]
     skip_celery: bool,
     /// Pairs of runs without and with the per-attempt records.
+    #[arg(long, default_value_t = 0)]
     records_rounds: usize,
     /// Where the inputs, job roots and scratch folders go.
+    #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp"))]
     dir: PathBuf,
 }
 
-fn options() -> Result<Options> {
-    let mut options = Options {
-        n: 5000,
-        workers: 2,
-        concurrency: 4,
-        prefetch: None,
-        skip_celery: false,
-        records_rounds: 0,
-        dir: repo_root().join("target/bench-tmp"),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().context("a value after the option");
-        match arg.as_str() {
-            "--n" => options.n = value()?.parse()?,
-            "--workers" => options.workers = value()?.parse()?,
-            "--concurrency" => options.concurrency = value()?.parse()?,
-            "--prefetch" => options.prefetch = Some(value()?.parse()?),
-            "--skip-celery" => options.skip_celery = true,
-            "--records-rounds" => options.records_rounds = value()?.parse()?,
-            "--dir" => options.dir = PathBuf::from(value()?),
-            other => bail!(
-                "unknown option `{other}` (--n, --workers, --concurrency, --prefetch, --skip-celery, \
-                 --records-rounds, --dir)"
-            ),
-        }
-    }
-    Ok(options)
-}
-
 fn main() -> Result<()> {
-    let options = options()?;
+    let options = Options::parse();
     let work = options.dir.join(format!("bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;

@@ -27,59 +27,53 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, SendMessageBatchRequestEntry};
 use aws_sdk_sqs::Client;
+use clap::Parser;
 
 use batchfleet_tests::bench::{process_cpu, python, release_binary, write_echo_job, Guard};
 use batchfleet_tests::repo_root;
 
+#[derive(Parser)]
+#[command(about = "Trivial mini-batches through SQS: batchfleet against raw aws-sdk-sqs")]
 struct Options {
+    /// Mini-batches (and raw messages) a run.
+    #[arg(long, default_value_t = 3000)]
     n: usize,
+    /// Rounds, each running both once.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Slots of each worker.
+    #[arg(long, default_value_t = 4)]
     concurrency: u32,
+    /// The raw flow's sending tasks.
+    #[arg(long, default_value_t = 2)]
     senders: usize,
+    /// The raw flow's receiving tasks.
+    #[arg(long, default_value_t = 4)]
     receivers: usize,
-    /// Where the inputs, job roots and scratch folders go.
+    /// Where the inputs, job roots and scratch folders go (`/dev/shm` where there is one).
+    #[arg(long, default_value_os_t = default_dir())]
     dir: PathBuf,
 }
 
-fn options() -> Result<Options> {
+fn default_dir() -> PathBuf {
     let shm = Path::new("/dev/shm");
-    let mut options = Options {
-        n: 3000,
-        rounds: 3,
-        workers: 2,
-        concurrency: 4,
-        senders: 2,
-        receivers: 4,
-        dir: if shm.is_dir() { shm.to_path_buf() } else { repo_root().join("target/bench-tmp") },
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().context("a value after the option");
-        match arg.as_str() {
-            "--n" => options.n = value()?.parse()?,
-            "--rounds" => options.rounds = value()?.parse()?,
-            "--workers" => options.workers = value()?.parse()?,
-            "--concurrency" => options.concurrency = value()?.parse()?,
-            "--senders" => options.senders = value()?.parse()?,
-            "--receivers" => options.receivers = value()?.parse()?,
-            "--dir" => options.dir = PathBuf::from(value()?),
-            other => bail!(
-                "unknown option `{other}` (--n, --rounds, --workers, --concurrency, --senders, \
-                 --receivers, --dir)"
-            ),
-        }
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        repo_root().join("target/bench-tmp")
     }
-    ensure!(options.n > 0 && options.rounds > 0, "--n and --rounds must be at least 1");
-    ensure!(options.senders > 0 && options.receivers > 0, "--senders and --receivers >= 1");
-    Ok(options)
 }
 
 fn main() -> Result<()> {
-    let options = options()?;
+    let options = Options::parse();
+    ensure!(options.n > 0 && options.rounds > 0, "--n and --rounds must be at least 1");
+    ensure!(options.senders > 0 && options.receivers > 0, "--senders and --receivers >= 1");
     let endpoint = std::env::var("AWS_ENDPOINT_URL").ok().filter(|e| !e.is_empty()).context(
         "no SQS server: run infra/localstack and `source target/test-services/localstack.env` \
          (AWS_ENDPOINT_URL, AWS_REGION and test credentials)",

@@ -98,12 +98,8 @@ pub(crate) struct ReusedFolder {
 impl ReusedFolder {
     fn open(scratch: &Path) -> Result<ReusedFolder, InfraError> {
         let path = scratch.join("view");
-        match std::fs::create_dir(&path) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => {}
-            Err(_) => std::fs::create_dir_all(&path)
-                .map_err(|e| InfraError::io("creating the input folder", e))?,
-        }
+        std::fs::create_dir_all(&path)
+            .map_err(|e| InfraError::io("creating the input folder", e))?;
         Ok(ReusedFolder { path })
     }
 

@@ -83,6 +83,17 @@ impl JobLayout {
         self.key(&format!("failures/{batch_id}"))
     }
 
+    /// A marker that one delivery of a batch after its first reached a worker's slot:
+    /// `attempts/<batch id>/<marker>` (see [`crate::job_root::JobRoot::attempts_before`]).
+    pub fn attempt_marker(&self, batch_id: &str, marker: &str) -> Path {
+        self.key(&format!("attempts/{batch_id}/{marker}"))
+    }
+
+    /// The folder holding one batch's attempt markers.
+    pub fn attempt_markers_of(&self, batch_id: &str) -> Path {
+        self.key(&format!("attempts/{batch_id}"))
+    }
+
     /// Present once the producer stopped the job early (a threshold was exceeded): workers
     /// settle the job's remaining messages without running them. Holds the reason.
     pub fn cancel_marker(&self) -> Path {

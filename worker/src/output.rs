@@ -88,3 +88,38 @@ pub(crate) async fn write_failure(
     })
     .await
 }
+
+/// The attempt a delivery of `batch_id` makes, counting only deliveries that reached a slot
+/// (`JobRoot::attempt_of`).
+pub(crate) async fn attempt_of(
+    job: &LoadedJob,
+    batch_id: &str,
+    delivery_count: u32,
+) -> Result<u32, InfraError> {
+    retrying("count the batch's attempts", || async {
+        Ok(job.root.attempt_of(batch_id, delivery_count).await?)
+    })
+    .await
+}
+
+/// `attempts/<batch>/<marker>`: a delivery after the first reached this slot.
+pub(crate) async fn mark_attempt(
+    job: &LoadedJob,
+    batch_id: &str,
+    marker: &str,
+) -> Result<(), InfraError> {
+    retrying("mark the attempt", || async { Ok(job.root.mark_attempt(batch_id, marker).await?) })
+        .await
+}
+
+/// Take a marker back: the delivery was given back without counting an attempt.
+pub(crate) async fn unmark_attempt(
+    job: &LoadedJob,
+    batch_id: &str,
+    marker: &str,
+) -> Result<(), InfraError> {
+    retrying("take the attempt's marker back", || async {
+        Ok(job.root.unmark_attempt(batch_id, marker).await?)
+    })
+    .await
+}

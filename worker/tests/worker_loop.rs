@@ -778,3 +778,46 @@ async fn a_relative_scratch_folder_serves_batches() {
     let summary = handle.await.unwrap();
     assert_eq!((summary.batches_succeeded, summary.runtime_start_failures), (1, 0), "{summary:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_no_slot_saw_burn_no_attempt() {
+    // A connection that closes returns every message it held, prefetched ones no slot saw
+    // too, and each return raises the delivery count: here the batch comes back four times
+    // before any slot sees it. It still gets its attempts.
+    let script = r#"
+def init(): pass
+def run(mini_batch):
+    raise ValueError("cannot score this")
+"#;
+    let fleet = Fleet::new(script, 2, 60).await;
+    fleet.input("bad.txt", "x");
+    fleet.publish(&[fleet.message(0, &["bad.txt"])]).await;
+    for returned in 1..=4 {
+        let got = fleet
+            .broker
+            .receive(&fleet.queues.work, 1, Duration::from_secs(60), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "the batch is back in the queue");
+        assert_eq!(got[0].delivery_count, returned);
+        fleet.broker.nack(&got[0].handle, Duration::ZERO).await.unwrap();
+    }
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the dead letter", || async { fleet.dead_letter_count().await == 1 }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    // Two runs: the first delivery is taken as an attempt (whether a slot saw it is not
+    // recorded), the returns after it are not.
+    assert_eq!(summary.batches_failed_attempts, 2, "{summary:?}");
+    assert!(fleet.failure("00000000", 1).is_none());
+    for attempt in 2..=3 {
+        let record = fleet.failure("00000000", attempt).expect("failure record");
+        assert_eq!(record.attempt, attempt);
+    }
+    assert_eq!(dead_letter_reasons(&fleet).len(), 1);
+    let reason = &dead_letter_reasons(&fleet)[0];
+    assert!(reason.starts_with("user_error on attempt 3 of 3"), "{reason}");
+    // Each redelivery that reached the slot left its marker.
+    assert_eq!(fleet.count_files("root/attempts/00000000"), 2);
+}

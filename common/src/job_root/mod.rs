@@ -10,7 +10,8 @@
 //!   status stands, and a writer that finds one learns whose it is ([`StatusWrite`]);
 //! - statuses read back with one decode policy: missing is `None`, unreadable is
 //!   [`JobRootError::Corrupt`] — named, and never retried (retrying reads the same bytes);
-//! - failure records, claim-checked item lists, the cancel marker, the spec files, the
+//! - failure records, attempt markers (module `attempts`: which deliveries reached a slot),
+//!   claim-checked item lists, the cancel marker, the spec files, the
 //!   workers' per-attempt records ([`JobRoot::read_attempt_records`]);
 //! - the local-folder fast path: a job root in a local folder is read and written in place,
 //!   creating statuses as the local store does, by a hard link to the key that fails when the
@@ -20,6 +21,7 @@
 //! Retries are the caller's: every error says [`JobRootError::retry`], and the callers wrap
 //! calls in their retry policy.
 
+mod attempts;
 pub mod local;
 pub mod metrics;
 mod records;

@@ -33,6 +33,7 @@ use runtimes::ActiveRuntime;
 use settle::nack_delay;
 
 mod attempt;
+mod counting;
 mod runtimes;
 mod settle;
 
@@ -172,7 +173,7 @@ impl Slot {
             Ok(message) => message,
             Err(error) => {
                 let reason = format!("invalid message: {error}");
-                tracing::error!(%reason, attempt = delivery.delivery_count, "dead-lettering");
+                tracing::error!(%reason, delivery = delivery.delivery_count, "dead-lettering");
                 self.dead_letter(&delivery.handle, &reason).await;
                 self.summary.invalid_messages += 1;
                 return;
@@ -180,13 +181,14 @@ impl Slot {
         };
         if let Err(error) = message.check_well_formed() {
             let reason = format!("invalid message: {error}");
-            tracing::error!(%reason, attempt = delivery.delivery_count, "dead-lettering");
+            tracing::error!(%reason, delivery = delivery.delivery_count, "dead-lettering");
             self.dead_letter(&delivery.handle, &reason).await;
             self.summary.invalid_messages += 1;
             return;
         }
         let span = tracing::info_span!("batch", job_id = %message.job_id,
-            batch_id = %message.batch_id, attempt = delivery.delivery_count);
+            batch_id = %message.batch_id, delivery = delivery.delivery_count,
+            attempt = tracing::field::Empty);
         self.handle_batch(delivery, message, stop).instrument(span).await;
     }
 
@@ -222,16 +224,35 @@ impl Slot {
             return;
         }
         let max = job.job.retry.max_deliveries();
-        if delivery.delivery_count > max {
-            // The earlier deliveries were attempts whose worker stopped or died before settling.
+        let counted = match self
+            .count_attempt(&job, &message.batch_id, delivery.delivery_count)
+            .await
+        {
+            Ok(counted) => counted,
+            Err(error) => {
+                tracing::warn!(%error, "could not count the batch's attempts; giving the message back");
+                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                return;
+            }
+        };
+        let attempt = counted.attempt;
+        tracing::Span::current().record("attempt", attempt);
+        if attempt > max {
+            // The earlier attempts reached a slot and ended without a result.
             let reason = format!(
-                "deliveries_exhausted: delivered {} times, the job allows {max} attempts; the \
-                 earlier attempts ended without a result (their worker stopped or died)",
+                "deliveries_exhausted: attempt {attempt} (delivered {} times), the job allows \
+                 {max} attempts; the earlier attempts ended without a result (their worker \
+                 stopped or died)",
                 delivery.delivery_count
             );
             tracing::error!(%reason, "dead-lettering");
             self.dead_letter(&delivery.handle, &reason).await;
             self.summary.batches_dead_lettered += 1;
+            return;
+        }
+        if let Err(error) = self.mark_attempt(&job, &message.batch_id, &counted).await {
+            tracing::warn!(%error, "could not mark the attempt; giving the message back");
+            self.nack(&delivery.handle, nack_delay(attempt)).await;
             return;
         }
         let message = match output::claim_items(&job, message).await {
@@ -245,7 +266,7 @@ impl Slot {
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the batch's items; giving the message back");
-                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
+                self.nack(&delivery.handle, nack_delay(attempt)).await;
                 return;
             }
         };
@@ -257,13 +278,12 @@ impl Slot {
         let started_ms = now_ms();
         let started = Instant::now();
         self.phases = Phases::default();
-        let mut result =
-            self.attempt(&job, &message, delivery.delivery_count, started_ms, stop).await;
+        let mut result = self.attempt(&job, &message, attempt, started_ms, stop).await;
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
             // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
             tracing::warn!(%why, message = %failure.message,
                 "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
-            result = self.attempt(&job, &message, delivery.delivery_count, now_ms(), stop).await;
+            result = self.attempt(&job, &message, attempt, now_ms(), stop).await;
         }
         let mut result = result.map_err(AttemptEnd::counted);
         // Storage that fails under a batch (a read-only or full file system, a store refusing
@@ -281,10 +301,10 @@ impl Slot {
                 () = tokio::time::sleep(delay) => {}
                 () = stop.cancelled() => break,
             }
-            result = self.attempt(&job, &message, delivery.delivery_count, now_ms(), stop).await;
+            result = self.attempt(&job, &message, attempt, now_ms(), stop).await;
         }
         let lease_lost = heartbeat.stop().await;
-        let mut record = self.record(&message, delivery.delivery_count, started_ms, &result);
+        let mut record = self.record(&message, attempt, started_ms, &result);
         match result {
             Ok(status) => {
                 self.ack(&delivery.handle, lease_lost).await;
@@ -302,15 +322,16 @@ impl Slot {
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
             Err(AttemptEnd::Failed(failure)) => {
-                self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+                self.fail(&job, &delivery, attempt, &message, failure, elapsed_ms(started)).await;
             }
             Err(AttemptEnd::GiveBack(why)) => {
                 tracing::info!(%why, "giving the batch back without counting an attempt");
+                self.unmark_attempt(&job, &message.batch_id, &counted).await;
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
             Err(AttemptEnd::RuntimeBroken { failure, .. }) => {
                 // `counted` turned every one into a failure above.
-                self.fail(&job, &delivery, &message, failure, elapsed_ms(started)).await;
+                self.fail(&job, &delivery, attempt, &message, failure, elapsed_ms(started)).await;
             }
             Err(AttemptEnd::Cancelled) => {
                 tracing::info!(

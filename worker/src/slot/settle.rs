@@ -20,11 +20,11 @@ impl Slot {
         &mut self,
         job: &LoadedJob,
         delivery: &Delivery,
+        attempt: u32,
         message: &MiniBatchMessage,
         failure: AttemptFailure,
         duration_ms: u64,
     ) {
-        let attempt = delivery.delivery_count;
         let record = FailureRecord {
             kind: failure.kind,
             message: failure.message,

@@ -180,6 +180,12 @@ async fn download(
     Ok(Materialized { paths, table: None, _downloads: Some(folder.into()) })
 }
 
+/// Inputs up to this many bytes in all are copied on the worker's own thread: for a batch of
+/// a few small files a trip to the blocking pool (a thread woken, then the worker woken back)
+/// cost more than the copies (`bench_batch_cost`). Larger ones are copied on the pool, so a
+/// big file never holds up the worker's other slots.
+const INLINE_COPY_BYTES: u64 = 256 * 1024;
+
 /// The batch's local items copied into the slot's reused folder (see [`ReusedFolder`]).
 async fn local_copies(
     folder: &Path,
@@ -187,42 +193,101 @@ async fn local_copies(
     scratch: &Path,
 ) -> Result<Materialized, InfraError> {
     let view = ReusedFolder::open(scratch)?;
-    let pairs: Vec<(PathBuf, PathBuf)> = items
+    let mut pairs: Vec<(PathBuf, PathBuf)> = items
         .iter()
         .map(|item| Ok((join_item(folder, item)?, join_item(view.path(), item)?)))
         .collect::<Result<_, InfraError>>()?;
-    let root = view.path().to_path_buf();
-    let placed = tokio::task::spawn_blocking(move || -> Result<Vec<PathBuf>, InfraError> {
-        let mut paths = Vec::with_capacity(pairs.len());
-        // Items in sub-folders need them made; the folder itself is there.
-        let mut made: Option<PathBuf> = None;
-        for (source, target) in pairs {
-            if let Some(parent) = target.parent() {
-                if parent != root && made.as_deref() != Some(parent) {
-                    std::fs::create_dir_all(parent)
-                        .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
-                    made = Some(parent.to_path_buf());
-                }
-            }
-            copy_new(&source, &target)
-                .map_err(|e| InfraError::io(format!("copying input {}", source.display()), e))?;
-            paths.push(target);
+    let mut placer = Placer { root: view.path().to_path_buf(), made: None };
+    let mut paths = Vec::with_capacity(pairs.len());
+    // Small files first, in place, while the budget lasts; whatever is left goes to the pool.
+    let mut budget = INLINE_COPY_BYTES;
+    let mut inline = 0;
+    for (source, target) in &pairs {
+        let (from, metadata) = open_input(source)?;
+        if metadata.len() > budget {
+            break;
         }
-        Ok(paths)
-    })
-    .await
-    .map_err(|e| InfraError::io("placing the batch's inputs", std::io::Error::other(e)))??;
-    let paths = placed.iter().map(|p| path_string(p)).collect();
+        budget -= metadata.len();
+        placer.place(from, &metadata, source, target)?;
+        paths.push(path_string(target));
+        inline += 1;
+    }
+    if inline < pairs.len() {
+        let rest = pairs.split_off(inline);
+        let placed = tokio::task::spawn_blocking(move || -> Result<Vec<PathBuf>, InfraError> {
+            let mut placed = Vec::with_capacity(rest.len());
+            for (source, target) in rest {
+                let (from, metadata) = open_input(&source)?;
+                placer.place(from, &metadata, &source, &target)?;
+                placed.push(target);
+            }
+            Ok(placed)
+        })
+        .await
+        .map_err(|e| InfraError::io("placing the batch's inputs", std::io::Error::other(e)))??;
+        paths.extend(placed.iter().map(|p| path_string(p)));
+    }
     Ok(Materialized { paths, table: None, _downloads: Some(LocalFiles::Reused(view)) })
 }
 
-/// Copy `source` to a new file `target` (its permission bits as the umask allows). A name
+/// Places copies under the slot's folder, making the sub-folders items need.
+struct Placer {
+    root: PathBuf,
+    /// The sub-folder made last (items come in key order, so a folder's items are together).
+    made: Option<PathBuf>,
+}
+
+impl Placer {
+    fn place(
+        &mut self,
+        from: std::fs::File,
+        metadata: &std::fs::Metadata,
+        source: &Path,
+        target: &Path,
+    ) -> Result<(), InfraError> {
+        if let Some(parent) = target.parent() {
+            if parent != self.root && self.made.as_deref() != Some(parent) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+                self.made = Some(parent.to_path_buf());
+            }
+        }
+        copy_new(from, metadata, target).map_err(|e| copy_error(source, e))
+    }
+}
+
+/// An input opened for copying, with its metadata. Opened non-blocking (no effect on a
+/// regular file's reads), so a FIFO put where an input was listed cannot stall the worker's
+/// thread: anything but a regular file is refused by name.
+fn open_input(source: &Path) -> Result<(std::fs::File, std::fs::Metadata), InfraError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let from = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(source)
+        .map_err(|e| copy_error(source, e))?;
+    let metadata = from.metadata().map_err(|e| copy_error(source, e))?;
+    if !metadata.is_file() {
+        let error = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file");
+        return Err(copy_error(source, error));
+    }
+    Ok((from, metadata))
+}
+
+fn copy_error(source: &Path, error: std::io::Error) -> InfraError {
+    InfraError::io(format!("copying input {}", source.display()), error)
+}
+
+/// Copy the open `from` to a new file `target` (its permission bits as the umask allows). A name
 /// already at `target` (something the script's processes left since the folder was emptied)
 /// is removed first, never written through: a symlink there is not followed.
-fn copy_new(source: &Path, target: &Path) -> std::io::Result<()> {
+fn copy_new(
+    mut from: std::fs::File,
+    metadata: &std::fs::Metadata,
+    target: &Path,
+) -> std::io::Result<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let mut from = std::fs::File::open(source)?;
-    let mode = from.metadata()?.permissions().mode() & 0o7777;
+    let mode = metadata.permissions().mode() & 0o7777;
     let create =
         || std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(target);
     let mut to = match create() {
@@ -341,6 +406,7 @@ fn path_string(path: &Path) -> String {
 mod tests {
     use super::*;
     use batchfleet_common::job::InputMode;
+    use std::time::Duration;
 
     fn input(kind: InputKind, url: &str) -> InputSpec {
         InputSpec { name: "data".into(), kind, url: url.into(), mode: InputMode::RoMount }
@@ -372,6 +438,48 @@ mod tests {
         assert_eq!(std::fs::read_to_string(source.path().join("sub/b.txt")).unwrap(), "bee");
         drop(got);
         assert!(!local.exists());
+    }
+
+    #[tokio::test]
+    async fn small_inputs_copied_in_place_and_large_ones_on_the_pool_keep_the_batchs_order() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(source.path().join("sub")).unwrap();
+        let big = vec![b'x'; INLINE_COPY_BYTES as usize + 1];
+        std::fs::write(source.path().join("a.txt"), "a").unwrap();
+        std::fs::write(source.path().join("big.bin"), &big).unwrap();
+        std::fs::write(source.path().join("c.txt"), "c").unwrap();
+        std::fs::write(source.path().join("sub/d.txt"), "d").unwrap();
+        let url = Url::from_directory_path(source.path()).unwrap();
+        let base = InputBase::for_input(&input(InputKind::UriFolder, url.as_str())).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let items: Vec<String> =
+            ["a.txt", "big.bin", "c.txt", "sub/d.txt"].iter().map(|s| s.to_string()).collect();
+        let got = materialize(&base, &items, scratch.path()).await.unwrap();
+        assert_eq!(got.paths.len(), items.len());
+        for (path, item) in got.paths.iter().zip(&items) {
+            let path = PathBuf::from(path);
+            assert!(path.starts_with(scratch.path()) && path.ends_with(item), "{path:?}");
+            let copied = std::fs::read(&path).unwrap();
+            assert_eq!(copied, std::fs::read(source.path().join(item)).unwrap(), "{item}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_input_that_is_not_a_regular_file_is_refused_by_name() {
+        // A FIFO where a listed input was: opening it for reading must not wait for a writer.
+        let source = tempfile::tempdir().unwrap();
+        let fifo = source.path().join("pipe.txt");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let url = Url::from_directory_path(source.path()).unwrap();
+        let base = InputBase::for_input(&input(InputKind::UriFolder, url.as_str())).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let items = ["pipe.txt".to_string()];
+        let placing = materialize(&base, &items, scratch.path());
+        let got = tokio::time::timeout(Duration::from_secs(30), placing)
+            .await
+            .expect("placing a FIFO input returned within 30 s");
+        let error = got.err().expect("a FIFO input is refused").to_string();
+        assert!(error.contains("pipe.txt") && error.contains("not a regular file"), "{error}");
     }
 
     #[tokio::test]

@@ -39,6 +39,18 @@ mod settle;
 
 /// How long a receive waits for a message, so that a shutdown is noticed quickly.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
+/// The waits of a slot's first receives that find nothing after a batch, while it holds a
+/// runtime: after each, the slot looks whether the runtime's job ended (`retire_ended_job`).
+/// A queue that ran dry is most often a job that just ended, and its producer waits for the
+/// runtimes' stops (their logs): they come within about 100 ms of the job's result instead of
+/// after a full receive wait plus `ENDED_RECHECK` (1 to 3 s). An SQS receive waits whole
+/// seconds, so there they change nothing.
+const EARLY_IDLE_WAITS: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
 /// Longest pause between receives while the broker is failing.
 const MAX_RECEIVE_PAUSE: Duration = Duration::from_secs(10);
 
@@ -97,11 +109,18 @@ impl Slot {
     pub(crate) async fn serve(mut self, stop: CancellationToken) -> SlotEnd {
         tracing::debug!(dir = %self.dir.display(), "slot started");
         let mut receive_failures = 0u32;
+        // Receives in a row that found nothing.
+        let mut empty = 0usize;
         self.prestart(&stop).await;
         while !stop.is_cancelled() {
-            match self.receive(&stop).await {
+            let wait = match EARLY_IDLE_WAITS.get(empty) {
+                Some(wait) if self.runtime.is_some() => *wait,
+                _ => RECEIVE_WAIT,
+            };
+            match self.receive(&stop, wait).await {
                 Ok(Some(delivery)) => {
                     receive_failures = 0;
+                    empty = 0;
                     self.shared.activity.begin();
                     self.handle(delivery, &stop).await;
                     self.shared.activity.end();
@@ -112,7 +131,8 @@ impl Slot {
                 }
                 Ok(None) => {
                     receive_failures = 0;
-                    self.retire_ended_job().await;
+                    empty += 1;
+                    self.retire_ended_job(empty <= EARLY_IDLE_WAITS.len()).await;
                     self.stop_when_idle(&stop);
                 }
                 Err(error) => {
@@ -145,13 +165,17 @@ impl Slot {
         }
     }
 
-    /// The next message, or `None` after [`RECEIVE_WAIT`] without one. When the broker's receive
+    /// The next message, or `None` after `wait` without one. When the broker's receive
     /// is cancel-safe, `stop` cuts the wait short: a stopping worker (every embedded job's end)
     /// does not sit out the rest of the wait first.
-    async fn receive(&self, stop: &CancellationToken) -> Result<Option<Delivery>, BrokerError> {
+    async fn receive(
+        &self,
+        stop: &CancellationToken,
+        wait: Duration,
+    ) -> Result<Option<Delivery>, BrokerError> {
         let broker = &self.shared.broker;
         let queue = &self.shared.config.queues.work;
-        let receive = broker.receive(queue, 1, self.shared.lease, RECEIVE_WAIT);
+        let receive = broker.receive(queue, 1, self.shared.lease, wait);
         let mut got = if broker.receive_is_cancel_safe() {
             tokio::select! {
                 biased;

@@ -261,12 +261,13 @@ impl Slot {
 
     /// An idle slot whose runtime serves a job that ended (its producer wrote the result or
     /// stopped it) stops that runtime, so that `shutdown()` runs and the user log reaches the
-    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`].
-    pub(super) async fn retire_ended_job(&mut self) {
+    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`],
+    /// except `early` (the slot's first short waits after a batch, see `EARLY_IDLE_WAITS`).
+    pub(super) async fn retire_ended_job(&mut self, early: bool) {
         let Some(active) = &self.runtime else {
             return;
         };
-        if self.ended_checked.is_some_and(|at| at.elapsed() < ENDED_RECHECK) {
+        if !early && self.ended_checked.is_some_and(|at| at.elapsed() < ENDED_RECHECK) {
             return;
         }
         self.ended_checked = Some(Instant::now());

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::infra::InfraError;
 use crate::jobs::LoadedJob;
-use crate::materialize::materialize;
+use crate::materialize::{materialize, memory_folder, InputFolders};
 use crate::output;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeError, UserFailure,
@@ -163,10 +163,13 @@ impl Slot {
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
         let scratch = self.dir.join("inputs");
+        let dir = &self.dir;
+        let memory = self.memory.get_or_insert_with(|| memory_folder(dir));
+        let folders = InputFolders { scratch: &scratch, memory: memory.as_ref().map(|m| m.path()) };
         let load = async {
             match &message.table {
                 Some(table) => table_input::prepare(table, &self.tables, &scratch).await,
-                None => materialize(&job.input, &message.items, &scratch).await,
+                None => materialize(&job.input, &message.items, &folders).await,
             }
         };
         let inputs = tokio::time::timeout(job.overhead_timeout(), load)

@@ -78,6 +78,9 @@ pub(crate) struct Slot {
     ended_checked: Option<Instant>,
     /// The phases the current attempt reached, for its record.
     phases: Phases,
+    /// The slot's folder in memory for small batches' input copies (`materialize`), looked
+    /// for on the first batch (`Some(None)`: there is none); removed with the slot.
+    memory: Option<Option<tempfile::TempDir>>,
 }
 
 /// How a slot ended.
@@ -102,6 +105,7 @@ impl Slot {
             logged_start_error: None,
             ended_checked: None,
             phases: Phases::default(),
+            memory: None,
         }
     }
 

@@ -1,0 +1,335 @@
+//! Turning a mini-batch's items into local file paths for `run()`.
+//!
+//! Local inputs (`file://`) are given to `run()` as copies it cannot damage, in the slot's
+//! input folder, emptied when the batch is done (`ro_mount` and `download`: a script that
+//! deletes, moves or overwrites its inputs leaves the input folder as it was; hard links would
+//! share the file an overwrite truncates); with `mode: direct` the original paths. Inputs in an
+//! object store are downloaded
+//! (in parallel, a bounded number at a time) into a per-batch temporary folder that is removed
+//! when the batch is done — for `mode: download` and `ro_mount` alike, since a worker mounts
+//! nothing; with `mode: direct` the script gets the objects' URLs instead, as Azure does.
+//! An object key that would land outside the download folder (`..`, an absolute path) is
+//! refused by name.
+
+use std::path::{Path, PathBuf};
+
+use batchfleet_common::job::{InputKind, InputMode, InputSpec};
+use batchfleet_common::store::{self, StoreLocation};
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use url::Url;
+
+use crate::infra::{retrying, InfraError};
+use crate::runtime::protocol::TableRequest;
+
+mod copies;
+
+use copies::{local_copies, ReusedFolder};
+pub(crate) use copies::{memory_folder, InputFolders};
+
+/// Where a job's items live.
+#[derive(Debug)]
+pub(crate) enum InputBase {
+    /// A local folder, `mode: direct`: items are its paths.
+    Local(PathBuf),
+    /// A local folder, `ro_mount` or `download`: items are copied into the batch's folder.
+    LocalCopy(PathBuf),
+    /// A prefix in an object store: items are downloaded.
+    Remote(StoreLocation),
+    /// `mode: direct` on an object store: items are passed as URLs.
+    Direct(Url),
+}
+
+/// Downloads in flight at once for one batch.
+const PARALLEL_DOWNLOADS: usize = 8;
+
+impl InputBase {
+    /// The folder the items of `input` are relative to (the file's folder for `uri_file`).
+    pub fn for_input(input: &InputSpec) -> Result<InputBase, String> {
+        let url = Url::parse(&input.url).map_err(|e| {
+            format!("input `{}` has an invalid URL `{}`: {e}", input.name, input.url)
+        })?;
+        let base = match input.kind {
+            InputKind::UriFile => url
+                .join("./")
+                .map_err(|e| format!("input `{}`: no folder for `{url}`: {e}", input.name))?,
+            InputKind::UriFolder | InputKind::Mltable => url,
+        };
+        if let Some(path) = store::local_path(&base) {
+            return Ok(match input.mode {
+                InputMode::Direct => InputBase::Local(path),
+                _ => InputBase::LocalCopy(path),
+            });
+        }
+        if input.mode == InputMode::Direct {
+            return Ok(InputBase::Direct(base));
+        }
+        let location = store::open(&base).map_err(|e| format!("input `{}`: {e}", input.name))?;
+        Ok(InputBase::Remote(location))
+    }
+}
+
+/// A batch's items as local paths (or, for a tabular batch, its pieces as local files);
+/// downloaded copies go away when this is dropped.
+pub(crate) struct Materialized {
+    pub paths: Vec<String>,
+    pub table: Option<TableRequest>,
+    pub _downloads: Option<LocalFiles>,
+}
+
+/// Where a batch's local files are, removed when the batch is done (dropped).
+pub(crate) enum LocalFiles {
+    /// A folder of the batch's own, removed with it (held only to be dropped).
+    Batch(#[allow(dead_code)] tempfile::TempDir),
+    /// The slot's folder for copies of local inputs, reused batch after batch and emptied.
+    Reused(#[allow(dead_code)] ReusedFolder),
+}
+
+impl From<tempfile::TempDir> for LocalFiles {
+    fn from(folder: tempfile::TempDir) -> Self {
+        LocalFiles::Batch(folder)
+    }
+}
+
+/// Make `items` available locally; downloads go into a fresh folder under the scratch folder.
+pub(crate) async fn materialize(
+    base: &InputBase,
+    items: &[String],
+    folders: &InputFolders<'_>,
+) -> Result<Materialized, InfraError> {
+    match base {
+        InputBase::Local(folder) => {
+            let paths = items
+                .iter()
+                .map(|item| join_item(folder, item).map(|p| path_string(&p)))
+                .collect::<Result<_, _>>()?;
+            Ok(Materialized { paths, table: None, _downloads: None })
+        }
+        InputBase::LocalCopy(folder) => local_copies(folder, items, folders).await,
+        InputBase::Direct(url) => {
+            let paths = items
+                .iter()
+                .map(|item| {
+                    safe_parts(item)?;
+                    url.join(item).map(|u| u.to_string()).map_err(|e| {
+                        InfraError::io(
+                            format!("input key `{item}`"),
+                            std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(Materialized { paths, table: None, _downloads: None })
+        }
+        InputBase::Remote(location) => download(location, items, folders.scratch).await,
+    }
+}
+
+async fn download(
+    location: &StoreLocation,
+    items: &[String],
+    scratch: &Path,
+) -> Result<Materialized, InfraError> {
+    let folder = batch_folder(scratch, "inputs-")?;
+    let locals = download_into(location, items, folder.path()).await?;
+    let paths = locals.iter().map(|p| path_string(p)).collect();
+    Ok(Materialized { paths, table: None, _downloads: Some(folder.into()) })
+}
+
+/// A fresh folder for one batch's local files under `scratch`, removed when dropped.
+pub(crate) fn batch_folder(scratch: &Path, prefix: &str) -> Result<tempfile::TempDir, InfraError> {
+    std::fs::create_dir_all(scratch).map_err(|e| InfraError::io("creating the input folder", e))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(scratch)
+        .map_err(|e| InfraError::io("creating the input folder", e))
+}
+
+/// Download every object under `location` into `folder`, keeping their relative paths;
+/// returns how many there were.
+pub(crate) async fn download_folder(
+    location: &StoreLocation,
+    folder: &Path,
+) -> Result<usize, InfraError> {
+    let objects: Vec<object_store::ObjectMeta> = retrying("list a folder", || async {
+        location
+            .store
+            .list(Some(&location.prefix))
+            .try_collect()
+            .await
+            .map_err(|e| InfraError::from(store::StoreError::io("list", &location.prefix, e)))
+    })
+    .await?;
+    let prefix = format!("{}/", location.prefix);
+    let items: Vec<String> = objects
+        .iter()
+        .map(|meta| {
+            let key = meta.location.as_ref();
+            key.strip_prefix(&prefix).unwrap_or(key).to_string()
+        })
+        .collect();
+    download_into(location, &items, folder).await?;
+    Ok(items.len())
+}
+
+/// Download `items` (keys relative to `location`) into `folder`, keeping their relative paths;
+/// returns the local paths in the order of `items`.
+pub(crate) async fn download_into(
+    location: &StoreLocation,
+    items: &[String],
+    folder: &Path,
+) -> Result<Vec<PathBuf>, InfraError> {
+    let locals = items.iter().map(|item| join_item(folder, item)).collect::<Result<Vec<_>, _>>()?;
+    let jobs: Vec<(String, PathBuf)> = items.iter().cloned().zip(locals.iter().cloned()).collect();
+    futures::stream::iter(jobs)
+        .map(|(item, local)| download_one(location.clone(), item, local))
+        .buffer_unordered(PARALLEL_DOWNLOADS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(locals)
+}
+
+async fn download_one(
+    location: StoreLocation,
+    item: String,
+    local: PathBuf,
+) -> Result<(), InfraError> {
+    let key = location.child_key(&item);
+    let bytes = retrying("download input", || async {
+        let got =
+            location.store.get(&key).await.map_err(|e| store::StoreError::io("get", &key, e))?;
+        got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
+    })
+    .await?;
+    if let Some(parent) = local.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
+    }
+    tokio::fs::write(&local, &bytes)
+        .await
+        .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))
+}
+
+/// `folder` joined with a `/`-separated item path that must stay inside it.
+pub(crate) fn join_item(folder: &Path, item: &str) -> Result<PathBuf, InfraError> {
+    Ok(safe_parts(item)?.into_iter().fold(folder.to_path_buf(), |p, part| p.join(part)))
+}
+
+/// The parts of an object key, refusing one that would escape the folder it is placed in.
+fn safe_parts(item: &str) -> Result<Vec<&str>, InfraError> {
+    let escapes = item.starts_with('/')
+        || item.contains('\\')
+        || item.split('/').any(|part| part == ".." || part == ".");
+    if escapes {
+        return Err(InfraError::io(
+            format!("input key `{item}`"),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it would land outside the batch's folder (absolute, `.` or `..` parts); refused",
+            ),
+        ));
+    }
+    Ok(item.split('/').filter(|part| !part.is_empty()).collect())
+}
+
+fn path_string(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use batchfleet_common::job::InputMode;
+
+    fn input(kind: InputKind, url: &str) -> InputSpec {
+        InputSpec { name: "data".into(), kind, url: url.into(), mode: InputMode::RoMount }
+    }
+
+    #[tokio::test]
+    async fn direct_local_items_stay_where_they_are() {
+        let mut spec = input(InputKind::UriFolder, "file:///data/in");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
+        let got = materialize(
+            &base,
+            &["a.txt".into(), "sub/b.txt".into()],
+            &InputFolders::on_disk(Path::new("/unused")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(got.paths, vec!["/data/in/a.txt", "/data/in/sub/b.txt"]);
+    }
+
+    #[tokio::test]
+    async fn uri_file_items_are_relative_to_the_files_folder() {
+        let mut spec = input(InputKind::UriFile, "file:///data/in/table.csv");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
+        let got =
+            materialize(&base, &["table.csv".into()], &InputFolders::on_disk(Path::new("/unused")))
+                .await
+                .unwrap();
+        assert_eq!(got.paths, vec!["/data/in/table.csv"]);
+    }
+
+    #[tokio::test]
+    async fn remote_items_are_downloaded_and_removed_afterwards() {
+        let source = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(source.path().join("sub")).unwrap();
+        std::fs::write(source.path().join("sub/b.txt"), "bee").unwrap();
+        let url = Url::from_directory_path(source.path()).unwrap();
+        let location = store::open(&url).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let got = materialize(
+            &InputBase::Remote(location),
+            &["sub/b.txt".into()],
+            &InputFolders::on_disk(scratch.path()),
+        )
+        .await
+        .unwrap();
+        let local = PathBuf::from(&got.paths[0]);
+        assert!(local.starts_with(scratch.path()));
+        assert_eq!(std::fs::read_to_string(&local).unwrap(), "bee");
+        drop(got);
+        assert!(!local.exists());
+    }
+
+    #[test]
+    fn object_store_inputs_are_downloaded_unless_direct() {
+        let remote = InputBase::for_input(&input(InputKind::UriFolder, "s3://bucket/in/")).unwrap();
+        assert!(matches!(remote, InputBase::Remote(_)));
+        let mut direct = input(InputKind::UriFolder, "s3://bucket/in/");
+        direct.mode = InputMode::Direct;
+        assert!(matches!(InputBase::for_input(&direct).unwrap(), InputBase::Direct(_)));
+    }
+
+    #[tokio::test]
+    async fn direct_mode_passes_urls() {
+        let mut spec = input(InputKind::UriFolder, "s3://bucket/in/");
+        spec.mode = InputMode::Direct;
+        let base = InputBase::for_input(&spec).unwrap();
+        let got =
+            materialize(&base, &["sub/a.txt".into()], &InputFolders::on_disk(Path::new("/unused")))
+                .await
+                .unwrap();
+        assert_eq!(got.paths, vec!["s3://bucket/in/sub/a.txt"]);
+    }
+
+    #[tokio::test]
+    async fn keys_that_would_escape_the_folder_are_refused_by_name() {
+        let base = InputBase::for_input(&input(InputKind::UriFolder, "file:///data/in")).unwrap();
+        for bad in ["../etc/passwd", "a/../../b", "/etc/passwd", "./x"] {
+            let err = materialize(
+                &base,
+                &[bad.to_string()],
+                &InputFolders::on_disk(Path::new("/unused")),
+            )
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("`{bad}` must be refused"))
+            .to_string();
+            assert!(err.contains(bad) && err.contains("outside"), "{err}");
+        }
+    }
+}

@@ -91,22 +91,84 @@ impl<'a> InputFolders<'a> {
 /// 1.34 s on a tmpfs). A batch counts as small when its files add up to at most
 /// [`INLINE_COPY_BYTES`], so a slot holds at most that much memory for its copies (and whatever
 /// its script writes next to them, which goes with the batch).
-pub(crate) fn memory_folder(scratch: &Path) -> Option<tempfile::TempDir> {
+///
+/// The folder is held locked (`flock`) while it lives: a worker killed before its slots could
+/// remove their folders leaves them unlocked, and the next slot to make one removes them
+/// ([`remove_abandoned`]) — whatever the process ids, so also across PID namespaces.
+pub(crate) struct MemoryFolder {
+    folder: tempfile::TempDir,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl MemoryFolder {
+    pub(crate) fn path(&self) -> &Path {
+        self.folder.path()
+    }
+}
+
+/// The prefix of memory folders' names.
+const MEMORY_PREFIX: &str = "batchfleet-inputs-";
+/// An unlocked memory folder younger than this may be one whose maker has not locked it yet.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The slot's memory folder, when one can be made (see [`MemoryFolder`]).
+pub(crate) fn memory_folder(scratch: &Path) -> Option<MemoryFolder> {
     let memory = Path::new("/dev/shm");
     if !is_tmpfs(memory) || is_tmpfs(scratch) {
         return None;
     }
+    remove_abandoned(memory, ABANDONED_AFTER);
     use std::os::unix::fs::PermissionsExt;
     let private = std::fs::Permissions::from_mode(0o700);
-    match tempfile::Builder::new()
-        .prefix("batchfleet-inputs-")
-        .permissions(private)
-        .tempdir_in(memory)
-    {
-        Ok(folder) => Some(folder),
+    let made =
+        tempfile::Builder::new().prefix(MEMORY_PREFIX).permissions(private).tempdir_in(memory);
+    let folder = match made {
+        Ok(folder) => folder,
         Err(error) => {
             tracing::debug!(%error, "no folder in /dev/shm for small batches' inputs");
+            return None;
+        }
+    };
+    let lock = std::fs::File::open(folder.path()).map_err(|e| e.to_string()).and_then(|dir| {
+        nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| errno.to_string())
+    });
+    match lock {
+        Ok(lock) => Some(MemoryFolder { folder, _lock: lock }),
+        Err(error) => {
+            tracing::debug!(%error, "cannot lock the folder in /dev/shm for small batches' inputs");
             None
+        }
+    }
+}
+
+/// Remove the memory folders under `memory` that no live process holds locked and that are
+/// older than `after` (see [`MemoryFolder`]); a symlink or another user's folder is left.
+fn remove_abandoned(memory: &Path, after: std::time::Duration) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(memory) else { return };
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(MEMORY_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(metadata) = std::fs::symlink_metadata(&path) else { continue };
+        let old =
+            metadata.modified().ok().and_then(|m| m.elapsed().ok()).is_some_and(|a| a >= after);
+        if !metadata.is_dir() || metadata.uid() != uid || !old {
+            continue;
+        }
+        let Ok(dir) = std::fs::File::open(&path) else { continue };
+        // Locked: its slot is alive. The lock is ours while we remove the folder.
+        let Ok(_held) = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        else {
+            continue;
+        };
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => tracing::info!(folder = %path.display(), "removed an abandoned input folder"),
+            Err(error) => tracing::debug!(folder = %path.display(), %error,
+                "cannot remove an abandoned input folder"),
         }
     }
 }

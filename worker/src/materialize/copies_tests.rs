@@ -166,6 +166,10 @@ fn a_memory_folder_is_private_made_on_a_tmpfs_only_for_a_scratch_folder_that_is_
     let on_disk = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     match memory_folder(on_disk) {
         Some(folder) => {
+            // Held locked while it lives.
+            let dir = std::fs::File::open(folder.path()).unwrap();
+            let locked = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock);
+            assert!(locked.is_err(), "a live memory folder is locked");
             assert!(is_tmpfs(shm) && !is_tmpfs(on_disk));
             assert!(folder.path().starts_with(shm), "{:?}", folder.path());
             use std::os::unix::fs::PermissionsExt;
@@ -181,4 +185,28 @@ fn a_memory_folder_is_private_made_on_a_tmpfs_only_for_a_scratch_folder_that_is_
         let in_memory = tempfile::tempdir_in(shm).unwrap();
         assert!(memory_folder(in_memory.path()).is_none(), "a scratch folder in memory needs none");
     }
+}
+
+#[test]
+fn folders_of_killed_workers_are_removed_and_live_ones_kept() {
+    let memory = tempfile::tempdir().unwrap();
+    let abandoned = memory.path().join(format!("{MEMORY_PREFIX}dead"));
+    let live = memory.path().join(format!("{MEMORY_PREFIX}live"));
+    let other = memory.path().join("someone-else");
+    for folder in [&abandoned, &live, &other] {
+        std::fs::create_dir_all(folder.join("view")).unwrap();
+        std::fs::write(folder.join("view/a.txt"), "a").unwrap();
+    }
+    let link = memory.path().join(format!("{MEMORY_PREFIX}link"));
+    std::os::unix::fs::symlink(&other, &link).unwrap();
+    let dir = std::fs::File::open(&live).unwrap();
+    let _held = nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
+
+    // Too young to be taken for abandoned: all kept.
+    remove_abandoned(memory.path(), Duration::from_secs(3600));
+    assert!(abandoned.exists());
+    remove_abandoned(memory.path(), Duration::ZERO);
+    assert!(!abandoned.exists(), "the unlocked folder of a killed worker goes");
+    assert!(live.join("view/a.txt").exists(), "a folder its slot holds locked stays");
+    assert!(other.join("view/a.txt").exists() && link.exists(), "other names and links stay");
 }

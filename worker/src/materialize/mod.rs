@@ -25,7 +25,7 @@ use crate::runtime::protocol::TableRequest;
 mod copies;
 
 use copies::{local_copies, ReusedFolder};
-pub(crate) use copies::{memory_folder, InputFolders};
+pub(crate) use copies::{memory_folder, InputFolders, MemoryFolder};
 
 /// Where a job's items live.
 #[derive(Debug)]

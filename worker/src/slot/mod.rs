@@ -80,7 +80,7 @@ pub(crate) struct Slot {
     phases: Phases,
     /// The slot's folder in memory for small batches' input copies (`materialize`), looked
     /// for on the first batch (`Some(None)`: there is none); removed with the slot.
-    memory: Option<Option<tempfile::TempDir>>,
+    memory: Option<Option<crate::materialize::MemoryFolder>>,
 }
 
 /// How a slot ended.

@@ -180,8 +180,7 @@ fn is_tmpfs(path: &Path) -> bool {
 
 /// The batch's local items copied into one of the slot's reused folders (see
 /// [`ReusedFolder`]): in memory when the batch is small and the slot has a memory folder,
-/// else under the scratch folder — the small files on the worker's thread, the rest on the
-/// blocking pool.
+/// else under the scratch folder.
 pub(super) async fn local_copies(
     folder: &Path,
     items: &[String],
@@ -191,7 +190,7 @@ pub(super) async fn local_copies(
         items.iter().map(|item| join_item(folder, item)).collect::<Result<_, _>>()?;
     let mut opened = open_small(&sources)?;
     if let (true, Some(memory)) = (opened.len() == sources.len(), folders.memory) {
-        match copy_in_place(memory, items, &sources, opened) {
+        match copy_into(memory, items, &sources, opened).await {
             Ok(placed) => return Ok(placed),
             Err(error) => {
                 // A full tmpfs, say: the scratch folder takes the batch.
@@ -200,7 +199,18 @@ pub(super) async fn local_copies(
             }
         }
     }
-    let view = ReusedFolder::open(folders.scratch)?;
+    copy_into(folders.scratch, items, &sources, opened).await
+}
+
+/// Copy the batch into the reused folder under `parent`: the files already `opened` (the
+/// first ones, within [`INLINE_COPY_BYTES`]) on this thread, the rest on the blocking pool.
+async fn copy_into(
+    parent: &Path,
+    items: &[String],
+    sources: &[PathBuf],
+    opened: Vec<(std::fs::File, std::fs::Metadata)>,
+) -> Result<Materialized, InfraError> {
+    let view = ReusedFolder::open(parent)?;
     let mut targets: Vec<PathBuf> =
         items.iter().map(|item| join_item(view.path(), item)).collect::<Result<_, _>>()?;
     let mut placer = Placer { root: view.path().to_path_buf(), made: None };
@@ -244,24 +254,6 @@ fn open_small(sources: &[PathBuf]) -> Result<Vec<(std::fs::File, std::fs::Metada
         opened.push((from, metadata));
     }
     Ok(opened)
-}
-
-/// Copy a whole (small, opened) batch into the reused folder under `parent`, on this thread.
-fn copy_in_place(
-    parent: &Path,
-    items: &[String],
-    sources: &[PathBuf],
-    opened: Vec<(std::fs::File, std::fs::Metadata)>,
-) -> Result<Materialized, InfraError> {
-    let view = ReusedFolder::open(parent)?;
-    let mut placer = Placer { root: view.path().to_path_buf(), made: None };
-    let mut paths = Vec::with_capacity(items.len());
-    for ((item, source), (from, metadata)) in items.iter().zip(sources).zip(opened) {
-        let target = join_item(view.path(), item)?;
-        placer.place(from, &metadata, source, &target)?;
-        paths.push(path_string(&target));
-    }
-    Ok(Materialized { paths, table: None, _downloads: Some(LocalFiles::Reused(view)) })
 }
 
 /// Places copies under the slot's folder, making the sub-folders items need.

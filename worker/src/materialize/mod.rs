@@ -44,6 +44,11 @@ pub(crate) enum InputBase {
 const PARALLEL_DOWNLOADS: usize = 8;
 
 impl InputBase {
+    /// Items are copied from a local folder (the case a slot's memory folder serves).
+    pub(crate) fn copies_local_files(&self) -> bool {
+        matches!(self, InputBase::LocalCopy(_))
+    }
+
     /// The folder the items of `input` are relative to (the file's folder for `uri_file`).
     pub fn for_input(input: &InputSpec) -> Result<InputBase, String> {
         let url = Url::parse(&input.url).map_err(|e| {

@@ -163,9 +163,12 @@ impl Slot {
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
         let scratch = self.dir.join("inputs");
-        let dir = &self.dir;
-        let memory = self.memory.get_or_insert_with(|| memory_folder(dir));
-        let folders = InputFolders { scratch: &scratch, memory: memory.as_ref().map(|m| m.path()) };
+        // The memory folder (and its look for abandoned ones) only for jobs that copy inputs.
+        let memory = match message.table.is_none() && job.input.copies_local_files() {
+            true => self.memory.get_or_insert_with(|| memory_folder(&self.dir)).as_ref(),
+            false => None,
+        };
+        let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()) };
         let load = async {
             match &message.table {
                 Some(table) => table_input::prepare(table, &self.tables, &scratch).await,

@@ -245,7 +245,8 @@ impl Slot {
     /// alone does not make it unique: a batch published twice (a resumed job) is delivered
     /// twice with the same count, possibly to the same slot, and a part that another attempt's
     /// status already names must never be overwritten or deleted.
-    fn part_name(&mut self, attempt: u32) -> String {
+    /// Attempt markers (`counting`) are named the same way, for the same uniqueness.
+    pub(super) fn part_name(&mut self, attempt: u32) -> String {
         self.attempts += 1;
         let (worker, instance) = (&self.shared.config.worker_id, &self.shared.instance);
         format!("{attempt}-{worker}-s{}-{instance}{}", self.index, self.attempts)

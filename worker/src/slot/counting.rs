@@ -26,11 +26,7 @@ impl Slot {
             return Ok(Counted { attempt: 1, marker: None });
         }
         let attempt = output::attempt_of(job, batch_id, delivery_count).await?;
-        self.attempts += 1;
-        let (worker, instance) = (&self.shared.config.worker_id, &self.shared.instance);
-        let marker =
-            format!("{delivery_count}-{worker}-s{}-{instance}{}", self.index, self.attempts);
-        Ok(Counted { attempt, marker: Some(marker) })
+        Ok(Counted { attempt, marker: Some(self.part_name(delivery_count)) })
     }
 
     /// Record that this delivery reached the slot (nothing for a first delivery).

@@ -94,7 +94,9 @@
 
   // ---- Gantt ---------------------------------------------------------------------------------
   const view = { t0: 0, t1: Math.max(D.wall, 1) };
-  const compact = { on: false, threshold: Math.max(1, D.median * 3) };
+  // 3x the median, and never under 10 ms: with attempts of a millisecond or two (times are
+  // whole milliseconds), 3x the median would keep nearly all of them.
+  const compact = { on: false, threshold: Math.max(10, D.median * 3) };
   const GUTTER = 118, AXIS = 26;
   const laneH = Math.max(7, Math.min(24, Math.floor(520 / Math.max(1, D.lanes.length))));
   const legend = el("span", { class: "legend" }, PHASE_NAMES.map((n, i) => el("span", {},

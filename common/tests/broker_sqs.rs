@@ -505,3 +505,101 @@ async fn an_unreachable_server_is_a_transient_connection_error() {
     assert_eq!(err.retry(), batchfleet_common::Retry::Transient);
     assert!(!err.to_string().contains("s3cret"), "{err}");
 }
+
+/// Receives one message at a time from `broker` (acking each) until it holds at least `held`
+/// read ahead; returns what was received and the `ReceiveMessage` calls it took.
+async fn receive_until_read_ahead(
+    broker: &SqsBroker,
+    queue: &str,
+    lease: Duration,
+    calls: &CountCalls,
+    held: usize,
+) -> (Vec<Bytes>, usize) {
+    const LIMIT: usize = 60;
+    let before = calls.of("ReceiveMessage");
+    let mut taken = Vec::new();
+    while broker.held_ahead() < held {
+        assert!(taken.len() < LIMIT, "{LIMIT} receives of one message, {held} not read ahead");
+        let delivery = receive_one(broker, queue, lease).await;
+        assert_eq!(delivery.delivery_count, 1, "a first delivery");
+        broker.ack(&delivery.handle).await.unwrap();
+        taken.push(delivery.payload);
+    }
+    (taken, calls.of("ReceiveMessage") - before)
+}
+
+/// Everything left in `queue`, through another broker: (payloads, delivery counts).
+async fn drain(queue: &str, expected: usize) -> (Vec<Bytes>, Vec<u32>) {
+    let other = sqs().await;
+    let (mut payloads, mut counts) = (Vec::new(), Vec::new());
+    let deadline = Instant::now() + EVENTUALLY;
+    while payloads.len() < expected {
+        assert!(Instant::now() < deadline, "only {} of {expected} came back", payloads.len());
+        for delivery in other.receive(queue, 10, LONG, POLL).await.unwrap() {
+            payloads.push(delivery.payload.clone());
+            counts.push(delivery.delivery_count);
+            other.ack(&delivery.handle).await.unwrap();
+        }
+    }
+    other.flush().await;
+    (payloads, counts)
+}
+
+#[tokio::test]
+async fn fast_receives_read_ahead_and_a_flush_hands_back_what_no_one_took_uncounted() {
+    let prefix = unique_prefix("ahead");
+    let queue = format!("{prefix}.work");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let sent: Vec<Bytes> = (0..80).map(|i| Bytes::from(format!("m{i:02}"))).collect();
+    broker.publish(&queue, sent.clone()).await.unwrap();
+
+    let (taken, receive_calls) = receive_until_read_ahead(&broker, &queue, LONG, &calls, 2).await;
+    assert!(receive_calls < taken.len(), "{} receives, {receive_calls} calls", taken.len());
+    let held = broker.held_ahead();
+    // Received one by one, the next receives take what is held: no call for them.
+    let before = calls.of("ReceiveMessage");
+    let next = broker.receive(&queue, 1, LONG, POLL).await.unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(calls.of("ReceiveMessage"), before, "a message held ahead takes no call");
+    assert_eq!(broker.held_ahead(), held - 1);
+    broker.ack(&next[0].handle).await.unwrap();
+
+    broker.flush().await;
+    assert_eq!(broker.held_ahead(), 0, "a flush hands back what was read ahead");
+    let (rest, counts) = drain(&queue, 80 - taken.len() - 1).await;
+    assert!(counts.iter().all(|&count| count == 1), "handed back uncounted: {counts:?}");
+    let mut all: Vec<Bytes> =
+        taken.into_iter().chain([next[0].payload.clone()]).chain(rest).collect();
+    all.sort();
+    assert_eq!(all, sent, "every message once: none lost, none twice");
+    cleanup(&broker, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn messages_read_ahead_that_wait_past_their_hold_go_back_uncounted() {
+    let prefix = unique_prefix("ahead-hold");
+    let queue = format!("{prefix}.work");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let sent: Vec<Bytes> = (0..80).map(|i| Bytes::from(format!("m{i:02}"))).collect();
+    broker.publish(&queue, sent.clone()).await.unwrap();
+    // A 4 s lease: what is read ahead waits a quarter of it (1 s) for a receiver at most.
+    let lease = Duration::from_secs(4);
+    let (taken, _) = receive_until_read_ahead(&broker, &queue, lease, &calls, 1).await;
+    // No receiver comes any more: the held messages go back on their own.
+    let deadline = Instant::now() + EVENTUALLY;
+    while broker.held_ahead() > 0 {
+        assert!(Instant::now() < deadline, "messages still held ahead after {EVENTUALLY:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (rest, counts) = drain(&queue, 80 - taken.len()).await;
+    assert!(counts.iter().all(|&count| count == 1), "handed back uncounted: {counts:?}");
+    let mut all: Vec<Bytes> = taken.into_iter().chain(rest).collect();
+    all.sort();
+    assert_eq!(all, sent, "every message once: none lost, none twice");
+    broker.flush().await;
+    cleanup(&broker, &[&queue]).await;
+}

@@ -46,11 +46,6 @@ async fn publish_payload(
     }
 }
 
-/// How long the first batch event of a message waits for others to join it. A longer linger
-/// saves SQS calls (`bench_sqs`, 3,000 trivial mini-batches, load 7-8: 10 ms 162 and 226
-/// mini-batches per second, 50 ms 235 and 260), but every job's end waits for its last event,
-/// and an embedded job is to end within 50 ms of its last batch: 10 ms.
-const EVENT_LINGER: Duration = Duration::from_millis(10);
 /// Statuses one event message carries at most...
 const EVENT_MAX_STATUSES: usize = 256;
 /// ...and the most JSON they may add up to (SQS takes messages up to 256 KiB).
@@ -58,7 +53,11 @@ const EVENT_MAX_BYTES: usize = 128 * 1024;
 
 /// The worker's batch events, coalesced: slots hand over the statuses they won and go on
 /// (the ack does not wait for the event); one task publishes what arrived within
-/// [`EVENT_LINGER`] as one message per job (`BatchesEnded`; `BatchEnded` for a single batch).
+/// the broker's [`Broker::publish_linger`] as one message per job (`BatchesEnded`;
+/// `BatchEnded` for a single batch). The linger saves calls, but every job's end waits for its
+/// last event: an embedded job is to end within 50 ms of its last batch (10 ms), an SQS call
+/// costs more (100 ms; `bench_sqs`, 3,000 trivial mini-batches, load 7-8: a 10 ms linger gave
+/// 162 and 226 mini-batches per second, 50 ms 235 and 260).
 ///
 /// One message per batch was the largest per-batch cost on the broker: a persistent,
 /// confirmed publish to a quorum queue, a delivery and an ack, for every batch. Not waiting
@@ -116,11 +115,12 @@ async fn publish_batch_events(
     mut receiver: mpsc::UnboundedReceiver<(String, BatchStatus)>,
 ) {
     let mut pending = Vec::new();
+    let linger = broker.publish_linger();
     while let Some(first) = receiver.recv().await {
         pending.push(first);
         // Sleep rather than wait on the channel: the events of the next milliseconds queue up
         // without waking this task once each.
-        tokio::time::sleep(EVENT_LINGER).await;
+        tokio::time::sleep(linger).await;
         while let Ok(event) = receiver.try_recv() {
             pending.push(event);
         }

@@ -171,6 +171,14 @@ pub trait Broker: Send + Sync + 'static {
         false
     }
 
+    /// How long a publisher may hold small messages back to send them together in one publish
+    /// (a worker's batch events wait this long for others to join them): about what one call
+    /// costs the backend, against how soon the message is wanted. 10 ms by default; SQS, where
+    /// every call costs the server milliseconds (and AWS bills it), waits longer.
+    fn publish_linger(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+
     /// Done with the message: remove it. A backend may hold the ack back for a few
     /// milliseconds to send it with others ([`Broker::flush`] sends it at once); a held ack that
     /// never reaches the broker (the connection broke) makes the message come back, as any ack

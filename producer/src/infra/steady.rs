@@ -85,6 +85,10 @@ impl Broker for SteadyBroker {
         self.inner.receive_is_cancel_safe()
     }
 
+    fn publish_linger(&self) -> Duration {
+        self.inner.publish_linger()
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         steadily("declare a queue", self.attempt_limit, || self.inner.declare_queue(spec)).await
     }

@@ -74,6 +74,10 @@ impl Broker for RecordingBroker {
         self.inner.receive_is_cancel_safe()
     }
 
+    fn publish_linger(&self) -> Duration {
+        self.inner.publish_linger()
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         self.inner.declare_queue(spec).await
     }

@@ -20,6 +20,10 @@ pub(super) const DEAD_LETTER_REASON: &str = "batchfleet-dead-letter-reason";
 /// Message attribute on an explicitly dead-lettered copy: the batchfleet queue it came from.
 pub(super) const DEAD_LETTER_SOURCE: &str = "batchfleet-dead-letter-source";
 
+/// Message attribute on a copy a receiver handed back unseen (module `hand_back`): the
+/// deliveries of the original before the one handed back, which the copy's count goes on from.
+pub(super) const EARLIER: &str = "batchfleet-earlier-deliveries";
+
 const BASE64: &str = "base64";
 
 /// An SQS body and its attributes.

@@ -36,6 +36,7 @@ impl SqsBroker {
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_attribute_names(body::ENCODING)
             .message_attribute_names(body::DEAD_LETTER_REASON)
+            .message_attribute_names(body::EARLIER)
             .send()
             .await
             .map_err(|e| self.lost(queue, error::on_queue(&e, queue)))?;
@@ -92,7 +93,7 @@ impl SqsBroker {
                 return None;
             }
         };
-        let delivery_count = receive_count(message);
+        let delivery_count = delivery_count(message);
         let dead_letter_reason = match body::attribute(attributes, body::DEAD_LETTER_REASON) {
             Some(reason) => Some(reason.to_owned()),
             None if from_dead_letter_queue => Some(DELIVERY_LIMIT.to_owned()),
@@ -200,7 +201,16 @@ impl SqsBroker {
     }
 }
 
-/// The delivery count of a received message: its `ApproximateReceiveCount`.
+/// The delivery count of a received message: its `ApproximateReceiveCount`, plus the earlier
+/// deliveries a handed-back copy carries.
+fn delivery_count(message: &Message) -> u32 {
+    let earlier = body::attribute(message.message_attributes(), body::EARLIER)
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0);
+    receive_count(message).saturating_add(earlier)
+}
+
+/// A received message's `ApproximateReceiveCount`.
 fn receive_count(message: &Message) -> u32 {
     let count = message
         .attributes()

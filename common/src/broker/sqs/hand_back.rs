@@ -1,0 +1,77 @@
+//! Giving back messages this process received ahead of demand (module `combine`) and no
+//! receiver took, without counting a delivery.
+//!
+//! Making such a message visible again (`ChangeMessageVisibility` 0) would raise its
+//! `ApproximateReceiveCount` although no one saw it, and a worker takes that count for its
+//! attempts: a read-ahead that had to give messages back would burn attempts of healthy
+//! mini-batches. So each one is sent again as a copy carrying the deliveries so far
+//! ([`body::EARLIER`], this delivery not counted), and the original is deleted once the copies
+//! are in. The copy goes to the back of the queue with a fresh receive count (the redrive
+//! policy's backstop counts afresh, as RabbitMQ's does for its copies). If the copies cannot be
+//! sent, the originals are made visible again after all (counted), with a warning; if the
+//! process dies between the copy and the delete, SQS delivers the original again after its
+//! visibility timeout and the mini-batch may run twice, which batchfleet's create-only outputs
+//! make a no-op.
+
+use super::body::{self, Body};
+use super::{SqsBroker, MAX_BATCH};
+use crate::broker::{BrokerError, Delivery};
+
+impl SqsBroker {
+    /// Give `deliveries` (received from `queue`, leased by this process, seen by no one) back
+    /// uncounted; returns how many went back as copies.
+    pub(super) async fn hand_back(&self, queue: &str, deliveries: Vec<Delivery>) -> usize {
+        let mut copied = 0;
+        for chunk in deliveries.chunks(MAX_BATCH) {
+            match self.copy_back(queue, chunk).await {
+                Ok(()) => copied += chunk.len(),
+                Err(error) => {
+                    tracing::warn!(queue, %error, count = chunk.len(),
+                        "could not hand back messages read ahead uncounted; making them visible \
+                        again (counted)");
+                    for delivery in chunk {
+                        if let Err(error) = self.nack_now(delivery).await {
+                            tracing::debug!(queue, %error, "giving back a message read ahead \
+                                failed; it comes back when its visibility timeout ends");
+                        }
+                    }
+                }
+            }
+        }
+        if copied > 0 {
+            tracing::debug!(queue, copied, "messages read ahead handed back uncounted");
+        }
+        copied
+    }
+
+    /// Send the copies of `chunk` (at most 10) in one call, then delete the originals.
+    async fn copy_back(&self, queue: &str, chunk: &[Delivery]) -> Result<(), BrokerError> {
+        let mut url = None;
+        let mut copies = Vec::with_capacity(chunk.len());
+        for delivery in chunk {
+            let held = self.leases().get(&delivery.handle)?;
+            let earlier = delivery.delivery_count.saturating_sub(1).to_string();
+            copies.push(Body::encode(&held.payload)?.with(body::EARLIER, &earlier)?);
+            url.get_or_insert(held.queue_url);
+        }
+        let Some(url) = url else {
+            return Ok(());
+        };
+        self.send_batch(&url, queue, copies).await?;
+        for delivery in chunk {
+            // The copy is in: the original goes with the next held deletes.
+            if let Ok(held) = self.leases().get(&delivery.handle) {
+                self.leases().release(&delivery.handle);
+                self.inner.acks.hold(&held.queue, &held.queue_url, held.receipt);
+            }
+        }
+        Ok(())
+    }
+
+    /// Make a held delivery visible now (its receive count goes up).
+    async fn nack_now(&self, delivery: &Delivery) -> Result<(), BrokerError> {
+        let held = self.leases().get(&delivery.handle)?;
+        let outcome = self.set_visibility(&held, &delivery.handle, 0).await;
+        self.settle(&delivery.handle, outcome)
+    }
+}

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::events::BatchEvents;
 use crate::jobs::JobCache;
 use crate::records::AttemptRecords;
-use crate::runtime::{install_driver, resolve_interpreter};
+use crate::runtime::{install_driver, prepare_interpreter};
 use crate::shared::{
     Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
 };
@@ -147,13 +147,18 @@ impl Worker {
         });
         metrics::slots_started(shared.config.concurrency);
         let flushing = records.start_flushing(records_stop.clone());
-        // Runtimes that start before the answer use the interpreter as configured.
-        let resolving = (!self.interpreter_as_given).then(|| {
+        // Runtimes that start before the answer use the interpreter as configured (and compile
+        // the driver themselves).
+        let resolving = {
             let (python, resolved) = (shared.config.python.clone(), shared.interpreter.clone());
+            let (driver, as_given) = (shared.driver.clone(), self.interpreter_as_given);
             tokio::spawn(async move {
-                let _ = resolved.set(resolve_interpreter(&python).await);
+                let answer = prepare_interpreter(&python, &driver).await;
+                if !as_given {
+                    let _ = resolved.set(answer);
+                }
             })
-        });
+        };
         // Idle exit stops the slots without cancelling the caller's token.
         let stop = shutdown.child_token();
         let mut slots = JoinSet::new();
@@ -213,9 +218,7 @@ impl Worker {
         if let Some(drain) = drain {
             drain.abort();
         }
-        if let Some(resolving) = resolving {
-            resolving.abort();
-        }
+        resolving.abort();
         // Acks the broker holds back for a few milliseconds (to send them together) go now.
         shared.broker.flush().await;
         shared.events.close(EVENTS_FLUSH_LIMIT).await;

@@ -19,14 +19,12 @@ process can still write to them: the worker checks every answer (see docs/entry-
 """
 
 import importlib.util
-import inspect
 import errno
 import json
 from json.encoder import encode_basestring_ascii
 import os
 import re
 import sys
-import traceback
 
 PROTOCOL_VERSION = 1
 
@@ -344,7 +342,7 @@ def read_piece(pd, table, piece, reader):
         url = piece.get("url") or piece.get("path")
         message = ("reading %s (this mini-batch's piece of it) failed: %s: %s"
                    % (url, type(exc).__name__, str(exc).strip()))
-        details = None if isinstance(exc, DATA_ERRORS) else traceback.format_exc()
+        details = None if isinstance(exc, DATA_ERRORS) else format_exc()
         raise InputError(message, exception=type(exc).__name__, traceback=details)
     skip, take = piece.get("skip_rows") or 0, piece.get("take_rows")
     added = added_columns(table, piece)
@@ -450,7 +448,15 @@ def failure_kind(exc):
     return "user_error"
 
 
+def format_exc():
+    """traceback.format_exc(), traceback imported only when something failed (it costs every
+    interpreter start a few milliseconds)."""
+    import traceback
+    return traceback.format_exc()
+
+
 def exception_fields(exc):
+    import traceback
     return {
         "exception": type(exc).__name__,
         "message": str(exc),
@@ -475,6 +481,13 @@ def load_entry_script(code_dir, entry_script):
 
 def wants_context(run):
     """True when run() takes a second positional parameter (run(mini_batch, context))."""
+    code = getattr(run, "__code__", None)
+    if type(run) is FUNCTION and code is not None and not hasattr(run, "__wrapped__") \
+            and not hasattr(run, "__signature__"):
+        # A plain function (the usual entry script): its code object says it, without
+        # importing inspect (which costs an interpreter start more than the rest of the driver).
+        return code.co_argcount >= 2 or bool(code.co_flags & CO_VARARGS)
+    import inspect
     try:
         params = inspect.signature(run).parameters.values()
     except (TypeError, ValueError):
@@ -482,6 +495,10 @@ def wants_context(run):
     positional = [p for p in params
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+FUNCTION = type(wants_context)
+CO_VARARGS = 0x04
 
 
 def is_dataframe(result):
@@ -543,7 +560,7 @@ def load_table(protocol, batch_id, table, answer):
         protocol.send("error", batch_id=batch_id, kind="input_error", exception=exc.exception,
                       message=str(exc), traceback=exc.traceback, **answer)
     except Exception as exc:  # not plainly about the data: keep the whole story
-        sys.stderr.write(traceback.format_exc())
+        sys.stderr.write(format_exc())
         fields = exception_fields(exc)
         fields["message"] = "reading the mini-batch failed: %s" % fields["message"]
         protocol.send("error", batch_id=batch_id, kind="input_error", **fields, **answer)
@@ -570,7 +587,7 @@ def serve_run(protocol, module, pass_context, request):
         else:
             result = module.run(mini_batch)
     except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail the batch
-        sys.stderr.write(traceback.format_exc())
+        sys.stderr.write(format_exc())
         protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
                       **exception_fields(exc), **extra)
         return
@@ -582,7 +599,7 @@ def serve_run(protocol, module, pass_context, request):
                       message=str(exc), traceback=None, **extra)
         return
     except Exception as exc:
-        sys.stderr.write(traceback.format_exc())
+        sys.stderr.write(format_exc())
         protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
                       **exception_fields(exc), **extra)
         return
@@ -597,7 +614,7 @@ def serve_shutdown(protocol, module):
         try:
             shutdown()
         except BaseException as exc:
-            sys.stderr.write(traceback.format_exc())
+            sys.stderr.write(format_exc())
             error = exception_fields(exc)
     protocol.send("bye", error=error)
 
@@ -627,7 +644,7 @@ def main(argv):
                           traceback=None)
             return 1
         except BaseException as exc:  # pandas is there but broken (e.g. a numpy mismatch)
-            sys.stderr.write(traceback.format_exc())
+            sys.stderr.write(format_exc())
             protocol.send("init_error", **exception_fields(exc))
             return 1
 
@@ -639,7 +656,7 @@ def main(argv):
             raise AttributeError("entry script %s defines no run(mini_batch) function"
                                  % entry_script)
     except BaseException as exc:  # SystemExit at module level (argparse) included
-        sys.stderr.write("loading the entry script failed:\n" + traceback.format_exc())
+        sys.stderr.write("loading the entry script failed:\n" + format_exc())
         protocol.send("init_error", stage="load", **exception_fields(exc))
         return 1
     try:
@@ -647,7 +664,7 @@ def main(argv):
         if callable(init):
             init()
     except BaseException as exc:
-        sys.stderr.write("init() failed:\n" + traceback.format_exc())
+        sys.stderr.write("init() failed:\n" + format_exc())
         protocol.send("init_error", stage="init", **exception_fields(exc))
         return 1
     pass_context = wants_context(module.run)

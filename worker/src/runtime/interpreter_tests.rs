@@ -43,3 +43,25 @@ fn a_relative_or_empty_answer_is_not_used() {
     assert_eq!(chosen(python, b"/nonexistent/bin/python3"), None);
     assert_eq!(chosen(python, b"/bin/sh\n"), Some(PathBuf::from("/bin/sh")));
 }
+
+#[tokio::test]
+async fn the_driver_is_compiled_for_the_interpreter_and_runtimes_start_from_its_bytecode() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let driver = crate::runtime::install_driver(dir.path()).expect("install the driver");
+    let real = prepare_interpreter(&python(), &driver).await;
+    assert!(real.is_absolute(), "resolved as well: {}", real.display());
+    let cache = dir.path().join("__pycache__");
+    let compiled: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap_or_else(|e| panic!("no {}: {e}", cache.display()))
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .collect();
+    let stem = crate::runtime::DRIVER_FILE_NAME.trim_end_matches(".py");
+    assert!(
+        compiled.iter().any(|name| name.starts_with(&format!("{stem}.")) && name.ends_with(".pyc")),
+        "the driver's bytecode in {}: {compiled:?}",
+        cache.display()
+    );
+    // The start command imports the module the bytecode is for.
+    assert!(crate::runtime::DRIVER_START.contains(&format!("import {stem} as driver")));
+}

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{RuntimeError, UserFailure};
-pub use interpreter::resolve_interpreter;
+pub use interpreter::{prepare_interpreter, resolve_interpreter};
 pub use process::RuntimeProcess;
 pub use protocol::{
     MiniBatchContext, TablePieceRequest, TableRequest, TableRequestFormat, UserFailureKind,
@@ -29,6 +29,14 @@ pub const PYTHON_DRIVER: &str = include_str!("driver.py");
 
 /// The file name the driver is installed under (versioned, so an old copy is never reused).
 pub const DRIVER_FILE_NAME: &str = "batchfleet_driver_v1.py";
+
+/// How a runtime starts the installed driver: `python -c DRIVER_START <driver folder> <code
+/// folder> <entry script> [args]` imports it as a module, so the interpreter loads the bytecode
+/// the worker had it compile ([`prepare_interpreter`]) instead of compiling the driver's source
+/// at every start (as `python driver.py` does). The driver's folder leaves `sys.path` again,
+/// and the driver puts the code folder first, as before.
+pub const DRIVER_START: &str = "import sys; sys.path.insert(0, sys.argv.pop(1)); \
+    import batchfleet_driver_v1 as driver; del sys.path[0]; sys.exit(driver.main(sys.argv))";
 
 /// The environment variable (value `1`) that tells the driver the job reads tabular data, so
 /// it imports pandas before loading the entry script and reports a missing pandas as an init

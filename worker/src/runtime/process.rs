@@ -403,7 +403,8 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
     let token = tree::token();
     let mut command = Command::new(&config.python);
     command
-        .arg(&config.driver)
+        .args(["-c", super::DRIVER_START])
+        .arg(config.driver.parent().unwrap_or(Path::new(".")))
         .arg(&config.code_dir)
         .arg(&config.entry_script)
         .args(&config.script_args)

@@ -43,8 +43,8 @@ const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// runtime: after each, the slot looks whether the runtime's job ended (`retire_ended_job`).
 /// A queue that ran dry is most often a job that just ended, and its producer waits for the
 /// runtimes' stops (their logs): they come within about 100 ms of the job's result instead of
-/// after a full receive wait plus `ENDED_RECHECK` (1 to 3 s). An SQS receive waits whole
-/// seconds, so there they change nothing.
+/// after a full receive wait plus `ENDED_RECHECK` (1 to 3 s). A receive that outlasts its
+/// wait (SQS waits whole seconds) is looked past: see `Slot::receive`.
 const EARLY_IDLE_WAITS: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(200),
@@ -172,28 +172,36 @@ impl Slot {
     /// The next message, or `None` after `wait` without one. When the broker's receive
     /// is cancel-safe, `stop` cuts the wait short: a stopping worker (every embedded job's end)
     /// does not sit out the rest of the wait first.
+    ///
+    /// A receive may outlast a short wait (SQS waits whole seconds: 1 s for a wait of 100 ms).
+    /// While one of the early idle waits is outlasted and the slot holds a runtime, the slot
+    /// looks for the end of the runtime's job meanwhile, at twice, four and eight times the wait,
+    /// and stops the runtime of an ended job without waiting for the receive: its producer waits
+    /// for that stop. A receive that keeps to its wait is never interrupted by this.
     async fn receive(
-        &self,
+        &mut self,
         stop: &CancellationToken,
         wait: Duration,
     ) -> Result<Option<Delivery>, BrokerError> {
-        let broker = &self.shared.broker;
-        let queue = &self.shared.config.queues.work;
-        let receive = broker.receive(queue, 1, self.shared.lease, wait);
-        let mut got = if broker.receive_is_cancel_safe() {
+        let shared = Arc::clone(&self.shared);
+        let receive = receive_one(&shared, stop, wait);
+        tokio::pin!(receive);
+        if wait >= RECEIVE_WAIT {
+            return receive.await;
+        }
+        let started = tokio::time::Instant::now();
+        let mut look_at = wait * 2;
+        while self.runtime.is_some() && look_at <= wait * 8 {
             tokio::select! {
                 biased;
-                got = receive => got?,
-                () = stop.cancelled() => return Ok(None),
+                got = &mut receive => return got,
+                () = tokio::time::sleep_until(started + look_at) => {
+                    self.retire_ended_job(true).await;
+                    look_at *= 2;
+                }
             }
-        } else {
-            receive.await?
-        };
-        let delivery = got.pop();
-        if let Some(delivery) = &delivery {
-            crate::telemetry::metrics::delivered(delivery.delivery_count);
         }
-        Ok(delivery)
+        receive.await
     }
 
     async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
@@ -437,4 +445,28 @@ fn beyond_the_plan(job: &ResolvedJob, message: &MiniBatchMessage) -> Option<Stri
 
 fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+/// One message from the work queue, or `None` after `wait` (see `Slot::receive`).
+async fn receive_one(
+    shared: &Shared,
+    stop: &CancellationToken,
+    wait: Duration,
+) -> Result<Option<Delivery>, BrokerError> {
+    let broker = &shared.broker;
+    let queue = &shared.config.queues.work;
+    let receive = broker.receive(queue, 1, shared.lease, wait);
+    let mut got = if broker.receive_is_cancel_safe() {
+        tokio::select! {
+            biased;
+            got = receive => got?,
+            () = stop.cancelled() => return Ok(None),
+        }
+    } else {
+        receive.await?
+    };
+    let delivery = got.pop();
+    if let Some(delivery) = &delivery {
+        crate::telemetry::metrics::delivered(delivery.delivery_count);
+    }
+    Ok(delivery)
 }

@@ -1,6 +1,7 @@
 //! Shared test helpers: entry scripts on disk, interpreters, process checks.
 #![allow(dead_code)]
 
+pub mod outlasting;
 pub mod recording;
 
 use std::collections::BTreeMap;

@@ -545,15 +545,21 @@ async fn drain(queue: &str, expected: usize) -> (Vec<Bytes>, Vec<u32>) {
     (payloads, counts)
 }
 
+/// A broker counting its calls, and `queue` declared with 80 messages in it (which it returns).
+async fn queue_of_80(queue: &str) -> (SqsBroker, CountCalls, Vec<Bytes>) {
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    broker.declare_queue(&QueueSpec::plain(queue)).await.unwrap();
+    let sent: Vec<Bytes> = (0..80).map(|i| Bytes::from(format!("m{i:02}"))).collect();
+    broker.publish(queue, sent.clone()).await.unwrap();
+    (broker, calls, sent)
+}
+
 #[tokio::test]
 async fn fast_receives_read_ahead_and_a_flush_hands_back_what_no_one_took_uncounted() {
     let prefix = unique_prefix("ahead");
     let queue = format!("{prefix}.work");
-    let calls = CountCalls::default();
-    let broker = sqs_with(Some(calls.clone())).await;
-    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
-    let sent: Vec<Bytes> = (0..80).map(|i| Bytes::from(format!("m{i:02}"))).collect();
-    broker.publish(&queue, sent.clone()).await.unwrap();
+    let (broker, calls, sent) = queue_of_80(&queue).await;
 
     let (taken, receive_calls) = receive_until_read_ahead(&broker, &queue, LONG, &calls, 2).await;
     assert!(receive_calls < taken.len(), "{} receives, {receive_calls} calls", taken.len());
@@ -581,11 +587,7 @@ async fn fast_receives_read_ahead_and_a_flush_hands_back_what_no_one_took_uncoun
 async fn messages_read_ahead_that_wait_past_their_hold_go_back_uncounted() {
     let prefix = unique_prefix("ahead-hold");
     let queue = format!("{prefix}.work");
-    let calls = CountCalls::default();
-    let broker = sqs_with(Some(calls.clone())).await;
-    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
-    let sent: Vec<Bytes> = (0..80).map(|i| Bytes::from(format!("m{i:02}"))).collect();
-    broker.publish(&queue, sent.clone()).await.unwrap();
+    let (broker, calls, sent) = queue_of_80(&queue).await;
     // A 4 s lease: what is read ahead waits a quarter of it (1 s) for a receiver at most.
     let lease = Duration::from_secs(4);
     let (taken, _) = receive_until_read_ahead(&broker, &queue, lease, &calls, 1).await;

@@ -16,7 +16,6 @@ use batchfleet_common::message::{batch_id, JobEvent, MiniBatchMessage, QueueName
 use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_worker::{Prestart, Worker, WorkerConfig, WorkerSummary};
 use bytes::Bytes;
-use support::outlasting::OutlastingBroker;
 use support::recording::{Op, RecordingBroker};
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -833,19 +832,18 @@ async fn an_ended_jobs_runtime_stops_while_the_slots_receive_outlasts_its_wait()
     fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
     // The producer ends the job when the slot's first empty receive is held past its wait.
     let result = fleet.path("root/logs/job_result.txt");
-    let broker = Arc::new(OutlastingBroker::new(fleet.broker.clone(), move || {
+    let broker = fleet.broker.clone();
+    broker.hold_empty_receives(move || {
         std::fs::create_dir_all(result.parent().unwrap()).unwrap();
         std::fs::write(&result, "succeeded\n").unwrap();
-    }));
-    let token = CancellationToken::new();
-    let worker = Worker::new(broker.clone(), fleet.config(1, support::python3()));
-    let handle = tokio::spawn(worker.run(token.clone()));
+    });
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
     wait_until("the batch's status", || async { fleet.status("00000000").is_some() }).await;
     let shutdowns = || files_with_prefix(&fleet.path("markers"), "shutdown-");
     wait_until("the runtime's shutdown()", || async { shutdowns() == 1 }).await;
     assert_eq!(broker.held(), 1, "the runtime stopped while the receive was still under way");
     broker.release();
     token.cancel();
-    let summary = handle.await.expect("worker task").expect("worker");
+    let summary = handle.await.expect("worker task");
     assert_eq!(summary.batches_succeeded, 1, "{summary:?}");
 }

@@ -1,7 +1,6 @@
 //! Shared test helpers: entry scripts on disk, interpreters, process checks.
 #![allow(dead_code)]
 
-pub mod outlasting;
 pub mod recording;
 
 use std::collections::BTreeMap;

@@ -1,8 +1,9 @@
-//! The embedded broker with a record of what the worker did to it, and a probe run at each ack
-//! (to check what was in the store at that moment).
+//! The embedded broker with a record of what the worker did to it, a probe run at each ack
+//! (to check what was in the store at that moment), and, on demand, empty receives held past
+//! their wait until released (as SQS's outlast a short wait: it waits whole seconds).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use batchfleet_common::broker::{
 use bytes::Bytes;
 
 type AckProbe = Box<dyn Fn(&[u8]) -> String + Send + Sync>;
+type Hook = Box<dyn FnOnce() + Send>;
 
 /// A broker operation the worker performed.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +37,10 @@ pub struct RecordingBroker {
     probes: Mutex<Vec<String>>,
     receives_started: AtomicUsize,
     receives_returned: AtomicUsize,
+    holding: AtomicBool,
+    held: AtomicUsize,
+    released: tokio::sync::Notify,
+    on_first_hold: Mutex<Option<Hook>>,
 }
 
 impl RecordingBroker {
@@ -45,6 +51,41 @@ impl RecordingBroker {
     /// Run `probe` on the payload of every message at the moment it is acked.
     pub fn set_ack_probe(&self, probe: impl Fn(&[u8]) -> String + Send + Sync + 'static) {
         *self.ack_probe.lock().unwrap() = Some(Box::new(probe));
+    }
+
+    /// From now on, a receive that finds nothing is held past its wait until [`Self::release`];
+    /// `on_first_hold` runs when the first one is.
+    pub fn hold_empty_receives(&self, on_first_hold: impl FnOnce() + Send + 'static) {
+        *self.on_first_hold.lock().unwrap() = Some(Box::new(on_first_hold));
+        self.holding.store(true, Ordering::SeqCst);
+    }
+
+    /// Receives held past their wait now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Let the held receives return; the ones to come keep to their wait.
+    pub fn release(&self) {
+        self.holding.store(false, Ordering::SeqCst);
+        self.released.notify_waiters();
+    }
+
+    async fn hold_while_holding(&self) {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = self.on_first_hold.lock().unwrap().take() {
+            hook();
+        }
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.holding.load(Ordering::SeqCst) {
+                break;
+            }
+            released.await;
+        }
+        self.held.fetch_sub(1, Ordering::SeqCst);
     }
 
     pub fn probes(&self) -> Vec<String> {
@@ -101,6 +142,9 @@ impl Broker for RecordingBroker {
     ) -> Result<Vec<Delivery>, BrokerError> {
         self.receives_started.fetch_add(1, Ordering::SeqCst);
         let got = self.inner.receive(queue, max, lease, wait).await;
+        if matches!(&got, Ok(got) if got.is_empty()) && self.holding.load(Ordering::SeqCst) {
+            self.hold_while_holding().await;
+        }
         self.receives_returned.fetch_add(1, Ordering::SeqCst);
         let got = got?;
         for delivery in &got {

@@ -605,3 +605,36 @@ async fn messages_read_ahead_that_wait_past_their_hold_go_back_uncounted() {
     broker.flush().await;
     cleanup(&broker, &[&queue]).await;
 }
+
+#[tokio::test]
+async fn a_dead_letter_read_ahead_and_handed_back_keeps_its_reason() {
+    let prefix = unique_prefix("ahead-dlq");
+    let calls = CountCalls::default();
+    let broker = sqs_with(Some(calls.clone())).await;
+    let (queue, dlq) = declare_pair(&broker, &prefix, 5).await;
+    let sent: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("d{i:02}"))).collect();
+    broker.publish(&queue, sent).await.unwrap();
+    let got = broker.receive(&queue, 40, LONG, POLL).await.unwrap();
+    assert_eq!(got.len(), 40);
+    for delivery in &got {
+        broker.dead_letter(&delivery.handle, "bad input").await.unwrap();
+    }
+    let (taken, _) = receive_until_read_ahead(&broker, &dlq, LONG, &calls, 1).await;
+    broker.flush().await;
+    let other = sqs().await;
+    let mut reasons = Vec::new();
+    let deadline = Instant::now() + EVENTUALLY;
+    while reasons.len() < 40 - taken.len() {
+        assert!(Instant::now() < deadline, "only {} dead letters came back", reasons.len());
+        for delivery in other.receive(&dlq, 10, LONG, POLL).await.unwrap() {
+            reasons.push(delivery.dead_letter_reason.clone());
+            other.ack(&delivery.handle).await.unwrap();
+        }
+    }
+    other.flush().await;
+    assert!(
+        reasons.iter().all(|reason| reason.as_deref() == Some("bad input")),
+        "handed back with their reason: {reasons:?}"
+    );
+    cleanup(&broker, &[&queue, &dlq]).await;
+}

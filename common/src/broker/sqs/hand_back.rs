@@ -51,7 +51,12 @@ impl SqsBroker {
         for delivery in chunk {
             let held = self.leases().get(&delivery.handle)?;
             let earlier = delivery.delivery_count.saturating_sub(1).to_string();
-            copies.push(Body::encode(&held.payload)?.with(body::EARLIER, &earlier)?);
+            let mut copy = Body::encode(&held.payload)?.with(body::EARLIER, &earlier)?;
+            // A dead letter read ahead keeps its reason.
+            if let Some(reason) = delivery.dead_letter_reason.as_deref().filter(|r| !r.is_empty()) {
+                copy = copy.with(body::DEAD_LETTER_REASON, reason)?;
+            }
+            copies.push(copy);
             url.get_or_insert(held.queue_url);
         }
         let Some(url) = url else {

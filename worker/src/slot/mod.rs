@@ -446,6 +446,7 @@ fn beyond_the_plan(job: &ResolvedJob, message: &MiniBatchMessage) -> Option<Stri
 fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
+
 /// One message from the work queue, or `None` after `wait` (see `Slot::receive`).
 async fn receive_one(
     shared: &Shared,

@@ -13,9 +13,11 @@
 //! visibility timeout and the mini-batch may run twice, which batchfleet's create-only outputs
 //! make a no-op.
 
+use std::time::Duration;
+
 use super::body::{self, Body};
 use super::{SqsBroker, MAX_BATCH};
-use crate::broker::{BrokerError, Delivery};
+use crate::broker::{Broker, BrokerError, Delivery};
 
 impl SqsBroker {
     /// Give `deliveries` (received from `queue`, leased by this process, seen by no one) back
@@ -30,7 +32,7 @@ impl SqsBroker {
                         "could not hand back messages read ahead uncounted; making them visible \
                         again (counted)");
                     for delivery in chunk {
-                        if let Err(error) = self.nack_now(delivery).await {
+                        if let Err(error) = self.nack(&delivery.handle, Duration::ZERO).await {
                             tracing::debug!(queue, %error, "giving back a message read ahead \
                                 failed; it comes back when its visibility timeout ends");
                         }
@@ -64,19 +66,13 @@ impl SqsBroker {
         };
         self.send_batch(&url, queue, copies).await?;
         for delivery in chunk {
-            // The copy is in: the original goes with the next held deletes.
+            // The copy is in: the original goes with the next held deletes, unless its lease ran
+            // out meanwhile (its receipt could delete a message another receiver holds now).
             if let Ok(held) = self.leases().get(&delivery.handle) {
                 self.leases().release(&delivery.handle);
                 self.inner.acks.hold(&held.queue, &held.queue_url, held.receipt);
             }
         }
         Ok(())
-    }
-
-    /// Make a held delivery visible now (its receive count goes up).
-    async fn nack_now(&self, delivery: &Delivery) -> Result<(), BrokerError> {
-        let held = self.leases().get(&delivery.handle)?;
-        let outcome = self.set_visibility(&held, &delivery.handle, 0).await;
-        self.settle(&delivery.handle, outcome)
     }
 }

@@ -173,6 +173,31 @@ def run(mini_batch):
 }
 
 #[tokio::test]
+async fn rows_holding_newlines_are_counted_as_the_lines_they_make() {
+    // The aggregated output holds lines, not rows: a row with a newline in it makes two, and
+    // the batch's status records the extra one (the job result warns about them).
+    let scratch = Scratch::new();
+    let config = scratch.script(
+        "multiline.py",
+        r#"
+def init(): pass
+def run(mini_batch):
+    return ["one\ntwo", "three", "\u00e9\n"]
+"#,
+    );
+    let mut process = RuntimeProcess::start(&config).await.expect("start");
+    let request = request(&scratch, 0, &["/a"]);
+    let output = request.output.clone();
+    let RunOutcome::Succeeded(success) = process.run(request, RUN_TIMEOUT).await.expect("run")
+    else {
+        panic!("the run failed")
+    };
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "one\ntwo\nthree\n\u{e9}\n\n");
+    assert_eq!((success.rows, success.lines), (3, 5), "{success:?}");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
 async fn dataframe_returns_write_space_separated_rows_and_report_the_header() {
     let scratch = Scratch::new();
     let mut config = scratch.script(

@@ -7,6 +7,7 @@
 //!   returning one row per file;
 //! - `multiprocessing.Pool(workers)` mapping the same function over the same 100-file chunks;
 //! - one Python loop;
+//! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build);
 //! - Ray Data (`read_binary_files` + `map`) when `--ray-python PATH` names an interpreter that
 //!   has it (`python -m venv target/bench-ray && target/bench-ray/bin/pip install 'ray[data]'`).
 //!
@@ -70,6 +71,9 @@ struct Options {
     /// The input's mode (`ro_mount`, `download`, `direct`); the job's default when not given.
     #[arg(long)]
     mode: Option<String>,
+    /// Another `batchfleet` binary (an earlier build) run as one more peer in the same rounds.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 fn python() -> PathBuf {
@@ -147,24 +151,22 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     std::fs::write(dir.join("pool.py"), pool)?;
     std::fs::write(dir.join("loop.py"), single)?;
 
+    let batchfleet = |binary: PathBuf| -> Box<dyn Fn(&Path) -> Command> {
+        let dir = dir.clone();
+        Box::new(move |_out| {
+            let mut command = Command::new(&binary);
+            command
+                .arg("run")
+                .arg(dir.join("job.yaml"))
+                .arg("--store")
+                .arg(dir.join("jobs"))
+                .arg("--no-progress")
+                .env("BATCHFLEET_PYTHON", python());
+            command
+        })
+    };
     let mut peers = vec![
-        Peer {
-            name: "batchfleet run",
-            command: Box::new({
-                let dir = dir.clone();
-                move |_out| {
-                    let mut command = Command::new(&binary);
-                    command
-                        .arg("run")
-                        .arg(dir.join("job.yaml"))
-                        .arg("--store")
-                        .arg(dir.join("jobs"))
-                        .arg("--no-progress")
-                        .env("BATCHFLEET_PYTHON", python());
-                    command
-                }
-            }),
-        },
+        Peer { name: "batchfleet run", command: batchfleet(binary) },
         Peer {
             name: "multiprocessing.Pool",
             command: Box::new({
@@ -188,6 +190,12 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
             }),
         },
     ];
+    if let Some(baseline) = &options.baseline {
+        let baseline = std::path::absolute(baseline)?;
+        ensure!(baseline.exists(), "{}: no such binary", baseline.display());
+        peers
+            .insert(1, Peer { name: "batchfleet run (--baseline)", command: batchfleet(baseline) });
+    }
     if let Some(ray_python) = &options.ray_python {
         let ray = format!(
             "import os, sys\n{SCORE}\nimport ray\n\
@@ -319,7 +327,7 @@ fn main() -> Result<()> {
             let (secs, peak) =
                 measure(child, started).with_context(|| format!("{} failed", peer.name))?;
             // batchfleet writes its append_row_to file; the others the file they were given.
-            let written = if peer.name == "batchfleet run" {
+            let written = if peer.name.starts_with("batchfleet run") {
                 options.dir.join("output/rows.txt")
             } else {
                 out
@@ -341,7 +349,7 @@ fn main() -> Result<()> {
                 ),
             }
             println!(
-                "round {round}: {:<22} {secs:>7.2} s  peak RSS {:>6.0} MB",
+                "round {round}: {:<28} {secs:>7.2} s  peak RSS {:>6.0} MB",
                 peer.name,
                 peak as f64 / 1e6
             );

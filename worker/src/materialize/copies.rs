@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
+
 use crate::infra::InfraError;
 
 use super::{join_item, path_string, LocalFiles, Materialized};
@@ -13,20 +15,45 @@ use super::{join_item, path_string, LocalFiles, Materialized};
 /// journaled metadata changes per batch on a disk file system, as many as the copy itself.
 /// Whatever the script left in it (renamed inputs, new files, folders) goes too; when emptying
 /// fails, the folder itself is removed and the next batch makes it again.
+///
+/// The folder is made when a copy finds it missing, not looked for per batch; when the batch
+/// is done, its copies are removed by name and one listing says whether anything else was
+/// left (only then is each entry looked at).
 pub(crate) struct ReusedFolder {
     path: PathBuf,
+    /// The copies placed in it, removed by name when the batch is done.
+    placed: Vec<PathBuf>,
 }
 
 impl ReusedFolder {
-    fn open(scratch: &Path) -> Result<ReusedFolder, InfraError> {
-        let path = scratch.join("view");
-        std::fs::create_dir_all(&path)
-            .map_err(|e| InfraError::io("creating the input folder", e))?;
-        Ok(ReusedFolder { path })
+    fn new(scratch: &Path) -> ReusedFolder {
+        ReusedFolder { path: scratch.join("view"), placed: Vec::new() }
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Remove the copies by name; then, when anything else is left in the folder, all of it.
+    fn clear(&mut self) -> std::io::Result<()> {
+        for placed in std::mem::take(&mut self.placed) {
+            match std::fs::remove_file(&placed) {
+                Ok(()) => {}
+                // Moved or removed by the script: the listing below finds what it became.
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(_) => return self.empty(),
+            }
+        }
+        let left = match std::fs::read_dir(&self.path) {
+            Ok(mut entries) => entries.next().is_some(),
+            // Never made (no copy was placed) or removed by the script: nothing to empty.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
+            Err(error) => return Err(error),
+        };
+        match left {
+            true => self.empty(),
+            false => Ok(()),
+        }
     }
 
     /// Remove everything in the folder (entries are not followed: a symlink is removed, not
@@ -46,7 +73,7 @@ impl ReusedFolder {
 
 impl Drop for ReusedFolder {
     fn drop(&mut self) {
-        if let Err(error) = self.empty() {
+        if let Err(error) = self.clear() {
             tracing::debug!(folder = %self.path.display(), %error,
                 "emptying the input folder failed; removing it");
             if let Err(error) = std::fs::remove_dir_all(&self.path) {
@@ -210,7 +237,7 @@ async fn copy_into(
     sources: &[PathBuf],
     opened: Vec<(std::fs::File, std::fs::Metadata)>,
 ) -> Result<Materialized, InfraError> {
-    let view = ReusedFolder::open(parent)?;
+    let mut view = ReusedFolder::new(parent);
     let mut targets: Vec<PathBuf> =
         items.iter().map(|item| join_item(view.path(), item)).collect::<Result<_, _>>()?;
     let mut placer = Placer { root: view.path().to_path_buf(), made: None };
@@ -220,6 +247,7 @@ async fn copy_into(
     {
         placer.place(from, &metadata, source, target)?;
         paths.push(path_string(target));
+        view.placed.push(target.clone());
     }
     if inline < items.len() {
         let rest: Vec<(PathBuf, PathBuf)> =
@@ -236,6 +264,7 @@ async fn copy_into(
         .await
         .map_err(|e| InfraError::io("placing the batch's inputs", std::io::Error::other(e)))??;
         paths.extend(placed.iter().map(|p| path_string(p)));
+        view.placed.extend(placed);
     }
     Ok(Materialized { paths, table: None, _downloads: Some(LocalFiles::Reused(view)) })
 }
@@ -321,9 +350,43 @@ fn copy_new(
             std::fs::remove_file(target)?;
             create()?
         }
+        // The slot's folder is made by its first copy (or again, when the script removed it).
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let Some(folder) = target.parent() else { return Err(error) };
+            std::fs::create_dir_all(folder)?;
+            create()?
+        }
         other => other?,
     };
-    std::io::copy(&mut from, &mut to)?;
+    copy_contents(&mut from, &mut to, metadata.len())
+}
+
+/// Copy what `from` holds (`len` bytes when it was opened) into `to`: in the kernel, in as few
+/// calls as the file systems allow (one for a small file), with a plain read and write where
+/// they cannot copy between them. A file that grows meanwhile is copied as it was at `len`; an
+/// empty one (or one whose size says nothing, as `/proc`'s) is read to its end.
+fn copy_contents(
+    from: &mut std::fs::File,
+    to: &mut std::fs::File,
+    len: u64,
+) -> std::io::Result<()> {
+    let mut copied = 0_u64;
+    while copied < len {
+        let left = usize::try_from(len - copied).unwrap_or(usize::MAX);
+        match nix::fcntl::copy_file_range(&*from, None, &*to, None, left) {
+            // The file shrank since it was opened: the copy is what there is.
+            Ok(0) => return Ok(()),
+            Ok(n) => copied += n as u64,
+            Err(Errno::EINTR) => {}
+            // No copy between these file systems (or none at all): read and write from where
+            // the kernel left off.
+            Err(Errno::EXDEV | Errno::ENOSYS | Errno::EOPNOTSUPP | Errno::EINVAL) => break,
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+    if copied < len || len == 0 {
+        std::io::copy(from, to)?;
+    }
     Ok(())
 }
 

@@ -210,3 +210,48 @@ fn folders_of_killed_workers_are_removed_and_live_ones_kept() {
     assert!(live.join("view/a.txt").exists(), "a folder its slot holds locked stays");
     assert!(other.join("view/a.txt").exists() && link.exists(), "other names and links stay");
 }
+
+#[tokio::test]
+async fn a_slot_folder_the_script_removed_is_made_again_by_the_next_copy() {
+    let (source, base) = source_with(&[("a.txt", 3), ("b.txt", 4)]);
+    let scratch = tempfile::tempdir().unwrap();
+    let folders = InputFolders::on_disk(scratch.path());
+    let first = materialize(&base, &["a.txt".into()], &folders).await.unwrap();
+    let folder = PathBuf::from(&first.paths[0]).parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&folder).unwrap();
+    drop(first);
+    let second = materialize(&base, &["b.txt".into()], &folders).await.unwrap();
+    assert_eq!(second.paths, vec![folder.join("b.txt").display().to_string()]);
+    assert_eq!(
+        std::fs::read(&second.paths[0]).unwrap(),
+        std::fs::read(source.path().join("b.txt")).unwrap()
+    );
+    drop(second);
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0, "emptied");
+}
+
+#[test]
+fn a_file_whose_size_says_nothing_is_copied_to_its_end() {
+    // /proc's files are regular files of size 0 that hold text: the size cannot bound the copy.
+    let dir = tempfile::tempdir().unwrap();
+    let (from, metadata) = open_input(Path::new("/proc/self/status")).unwrap();
+    assert_eq!(metadata.len(), 0, "a size that says nothing");
+    let target = dir.path().join("status");
+    copy_new(from, &metadata, &target).unwrap();
+    let copied = std::fs::read_to_string(&target).unwrap();
+    assert!(copied.starts_with("Name:"), "{copied}");
+}
+
+#[test]
+fn a_copy_holds_the_whole_file_across_more_than_one_kernel_copy() {
+    // Larger than one copy_file_range call moves between some file systems (and than the
+    // in-place budget): every byte arrives, in order.
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("big.bin");
+    let bytes: Vec<u8> = (0..3 * 1024 * 1024 + 7).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::write(&source, &bytes).unwrap();
+    let (from, metadata) = open_input(&source).unwrap();
+    let target = dir.path().join("copy.bin");
+    copy_new(from, &metadata, &target).unwrap();
+    assert!(std::fs::read(&target).unwrap() == bytes, "the copy differs from its source");
+}

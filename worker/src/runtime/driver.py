@@ -522,29 +522,36 @@ ROWS_PER_WRITE = 4096
 
 def write_lines(elements, output):
     """One line per element (str()), UTF-8 with backslash escapes for what cannot be encoded.
+    Returns (lines, bytes) written: the worker need not read the file back to count them.
 
     os.open/os.write/os.close: three syscalls for a small result, where open() adds a stat,
     a terminal check and seeks (this runs once per mini-batch).
     """
     fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
                  0o666)
+    lines = size = 0
     try:
         for start in range(0, len(elements), ROWS_PER_WRITE):
             chunk = elements[start:start + ROWS_PER_WRITE]
-            text = "\n".join([str(element) for element in chunk]) + "\n"
-            write_all(fd, text.encode("utf-8", "backslashreplace"))
+            data = ("\n".join([str(element) for element in chunk]) + "\n").encode(
+                "utf-8", "backslashreplace")
+            write_all(fd, data)
+            lines += data.count(b"\n")
+            size += len(data)
     finally:
         os.close(fd)
+    return lines, size
 
 
 def write_rows(result, output):
-    """Write run()'s result to `output`; returns (items_out, rows, header)."""
+    """Write run()'s result to `output`; returns (items_out, rows, header, written), written
+    being the (lines, bytes) in the file when they are known without reading it back."""
     if isinstance(result, (list, tuple)):
-        write_lines(result, output)
-        return len(result), len(result), None
+        written = write_lines(result, output)
+        return len(result), len(result), None, written
     if is_dataframe(result):
         rows, header = write_dataframe(result, output)
-        return rows, rows, header
+        return rows, rows, header, None
     raise BadReturn("run() must return a list, tuple or pandas DataFrame; it returned %s"
                     % ("None" if result is None else type(result).__name__))
 
@@ -592,7 +599,7 @@ def serve_run(protocol, module, pass_context, request):
                       **exception_fields(exc), **extra)
         return
     try:
-        items_out, rows, header = write_rows(result, request["output"])
+        items_out, rows, header, written = write_rows(result, request["output"])
     except BadReturn as exc:
         sys.stderr.write("batchfleet: %s\n" % exc)
         protocol.send("error", batch_id=batch_id, kind="bad_return", exception=None,
@@ -603,6 +610,8 @@ def serve_run(protocol, module, pass_context, request):
         protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
                       **exception_fields(exc), **extra)
         return
+    if written is not None:
+        extra["lines"], extra["bytes"] = written
     protocol.send("done", batch_id=batch_id, items_out=items_out, rows=rows, header=header,
                   **extra)
 

@@ -128,9 +128,11 @@ impl RuntimeProcess {
                 rows,
                 header,
                 items_in,
+                lines: written_lines,
+                bytes: written_bytes,
                 nonce: echoed,
             } if answers(&answered, &echoed) => {
-                let lines = match count_lines(&output).await {
+                let lines = match lines_of(&output, written_lines.zip(written_bytes)).await {
                     Ok(lines) => lines,
                     Err(error) => {
                         let what = format!("counting the lines of {}: {error}", output.display());
@@ -476,7 +478,19 @@ fn add_stderr(failure: &mut UserFailure, tail: &str) {
 }
 
 /// Newlines in a runtime's output file (0 when there is none): the rows as the aggregated
-/// output will hold them. A small file is read here, a large one on the blocking pool.
+/// output will hold them. What the driver says it wrote, `(lines, bytes)`, stands when the
+/// file has that size (one `stat`); otherwise, or when it says nothing, the file is read.
+async fn lines_of(path: &Path, written: Option<(u64, u64)>) -> std::io::Result<u64> {
+    if let Some((lines, bytes)) = written {
+        if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == bytes) {
+            return Ok(lines);
+        }
+    }
+    count_lines(path).await
+}
+
+/// Newlines in a runtime's output file (0 when there is none), read and counted. A small
+/// file is read here, a large one on the blocking pool.
 async fn count_lines(path: &Path) -> std::io::Result<u64> {
     fn count(mut file: std::fs::File) -> std::io::Result<u64> {
         let mut buffer = [0u8; 16 * 1024];
@@ -509,3 +523,7 @@ async fn count_lines(path: &Path) -> std::io::Result<u64> {
 fn whole_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
+
+#[cfg(test)]
+#[path = "process_tests.rs"]
+mod tests;

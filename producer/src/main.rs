@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // wake-ups for every published message. Blocking file work goes to tokio's blocking pool.
     // `run` hosts the job's slots too, and each of their mini-batches costs the thread file
     // work (copies, the status) while the runtimes wait for their next request: one thread per
-    // core there (`bench_batch_cost`, 2 cores: 77 -> 53 µs a 1-file mini-batch).
+    // core there (`bench_batch_cost`, 2 cores: 73-77 -> 53-69 µs a 1-file mini-batch).
     let run = matches!(cli.command, batchfleet_producer::cli::Command::Run { .. });
     let runtime = match run {
         true => tokio::runtime::Builder::new_multi_thread().enable_all().build(),

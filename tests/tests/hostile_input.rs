@@ -136,24 +136,61 @@ def run(mini_batch):
     return names
 "#;
 
-#[test]
-fn a_script_cannot_damage_a_read_only_local_input() {
-    let job = JobFixture::new(&file_names(5), DESTRUCTIVE, "mini_batch_size: 2", "");
+/// The job file of `job` with its input bound in `mode`.
+fn with_input_mode(job: &JobFixture, mode: &str) {
     let spec = std::fs::read_to_string(job.path().join("job.yaml")).unwrap();
     assert!(spec.contains("path: ./data}"), "{spec}");
-    std::fs::write(
-        job.path().join("job.yaml"),
-        spec.replace("path: ./data}", "path: ./data, mode: ro_mount}"),
-    )
-    .unwrap();
+    let spec = spec.replace("path: ./data}", &format!("path: ./data, mode: {mode}}}"));
+    std::fs::write(job.path().join("job.yaml"), spec).unwrap();
+}
+
+fn assert_inputs_untouched(job: &JobFixture, count: usize) {
+    for name in file_names(count) {
+        let kept = std::fs::read_to_string(job.path().join("data").join(&name));
+        assert_eq!(kept.ok().as_deref(), Some(name.as_str()), "{name} must be untouched");
+    }
+}
+
+#[test]
+fn a_script_cannot_damage_a_read_only_local_input() {
+    // `ro_mount` (the default): run() sees the input folder read-only, as on Azure's mount, so
+    // its first overwrite fails the batch as the script's error (not the storage's: no retry
+    // in place), saying why.
+    let settings = "mini_batch_size: 2\nretry_settings: {max_retries: 0, timeout: 30}";
+    let job = JobFixture::new(&file_names(5), DESTRUCTIVE, settings, "");
+    with_input_mode(&job, "ro_mount");
+    let output = job.run();
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let result = job.job_result();
+    assert!(result.starts_with("failed: "), "{result}");
+    assert!(
+        result.contains("user_error: run() failed: OSError: [Errno 30] Read-only file system"),
+        "{result}"
+    );
+    assert_inputs_untouched(&job, 5);
+    let mut records = Vec::new();
+    for batch in std::fs::read_dir(job.job_root().join("failures")).unwrap().flatten() {
+        for record in std::fs::read_dir(batch.path()).unwrap().flatten() {
+            records.push(std::fs::read_to_string(record.path()).unwrap());
+        }
+    }
+    assert_eq!(records.len(), 3, "one failed attempt per batch: {records:?}");
+    for record in &records {
+        assert!(record.contains("\"kind\": \"user_error\""), "{record}");
+        assert!(record.contains("Read-only file system"), "{record}");
+        assert!(record.contains("read-only to run() with mode ro_mount"), "{record}");
+    }
+}
+
+#[test]
+fn a_script_changes_only_copies_of_a_downloaded_local_input() {
+    let job = JobFixture::new(&file_names(5), DESTRUCTIVE, "mini_batch_size: 2", "");
+    with_input_mode(&job, "download");
     let output = job.run();
     assert!(output.status.success(), "{}", describe(&output));
     let expected: BTreeSet<String> = file_names(5).iter().map(|n| format!("{n}:{n}")).collect();
     assert_eq!(job.rows().into_iter().collect::<BTreeSet<_>>(), expected, "run() read each input");
-    for name in file_names(5) {
-        let kept = std::fs::read_to_string(job.path().join("data").join(&name));
-        assert_eq!(kept.ok().as_deref(), Some(name.as_str()), "{name} must be untouched");
-    }
+    assert_inputs_untouched(&job, 5);
 }
 
 #[test]

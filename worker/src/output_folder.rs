@@ -78,6 +78,11 @@ impl RuntimeOutputs {
         self.bound.get(name).map(String::as_str)
     }
 
+    /// The local folders the script writes into (an object store's staging folders included).
+    pub fn local_folders(&self) -> impl Iterator<Item = &Path> {
+        self.folders.values().map(OutputFolder::local_path)
+    }
+
     /// Upload and remove what the script left in the staging folders (nothing to do locally).
     pub async fn publish(&self) -> Result<u64, InfraError> {
         let mut uploaded = 0;

@@ -27,7 +27,7 @@ pub mod metrics;
 mod records;
 mod status;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -170,6 +170,11 @@ impl JobRoot {
     /// The URL of a key under this job's store.
     pub fn key_url(&self, key: &Key) -> String {
         store::object_url(&self.location, key)
+    }
+
+    /// The job's folder when the root is a local folder.
+    pub fn local_dir(&self) -> Option<&Path> {
+        self.local_dir.as_deref().map(PathBuf::as_path)
     }
 
     /// The file that holds `key` when the root is a local folder (the in-place fast path).

@@ -100,12 +100,14 @@ pub(crate) struct InputFolders<'a> {
     pub scratch: &'a Path,
     /// A folder in memory for the copies of small batches (see [`memory_folder`]).
     pub memory: Option<&'a Path>,
+    /// The runtime sees a `ro_mount` input folder read-only: its items need no copies.
+    pub viewed: bool,
 }
 
 impl<'a> InputFolders<'a> {
     #[cfg(test)]
     pub(crate) fn on_disk(scratch: &'a Path) -> Self {
-        InputFolders { scratch, memory: None }
+        InputFolders { scratch, memory: None, viewed: false }
     }
 }
 

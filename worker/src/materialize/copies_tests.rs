@@ -124,7 +124,8 @@ async fn small_batches_are_copied_into_memory_and_larger_ones_under_the_scratch_
     let (source, base) =
         source_with(&[("a.txt", 10), ("b.txt", 20), ("big.bin", INLINE_COPY_BYTES as usize)]);
     let (scratch, memory) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let folders = InputFolders { scratch: scratch.path(), memory: Some(memory.path()) };
+    let folders =
+        InputFolders { scratch: scratch.path(), memory: Some(memory.path()), viewed: false };
 
     let small = ["a.txt".to_string(), "b.txt".to_string()];
     let got = materialize(&base, &small, &folders).await.unwrap();
@@ -153,7 +154,11 @@ async fn a_memory_folder_that_cannot_take_the_batch_leaves_it_to_the_scratch_fol
     // A file where the memory folder should be: its `view` cannot be made.
     let not_a_folder = scratch.path().join("not-a-folder");
     std::fs::write(&not_a_folder, "").unwrap();
-    let folders = InputFolders { scratch: &scratch.path().join("s"), memory: Some(&not_a_folder) };
+    let folders = InputFolders {
+        scratch: &scratch.path().join("s"),
+        memory: Some(&not_a_folder),
+        viewed: false,
+    };
     let got = materialize(&base, &["a.txt".into()], &folders).await.unwrap();
     let path = PathBuf::from(&got.paths[0]);
     assert!(path.starts_with(scratch.path().join("s")), "{path:?}");

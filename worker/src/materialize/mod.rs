@@ -1,9 +1,11 @@
 //! Turning a mini-batch's items into local file paths for `run()`.
 //!
-//! Local inputs (`file://`) are given to `run()` as copies it cannot damage, in the slot's
-//! input folder, emptied when the batch is done (`ro_mount` and `download`: a script that
-//! deletes, moves or overwrites its inputs leaves the input folder as it was; hard links would
-//! share the file an overwrite truncates); with `mode: direct` the original paths. Inputs in an
+//! Local inputs (`file://`) are given to `run()` at their own paths when its runtime sees their
+//! folder read-only (`ro_mount`, `runtime::read_only`), else as copies it cannot damage, in the
+//! slot's input folder, emptied when the batch is done (`download`, and `ro_mount` where no
+//! read-only view can be made: a script that deletes, moves or overwrites its inputs leaves the
+//! input folder as it was; hard links would share the file an overwrite truncates); with
+//! `mode: direct` the original paths. Inputs in an
 //! object store are downloaded
 //! (in parallel, a bounded number at a time) into a per-batch temporary folder that is removed
 //! when the batch is done — for `mode: download` and `ro_mount` alike, since a worker mounts
@@ -32,8 +34,12 @@ pub(crate) use copies::{memory_folder, InputFolders, MemoryFolder};
 pub(crate) enum InputBase {
     /// A local folder, `mode: direct`: items are its paths.
     Local(PathBuf),
-    /// A local folder, `ro_mount` or `download`: items are copied into the batch's folder.
+    /// A local folder, `download`: items are copied into the batch's folder.
     LocalCopy(PathBuf),
+    /// A local folder, `ro_mount` or `eval_mount`: a runtime that sees the folder read-only
+    /// (`runtime::read_only`) gets the items' own paths; otherwise they are copied as for
+    /// `LocalCopy`.
+    LocalView(PathBuf),
     /// A prefix in an object store: items are downloaded.
     Remote(StoreLocation),
     /// `mode: direct` on an object store: items are passed as URLs.
@@ -46,7 +52,15 @@ const PARALLEL_DOWNLOADS: usize = 8;
 impl InputBase {
     /// Items are copied from a local folder (the case a slot's memory folder serves).
     pub(crate) fn copies_local_files(&self) -> bool {
-        matches!(self, InputBase::LocalCopy(_))
+        matches!(self, InputBase::LocalCopy(_) | InputBase::LocalView(_))
+    }
+
+    /// The local folder a runtime may see read-only instead of getting copies of its files.
+    pub(crate) fn viewable_folder(&self) -> Option<&Path> {
+        match self {
+            InputBase::LocalView(folder) => Some(folder),
+            _ => None,
+        }
     }
 
     /// The folder the items of `input` are relative to (the file's folder for `uri_file`).
@@ -63,7 +77,8 @@ impl InputBase {
         if let Some(path) = store::local_path(&base) {
             return Ok(match input.mode {
                 InputMode::Direct => InputBase::Local(path),
-                _ => InputBase::LocalCopy(path),
+                InputMode::RoMount | InputMode::EvalMount => InputBase::LocalView(path),
+                InputMode::Download | InputMode::EvalDownload => InputBase::LocalCopy(path),
             });
         }
         if input.mode == InputMode::Direct {
@@ -96,6 +111,15 @@ impl From<tempfile::TempDir> for LocalFiles {
     }
 }
 
+/// The items' own paths in a local folder.
+fn in_place(folder: &Path, items: &[String]) -> Result<Materialized, InfraError> {
+    let paths = items
+        .iter()
+        .map(|item| join_item(folder, item).map(|p| path_string(&p)))
+        .collect::<Result<_, _>>()?;
+    Ok(Materialized { paths, table: None, _downloads: None })
+}
+
 /// Make `items` available locally; downloads go into a fresh folder under the scratch folder.
 pub(crate) async fn materialize(
     base: &InputBase,
@@ -103,14 +127,11 @@ pub(crate) async fn materialize(
     folders: &InputFolders<'_>,
 ) -> Result<Materialized, InfraError> {
     match base {
-        InputBase::Local(folder) => {
-            let paths = items
-                .iter()
-                .map(|item| join_item(folder, item).map(|p| path_string(&p)))
-                .collect::<Result<_, _>>()?;
-            Ok(Materialized { paths, table: None, _downloads: None })
+        InputBase::Local(folder) => in_place(folder, items),
+        InputBase::LocalView(folder) if folders.viewed => in_place(folder, items),
+        InputBase::LocalCopy(folder) | InputBase::LocalView(folder) => {
+            local_copies(folder, items, folders).await
         }
-        InputBase::LocalCopy(folder) => local_copies(folder, items, folders).await,
         InputBase::Direct(url) => {
             let paths = items
                 .iter()

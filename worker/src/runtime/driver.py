@@ -441,10 +441,31 @@ def read_table(table):
 STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
+# The input folders this runtime sees read-only (ro_mount), each ending in a separator: an
+# EROFS there is the script writing to its inputs, not the storage failing.
+READ_ONLY_INPUTS = tuple(
+    os.path.join(os.path.realpath(folder), "")
+    for folder in os.environ.pop("BATCHFLEET_READ_ONLY_INPUTS", "").split(os.pathsep) if folder)
+READ_ONLY_HINT = (" (the job's input folder is read-only to run() with mode ro_mount; "
+                  "mode download gives run() copies it may change)")
+
+
+def writes_to_read_only_input(exc):
+    """Whether exc is a write refused inside a read-only input folder."""
+    if not READ_ONLY_INPUTS or not isinstance(exc, OSError) or exc.errno != errno.EROFS:
+        return False
+    for name in (exc.filename, exc.filename2):
+        if isinstance(name, (str, bytes)):
+            real = os.path.join(os.path.realpath(os.fsdecode(name)), "")
+            if real.startswith(READ_ONLY_INPUTS):
+                return True
+    return False
+
+
 def failure_kind(exc):
     """user_error, or storage_error for an OSError that says the storage failed."""
     if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-        return "storage_error"
+        return "user_error" if writes_to_read_only_input(exc) else "storage_error"
     return "user_error"
 
 
@@ -459,7 +480,7 @@ def exception_fields(exc):
     import traceback
     return {
         "exception": type(exc).__name__,
-        "message": str(exc),
+        "message": str(exc) + (READ_ONLY_HINT if writes_to_read_only_input(exc) else ""),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
     }
 

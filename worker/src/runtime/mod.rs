@@ -9,6 +9,7 @@ mod error;
 mod interpreter;
 mod process;
 pub mod protocol;
+pub mod read_only;
 mod stderr;
 mod tree;
 
@@ -42,6 +43,11 @@ pub const DRIVER_START: &str = "import sys; sys.path.insert(0, sys.argv.pop(1));
 /// it imports pandas before loading the entry script and reports a missing pandas as an init
 /// error instead of failing every batch.
 pub const TABULAR_ENV: &str = "BATCHFLEET_TABULAR";
+
+/// The environment variable that names, to the driver, the input folders its runtime sees
+/// read-only (joined with `:`): a write refused there (`EROFS`) is the script's failure, not the
+/// storage's.
+pub const READ_ONLY_ENV: &str = "BATCHFLEET_READ_ONLY_INPUTS";
 
 /// Lines of the runtime's stderr kept in memory for crash reports.
 pub const STDERR_TAIL_LINES: usize = 50;
@@ -81,6 +87,9 @@ pub struct RuntimeConfig {
     pub log_path: PathBuf,
     /// How long loading the script and `init()` may take.
     pub init_timeout: Duration,
+    /// Local input folders the process sees read-only, at their own paths, when this worker
+    /// can make it so ([`read_only`]; [`RuntimeProcess::inputs_read_only`] tells).
+    pub read_only: Vec<PathBuf>,
 }
 
 /// One mini-batch for [`RuntimeProcess::run`].

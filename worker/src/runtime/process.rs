@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::error::{RuntimeError, UserFailure};
 use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
+use super::read_only::{self, ReadOnlyView};
 use super::stderr::StderrPump;
 use super::tree;
 use super::{RunOutcome, RunRequest, RunSuccess, RuntimeConfig, STDERR_TAIL_LINES};
@@ -36,6 +37,8 @@ pub struct RuntimeProcess {
     work_dir: tempfile::TempDir,
     /// The working folder, held open (`O_PATH`) to tell cheaply whether it was deleted.
     work_dir_fd: Option<std::os::fd::OwnedFd>,
+    /// The process sees `RuntimeConfig::read_only` through a read-only view (see `read_only`).
+    read_only_inputs: bool,
     log_path: PathBuf,
     pass_context: bool,
     alive: bool,
@@ -212,6 +215,12 @@ impl RuntimeProcess {
 
     /// The process that runs the entry script: the interpreter's id as its driver reported it,
     /// else the child's.
+    /// Whether the process sees its job's local input folder read-only, so that `run()` can
+    /// be given the inputs' own paths instead of copies (see [`super::read_only`]).
+    pub fn inputs_read_only(&self) -> bool {
+        self.read_only_inputs
+    }
+
     pub fn interpreter_pid(&self) -> Option<u32> {
         self.interpreter_pid.or_else(|| self.child.id())
     }
@@ -386,6 +395,27 @@ impl Drop for RuntimeProcess {
     }
 }
 
+/// The command that starts the runtime's interpreter with the driver.
+fn command(config: &RuntimeConfig, work_dir: &Path, token: &str) -> Command {
+    let mut command = Command::new(&config.python);
+    command
+        .args(["-c", super::DRIVER_START])
+        .arg(config.driver.parent().unwrap_or(Path::new(".")))
+        .arg(&config.code_dir)
+        .arg(&config.entry_script)
+        .args(&config.script_args)
+        .current_dir(work_dir)
+        .envs(&config.env)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env(tree::TREE_ENV, token)
+        .kill_on_drop(true)
+        .process_group(0);
+    command
+}
+
 async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
     let io = |what| move |source| RuntimeError::Io { what, source };
     std::fs::create_dir_all(&config.work_dir).map_err(io("working directory"))?;
@@ -403,24 +433,42 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         std::fs::create_dir_all(parent).map_err(io("user log folder"))?;
     }
     let token = tree::token();
-    let mut command = Command::new(&config.python);
-    command
-        .args(["-c", super::DRIVER_START])
-        .arg(config.driver.parent().unwrap_or(Path::new(".")))
-        .arg(&config.code_dir)
-        .arg(&config.entry_script)
-        .args(&config.script_args)
-        .current_dir(work_dir.path())
-        .envs(&config.env)
-        .env("PYTHONUNBUFFERED", "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env(tree::TREE_ENV, &token)
-        .kill_on_drop(true)
-        .process_group(0);
-    let mut child = tree::spawn_live(&token, || command.spawn(), Child::id)
-        .map_err(|source| RuntimeError::Spawn { python: config.python.clone(), source })?;
+    // The driver is told the folders, joined as a path list (a folder whose name holds `:`
+    // cannot be: it is copied).
+    let folders = std::env::join_paths(&config.read_only).ok();
+    let view = match (read_only::refused(), &folders) {
+        (false, Some(_)) => ReadOnlyView::new(&config.read_only).map(std::sync::Arc::new),
+        _ => None,
+    };
+    let spawn = |view: Option<&std::sync::Arc<ReadOnlyView>>| {
+        let mut command = command(config, work_dir.path(), &token);
+        if let Some(view) = view {
+            command.env(super::READ_ONLY_ENV, folders.clone().unwrap_or_default());
+            let view = std::sync::Arc::clone(view);
+            // SAFETY: `enter` only makes system calls on memory prepared before the fork.
+            unsafe {
+                command.pre_exec(move || view.enter());
+            }
+        }
+        tree::spawn_live(&token, || command.spawn(), Child::id)
+    };
+    let spawn_error = |source| RuntimeError::Spawn { python: config.python.clone(), source };
+    let (mut child, read_only_inputs) = match &view {
+        None => (spawn(None).map_err(spawn_error)?, false),
+        Some(view) => match spawn(Some(view)) {
+            Ok(child) => (child, true),
+            Err(refusal) => {
+                // Either the view or the start itself failed: a start without the view tells.
+                let child = spawn(None).map_err(spawn_error)?;
+                if read_only::refuse() {
+                    tracing::info!(error = %refusal, "this worker cannot give runtimes a \
+                        read-only view of their inputs (a mount namespace was refused); \
+                        ro_mount inputs are copied instead");
+                }
+                (child, false)
+            }
+        },
+    };
     let pid = child.id();
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -439,6 +487,7 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         stderr,
         work_dir,
         work_dir_fd,
+        read_only_inputs,
         log_path: config.log_path.clone(),
         pass_context: false,
         alive: true,

@@ -163,12 +163,13 @@ impl Slot {
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
         let scratch = self.dir.join("inputs");
+        let viewed = self.runtime.as_ref().is_some_and(|a| a.process.inputs_read_only());
         // The memory folder (and its look for abandoned ones) only for jobs that copy inputs.
-        let memory = match message.table.is_none() && job.input.copies_local_files() {
+        let memory = match message.table.is_none() && job.input.copies_local_files() && !viewed {
             true => self.memory.get_or_insert_with(|| memory_folder(&self.dir)).as_ref(),
             false => None,
         };
-        let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()) };
+        let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()), viewed };
         let load = async {
             match &message.table {
                 Some(table) => table_input::prepare(table, &self.tables, &scratch).await,

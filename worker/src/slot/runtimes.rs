@@ -1,7 +1,8 @@
 //! The slot's runtime process: started for a job (init() retried with backoff), stopped with
 //! its user log uploaded, retired when its job ended.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use crate::events;
 use crate::jobs::LoadedJob;
 use crate::mounts;
 use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
-use crate::runtime::{RuntimeConfig, RuntimeError, RuntimeProcess, TABULAR_ENV};
+use crate::runtime::{read_only, RuntimeConfig, RuntimeError, RuntimeProcess, TABULAR_ENV};
 use crate::shared::WorkerError;
 use crate::telemetry::metrics;
 use crate::user_logs;
@@ -156,6 +157,31 @@ impl Slot {
         }
     }
 
+    /// The job's local input folder when its runtime may see it read-only (`ro_mount`): not
+    /// when a folder the runtime writes into lies in it (the job root, an output, the slot's
+    /// folder, the code folder or the temporary folder would turn read-only too).
+    fn read_only_folder(
+        &self,
+        job: &LoadedJob,
+        outputs: &RuntimeOutputs,
+        env: &BTreeMap<String, String>,
+    ) -> Option<PathBuf> {
+        // A missing folder fails every batch by name; it must not pass for a refused view.
+        let folder = job.input.viewable_folder().filter(|folder| folder.is_dir())?;
+        let temp = env.get("TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let mut writes: Vec<&Path> = vec![&self.dir, &job.code_dir, &temp];
+        writes.extend(job.root.local_dir());
+        writes.extend(outputs.local_folders());
+        match read_only::can_view(folder, &writes) {
+            true => Some(folder.to_path_buf()),
+            false => {
+                tracing::debug!(folder = %folder.display(), "a folder the runtime writes into \
+                    lies in the input folder: its files are copied instead of viewed read-only");
+                None
+            }
+        }
+    }
+
     async fn start_runtime(
         &mut self,
         job: &Arc<LoadedJob>,
@@ -179,6 +205,7 @@ impl Slot {
         if tabular {
             env.insert(TABULAR_ENV.into(), "1".into());
         }
+        let read_only = self.read_only_folder(job, &outputs, &env).into_iter().collect();
         let config = RuntimeConfig {
             python: self.shared.python(),
             driver: self.shared.driver.clone(),
@@ -191,6 +218,7 @@ impl Slot {
             init_timeout: Duration::from_secs(
                 job.job.task.program_args.first_task_creation_timeout_secs,
             ),
+            read_only,
         };
         let started = Instant::now();
         match RuntimeProcess::start(&config).await {

@@ -61,6 +61,7 @@ impl Scratch {
             work_dir: self.path().join("work"),
             log_path: self.path().join("logs").join("user.txt"),
             init_timeout: Duration::from_secs(60),
+            read_only: Vec::new(),
         }
     }
 }

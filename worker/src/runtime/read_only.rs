@@ -1,0 +1,186 @@
+//! A read-only view of a job's local input folder for its runtime (`ro_mount`, `eval_mount`).
+//!
+//! The runtime's process gets a mount namespace of its own, in which the folder is bound onto
+//! itself and made read-only together with whatever is mounted under it. `run()` reads its
+//! inputs at their own paths, without a copy, and a write, removal or rename there fails with
+//! `EROFS` ("Read-only file system"), as on Azure's read-only mount. Nothing changes outside
+//! the process and its children: the namespace goes with them.
+//!
+//! Root makes the namespace directly (it holds `CAP_SYS_ADMIN`). Another user makes it inside
+//! a user namespace of its own that maps only its own user and group onto themselves, so the
+//! script runs with the same ids and no more rights than before (`exec` drops the namespace's
+//! capabilities of a user that is not root in it). Where neither is allowed (a container
+//! without `CAP_SYS_ADMIN`, Docker's default seccomp profile, user namespaces switched off),
+//! the set-up fails in the child before `exec`: the runtime is started again without the view,
+//! the worker copies the inputs as before, and this process does not try again ([`refused`]).
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once a view could not be made in this process: later runtimes do not try.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process found that it cannot make a view (see the module's notes).
+pub fn refused() -> bool {
+    REFUSED.load(Ordering::Relaxed)
+}
+
+/// Remember that the view cannot be made here; true the first time (to log it once).
+pub(super) fn refuse() -> bool {
+    !REFUSED.swap(true, Ordering::Relaxed)
+}
+
+/// What the child does before `exec`, prepared in the parent: the child of a multi-threaded
+/// process may only make system calls on memory that already exists (no allocation).
+#[derive(Debug)]
+pub(super) struct ReadOnlyView {
+    folders: Vec<CString>,
+    /// The id maps of the user namespace; `None` for root, which needs none.
+    user: Option<IdMaps>,
+}
+
+#[derive(Debug)]
+struct IdMaps {
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+impl ReadOnlyView {
+    /// A view of `folders`; `None` when there is none to make.
+    pub(super) fn new(folders: &[PathBuf]) -> Option<ReadOnlyView> {
+        let folders: Vec<CString> = folders
+            .iter()
+            .filter_map(|folder| CString::new(folder.as_os_str().as_bytes()).ok())
+            .collect();
+        ReadOnlyView::for_ids(folders, nix::unistd::geteuid(), nix::unistd::getegid())
+    }
+
+    /// A view for a child that runs as `uid` and `gid` when it makes it.
+    fn for_ids(
+        folders: Vec<CString>,
+        uid: nix::unistd::Uid,
+        gid: nix::unistd::Gid,
+    ) -> Option<ReadOnlyView> {
+        if folders.is_empty() {
+            return None;
+        }
+        let user = (!uid.is_root()).then(|| IdMaps {
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+        });
+        Some(ReadOnlyView { folders, user })
+    }
+
+    /// Make the namespace and the read-only binds. Runs in the forked child before `exec`.
+    pub(super) fn enter(&self) -> io::Result<()> {
+        let flags = match self.user {
+            Some(_) => libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
+            None => libc::CLONE_NEWNS,
+        };
+        // SAFETY: system calls on prepared, NUL-terminated buffers, as allowed after a fork.
+        unsafe {
+            check(libc::unshare(flags))?;
+            if let Some(maps) = &self.user {
+                write_proc(c"/proc/self/setgroups", b"deny")?;
+                write_proc(c"/proc/self/uid_map", &maps.uid_map)?;
+                write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
+            }
+            // Nothing done here reaches the mounts of the rest of the machine.
+            let (none, no_data) = (std::ptr::null(), std::ptr::null());
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            check(libc::mount(none, c"/".as_ptr(), none, private, no_data))?;
+            for folder in &self.folders {
+                let path = folder.as_ptr();
+                check(libc::mount(path, path, none, libc::MS_BIND | libc::MS_REC, no_data))?;
+                let attr = MountAttr {
+                    attr_set: MOUNT_ATTR_RDONLY,
+                    attr_clr: 0,
+                    propagation: 0,
+                    userns_fd: 0,
+                };
+                let done = libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    path,
+                    libc::AT_RECURSIVE,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                );
+                check(if done == 0 { 0 } else { -1 })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check(result: libc::c_int) -> io::Result<()> {
+    match result {
+        0.. => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Write `bytes` to a file of `/proc/self` in one call.
+///
+/// # Safety
+/// Only system calls: callable in a forked child.
+unsafe fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    check(fd)?;
+    let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+    let error = io::Error::last_os_error();
+    libc::close(fd);
+    match usize::try_from(written) {
+        Ok(n) if n == bytes.len() => Ok(()),
+        Ok(_) => Err(io::Error::from(io::ErrorKind::WriteZero)),
+        Err(_) => Err(error),
+    }
+}
+
+/// Whether `folder` can be viewed read-only by a runtime that writes into `writes`: it is not
+/// the root folder and none of them lies in it (a job root, an output folder, the slot's own
+/// folder or the temporary folder under the input would turn read-only too). Paths are
+/// compared as the file system resolves them, where they exist.
+pub fn can_view(folder: &Path, writes: &[&Path]) -> bool {
+    let folder = resolved(folder);
+    if folder.parent().is_none() {
+        return false;
+    }
+    !writes.iter().any(|write| resolved(write).starts_with(&folder))
+}
+
+/// `path` with its links resolved as far as it exists (the rest appended as it is).
+fn resolved(path: &Path) -> PathBuf {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |path, part| path.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "read_only_tests.rs"]
+mod tests;

@@ -1,0 +1,90 @@
+use std::path::Path;
+
+use super::can_view;
+
+#[test]
+fn a_folder_is_viewed_when_nothing_written_lies_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, jobs) = (dir.path().join("data"), dir.path().join("jobs"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&jobs).unwrap();
+    assert!(can_view(&data, &[&jobs, Path::new("/tmp")]));
+    // A sibling whose name starts with the folder's is not in it.
+    assert!(can_view(&data, &[&dir.path().join("data-out")]));
+}
+
+#[test]
+fn a_folder_holding_a_written_folder_is_not_viewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("jobs")).unwrap();
+    assert!(!can_view(&data, &[&data.join("jobs")]), "an existing folder in it");
+    assert!(!can_view(&data, &[&data.join("out/not/yet/made")]), "one not made yet");
+    assert!(!can_view(&data, &[&data]), "the folder itself");
+    assert!(!can_view(Path::new("/"), &[]), "the root folder holds everything");
+}
+
+#[test]
+fn links_are_followed_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, elsewhere) = (dir.path().join("data"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(data.join("jobs")).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    // A written folder reached through a link that points into the input folder.
+    std::os::unix::fs::symlink(data.join("jobs"), elsewhere.join("jobs")).unwrap();
+    assert!(!can_view(&data, &[&elsewhere.join("jobs")]));
+    // The input folder named through a link.
+    std::os::unix::fs::symlink(&data, dir.path().join("data-link")).unwrap();
+    assert!(!can_view(&dir.path().join("data-link"), &[&data.join("jobs")]));
+    assert!(can_view(&dir.path().join("data-link"), &[&elsewhere]));
+}
+
+/// The user-namespace path, which a worker that is not root takes: a root test process runs
+/// the child as `nobody`, another as itself.
+#[test]
+fn a_user_that_is_not_root_sees_the_folder_read_only_with_its_own_ids() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("a.txt"), "kept").unwrap();
+    // Open to everyone: only the view stands in the way of the writes.
+    for path in [dir.path(), &data, &data.join("a.txt")] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let me = nix::unistd::geteuid();
+    let (uid, gid) = match me.is_root() {
+        true => (nix::unistd::Uid::from_raw(65534), nix::unistd::Gid::from_raw(65534)),
+        false => (me, nix::unistd::getegid()),
+    };
+    let folder = std::ffi::CString::new(data.to_str().unwrap()).unwrap();
+    let view = super::ReadOnlyView::for_ids(vec![folder], uid, gid).unwrap();
+    assert!(view.user.is_some(), "not root: a user namespace");
+    let mut command = std::process::Command::new("sh");
+    // Absolute paths: a working folder entered before the bind would still be the writable one.
+    command.env("D", &data).arg("-c").arg(
+        "id -u; id -g; cat \"$D/a.txt\"; echo x > \"$D/a.txt\" || echo refused; \
+         touch \"$D/b.txt\" || echo refused",
+    );
+    if me.is_root() {
+        command.uid(uid.as_raw()).gid(gid.as_raw());
+    }
+    // SAFETY: system calls only, on memory prepared before the fork. Changing user made the
+    // child undumpable, which gives `/proc/self` to root; a worker that is not root never
+    // changes user.
+    unsafe {
+        command.pre_exec(move || {
+            libc::prctl(libc::PR_SET_DUMPABLE, 1);
+            view.enter()
+        });
+    }
+    let output = command.output().expect("sh in the view (unprivileged user namespaces on)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stdout, format!("{uid}\n{gid}\nkeptrefused\nrefused\n"), "stderr: {stderr}");
+    assert_eq!(stderr.matches("Read-only file system").count(), 2, "{stderr}");
+    assert_eq!(std::fs::read_to_string(data.join("a.txt")).unwrap(), "kept");
+    assert!(!data.join("b.txt").exists());
+}

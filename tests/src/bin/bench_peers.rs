@@ -11,9 +11,11 @@
 //! - Ray Data (`read_binary_files` + `map`) when `--ray-python PATH` names an interpreter that
 //!   has it (`python -m venv target/bench-ray && target/bench-ray/bin/pip install 'ray[data]'`).
 //!
-//! `--mode direct` gives the job's input that mode: the default, `ro_mount`, copies each
-//! batch's local files into a folder of the batch's own (so a script cannot damage them),
-//! which costs a file create per input file.
+//! `--mode MODE` gives the job's input that mode. The default, `ro_mount`, shows the runtime
+//! the input folder read-only where the machine lets the worker make a mount namespace, and
+//! the files keep their own paths; `download` (and `ro_mount` elsewhere) copies each batch's
+//! local files into the slot's folder (so a script cannot damage them), which costs a file
+//! create, a copy and a removal per input file; `direct` passes the paths with no protection.
 //!
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
 //! prints each run, then min/median wall time and peak RSS (the sum over the peer's process

@@ -5,7 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use batchfleet_worker::runtime::{MiniBatchContext, RunOutcome, RunRequest, RuntimeProcess};
+use batchfleet_worker::runtime::{
+    read_only, MiniBatchContext, RunOutcome, RunRequest, RuntimeProcess,
+};
 use support::Scratch;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -60,8 +62,15 @@ async fn the_input_folder_is_read_only_for_the_runtime_alone() {
     std::fs::write(data.join("a.txt"), "first").unwrap();
     let mut config = scratch.script("tries.py", TRIES);
     config.read_only = vec![data.clone()];
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mut process = RuntimeProcess::start(&config).await.expect("start");
-    assert!(process.inputs_read_only(), "this machine makes mount namespaces (root or userns)");
+    assert!(
+        process.inputs_read_only(),
+        "no view: this test needs a machine that lets the worker make a mount namespace (root \
+         with CAP_SYS_ADMIN, or unprivileged user namespaces) and Linux 5.12 or later"
+    );
+    let after = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert_eq!(mounts, after, "the view's mounts stay in the runtime's namespace");
 
     let rows = run_rows(&mut process, &scratch, 0, &data.join("a.txt").to_string_lossy()).await;
     assert_eq!(rows, "read first\noverwrite EROFS\nremove EROFS\ncreate EROFS\n");
@@ -88,5 +97,25 @@ async fn without_a_view_the_same_runtime_writes_where_it_is_told() {
     // The control for the test above: the same script, and every try succeeds.
     assert_eq!(rows, "read first\noverwrite ok\nremove ok\ncreate ok\n");
     assert!(!data.join("a.txt").exists() && data.join("new.txt").exists());
+    process.shutdown(Duration::from_secs(10)).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_view_that_fails_for_one_folder_leaves_that_runtime_without_it_and_no_other() {
+    let scratch = Scratch::new();
+    let mut config = scratch.script("ok.py", "def init(): pass\ndef run(mb): return mb\n");
+    // The bind of a folder that is gone fails in the child (ENOENT): the runtime starts
+    // without the view, and the worker does not take it for a refusal of namespaces.
+    config.read_only = vec![scratch.path().join("gone")];
+    let process = RuntimeProcess::start(&config).await.expect("started without the view");
+    assert!(!process.inputs_read_only());
+    process.shutdown(Duration::from_secs(10)).await.expect("shutdown");
+    assert!(!read_only::refused(), "a folder's failure is not remembered for the process");
+
+    let data = scratch.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    config.read_only = vec![data];
+    let process = RuntimeProcess::start(&config).await.expect("start");
+    assert!(process.inputs_read_only(), "the next runtime gets its view");
     process.shutdown(Duration::from_secs(10)).await.expect("shutdown");
 }

@@ -34,7 +34,8 @@ pub(crate) use copies::{memory_folder, InputFolders, MemoryFolder};
 pub(crate) enum InputBase {
     /// A local folder, `mode: direct`: items are its paths.
     Local(PathBuf),
-    /// A local folder, `download`: items are copied into the batch's folder.
+    /// A local folder, `download` (or the folder of a `uri_file`): items are copied into the
+    /// batch's folder.
     LocalCopy(PathBuf),
     /// A local folder, `ro_mount` or `eval_mount`: a runtime that sees the folder read-only
     /// (`runtime::read_only`) gets the items' own paths; otherwise they are copied as for
@@ -77,8 +78,11 @@ impl InputBase {
         if let Some(path) = store::local_path(&base) {
             return Ok(match input.mode {
                 InputMode::Direct => InputBase::Local(path),
-                InputMode::RoMount | InputMode::EvalMount => InputBase::LocalView(path),
-                InputMode::Download | InputMode::EvalDownload => InputBase::LocalCopy(path),
+                // A file's folder holds more than the input: it is not made read-only.
+                InputMode::RoMount | InputMode::EvalMount if input.kind != InputKind::UriFile => {
+                    InputBase::LocalView(path)
+                }
+                _ => InputBase::LocalCopy(path),
             });
         }
         if input.mode == InputMode::Direct {

@@ -457,14 +457,10 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         None => (spawn(None).map_err(spawn_error)?, false),
         Some(view) => match spawn(Some(view)) {
             Ok(child) => (child, true),
-            Err(refusal) => {
+            Err(error) => {
                 // Either the view or the start itself failed: a start without the view tells.
                 let child = spawn(None).map_err(spawn_error)?;
-                if read_only::refuse() {
-                    tracing::info!(error = %refusal, "this worker cannot give runtimes a \
-                        read-only view of their inputs (a mount namespace was refused); \
-                        ro_mount inputs are copied instead");
-                }
+                read_only::view_failed(&error, &config.read_only);
                 (child, false)
             }
         },

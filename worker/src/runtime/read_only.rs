@@ -28,9 +28,34 @@ pub fn refused() -> bool {
     REFUSED.load(Ordering::Relaxed)
 }
 
-/// Remember that the view cannot be made here; true the first time (to log it once).
-pub(super) fn refuse() -> bool {
-    !REFUSED.swap(true, Ordering::Relaxed)
+/// A runtime started without its view because making it failed with `error` (the start
+/// without it worked). An error that says this process may not make one at all is remembered,
+/// so later runtimes do not try; another (a folder gone since it was looked at, a fork short
+/// of memory) concerns this start alone.
+pub(super) fn view_failed(error: &io::Error, folders: &[PathBuf]) {
+    if !refuses_for_good(error) {
+        tracing::warn!(%error, ?folders, "the runtime's read-only view of its input folder \
+            could not be made; this runtime's inputs are copied instead");
+        return;
+    }
+    if !REFUSED.swap(true, Ordering::Relaxed) {
+        tracing::info!(%error, "this worker cannot give runtimes a read-only view of their \
+            inputs (a mount namespace was refused: no CAP_SYS_ADMIN, user namespaces switched \
+            off, or a kernel before 5.12); ro_mount inputs are copied instead");
+    }
+}
+
+/// The errors of `unshare`, the id maps, `mount` and `mount_setattr` that say this process
+/// may not make a view: no right (`EPERM`, `EACCES`), no such call (`ENOSYS`, before Linux
+/// 5.12), no namespaces of that kind or `/` not a mount point (`EINVAL`), too many user
+/// namespaces (`EUSERS`, `ENOSPC`).
+fn refuses_for_good(error: &io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(
+            libc::EPERM | libc::EACCES | libc::ENOSYS | libc::EINVAL | libc::EUSERS | libc::ENOSPC
+        )
+    )
 }
 
 /// What the child does before `exec`, prepared in the parent: the child of a multi-threaded
@@ -99,10 +124,11 @@ impl ReadOnlyView {
                 write_proc(c"/proc/self/uid_map", &maps.uid_map)?;
                 write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
             }
-            // Nothing done here reaches the mounts of the rest of the machine.
+            // Nothing done here reaches the mounts of the rest of the machine, while what is
+            // mounted or unmounted there still reaches the runtime (a slave of the host's).
             let (none, no_data) = (std::ptr::null(), std::ptr::null());
-            let private = libc::MS_REC | libc::MS_PRIVATE;
-            check(libc::mount(none, c"/".as_ptr(), none, private, no_data))?;
+            let slave = libc::MS_REC | libc::MS_SLAVE;
+            check(libc::mount(none, c"/".as_ptr(), none, slave, no_data))?;
             for folder in &self.folders {
                 let path = folder.as_ptr();
                 check(libc::mount(path, path, none, libc::MS_BIND | libc::MS_REC, no_data))?;

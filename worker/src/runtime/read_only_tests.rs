@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use super::can_view;
+use super::{can_view, refuses_for_good};
 
 #[test]
 fn a_folder_is_viewed_when_nothing_written_lies_in_it() {
@@ -87,4 +87,16 @@ fn a_user_that_is_not_root_sees_the_folder_read_only_with_its_own_ids() {
     assert_eq!(stderr.matches("Read-only file system").count(), 2, "{stderr}");
     assert_eq!(std::fs::read_to_string(data.join("a.txt")).unwrap(), "kept");
     assert!(!data.join("b.txt").exists());
+}
+
+#[test]
+fn only_errors_that_forbid_namespaces_are_remembered() {
+    let os = std::io::Error::from_raw_os_error;
+    for refusal in [libc::EPERM, libc::EACCES, libc::ENOSYS, libc::EINVAL, libc::EUSERS] {
+        assert!(refuses_for_good(&os(refusal)), "{}", os(refusal));
+    }
+    for one_off in [libc::ENOENT, libc::ENOTDIR, libc::ELOOP, libc::ENOMEM, libc::EAGAIN] {
+        assert!(!refuses_for_good(&os(one_off)), "{}", os(one_off));
+    }
+    assert!(!refuses_for_good(&std::io::Error::other("not from the kernel")));
 }

@@ -159,7 +159,8 @@ impl Slot {
 
     /// The job's local input folder when its runtime may see it read-only (`ro_mount`): not
     /// when a folder the runtime writes into lies in it (the job root, an output, the slot's
-    /// folder, the code folder or the temporary folder would turn read-only too).
+    /// folder, the code folder, a temporary folder or the home folder would turn read-only
+    /// too).
     fn read_only_folder(
         &self,
         job: &LoadedJob,
@@ -168,8 +169,15 @@ impl Slot {
     ) -> Option<PathBuf> {
         // A missing folder fails every batch by name; it must not pass for a refused view.
         let folder = job.input.viewable_folder().filter(|folder| folder.is_dir())?;
-        let temp = env.get("TMPDIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        let mut writes: Vec<&Path> = vec![&self.dir, &job.code_dir, &temp];
+        // The temporary folders and the home folder (caches) as the runtime will see them.
+        let from_env = |name: &str| {
+            env.get(name).map(PathBuf::from).or_else(|| std::env::var_os(name).map(PathBuf::from))
+        };
+        let mut others: Vec<PathBuf> =
+            ["TMPDIR", "TMP", "TEMP", "HOME"].into_iter().filter_map(from_env).collect();
+        others.push(std::env::temp_dir());
+        let mut writes: Vec<&Path> = vec![&self.dir, &job.code_dir];
+        writes.extend(others.iter().map(PathBuf::as_path));
         writes.extend(job.root.local_dir());
         writes.extend(outputs.local_folders());
         match read_only::can_view(folder, &writes) {

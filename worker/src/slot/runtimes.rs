@@ -167,7 +167,7 @@ impl Slot {
         outputs: &RuntimeOutputs,
         env: &BTreeMap<String, String>,
     ) -> Option<PathBuf> {
-        // A missing folder fails every batch by name; it must not pass for a refused view.
+        // A missing folder fails every batch by name anyway: no view is tried for it.
         let folder = job.input.viewable_folder().filter(|folder| folder.is_dir())?;
         // The temporary folders and the home folder (caches) as the runtime will see them.
         let from_env = |name: &str| {

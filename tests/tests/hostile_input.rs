@@ -4,6 +4,7 @@
 //! under `run()` is ridden out, not blamed on the script; a chatty script's log is capped.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use batchfleet_tests::{describe, file_names, JobFixture};
 
@@ -179,6 +180,34 @@ fn a_script_cannot_damage_a_read_only_local_input() {
         assert!(record.contains("\"kind\": \"user_error\""), "{record}");
         assert!(record.contains("Read-only file system"), "{record}");
         assert!(record.contains("read-only to run() with mode ro_mount"), "{record}");
+    }
+}
+
+/// `run()` that returns the paths it was given.
+const RUN_PATHS: &str = "def init(): pass\ndef run(mini_batch):\n    return list(mini_batch)\n";
+
+#[test]
+fn ro_mount_gives_run_the_inputs_own_paths_and_download_gives_copies() {
+    let viewed = JobFixture::new(&file_names(4), RUN_PATHS, "mini_batch_size: 2", "");
+    with_input_mode(&viewed, "ro_mount");
+    let output = viewed.run();
+    assert!(output.status.success(), "{}", describe(&output));
+    let data = viewed.path().join("data");
+    let own: BTreeSet<String> =
+        file_names(4).iter().map(|n| data.join(n).to_string_lossy().into_owned()).collect();
+    assert_eq!(viewed.rows().into_iter().collect::<BTreeSet<_>>(), own, "no copies");
+
+    let copied = JobFixture::new(&file_names(4), RUN_PATHS, "mini_batch_size: 2", "");
+    with_input_mode(&copied, "download");
+    let output = copied.run();
+    assert!(output.status.success(), "{}", describe(&output));
+    let rows = copied.rows();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    let data = copied.path().join("data");
+    for row in &rows {
+        assert!(!Path::new(row).starts_with(&data), "a copy, not the input itself: {row}");
+        let name = Path::new(row).file_name().unwrap().to_string_lossy().into_owned();
+        assert!(file_names(4).contains(&name), "the copy keeps the name: {row}");
     }
 }
 

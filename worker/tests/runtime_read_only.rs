@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use batchfleet_worker::runtime::{
@@ -54,12 +55,18 @@ async fn run_rows(
     }
 }
 
-#[tokio::test]
-async fn the_input_folder_is_read_only_for_the_runtime_alone() {
+/// A scratch folder with `data/a.txt` holding `first`.
+fn scratch_with_input() -> (Scratch, PathBuf) {
     let scratch = Scratch::new();
     let data = scratch.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("a.txt"), "first").unwrap();
+    (scratch, data)
+}
+
+#[tokio::test]
+async fn the_input_folder_is_read_only_for_the_runtime_alone() {
+    let (scratch, data) = scratch_with_input();
     let mut config = scratch.script("tries.py", TRIES);
     config.read_only = vec![data.clone()];
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -86,10 +93,7 @@ async fn the_input_folder_is_read_only_for_the_runtime_alone() {
 
 #[tokio::test]
 async fn without_a_view_the_same_runtime_writes_where_it_is_told() {
-    let scratch = Scratch::new();
-    let data = scratch.path().join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    std::fs::write(data.join("a.txt"), "first").unwrap();
+    let (scratch, data) = scratch_with_input();
     let mut process =
         RuntimeProcess::start(&scratch.script("tries.py", TRIES)).await.expect("start");
     assert!(!process.inputs_read_only());

@@ -213,14 +213,14 @@ impl RuntimeProcess {
         self.child.id()
     }
 
-    /// The process that runs the entry script: the interpreter's id as its driver reported it,
-    /// else the child's.
     /// Whether the process sees its job's local input folder read-only, so that `run()` can
     /// be given the inputs' own paths instead of copies (see [`super::read_only`]).
     pub fn inputs_read_only(&self) -> bool {
         self.read_only_inputs
     }
 
+    /// The process that runs the entry script: the interpreter's id as its driver reported it,
+    /// else the child's.
     pub fn interpreter_pid(&self) -> Option<u32> {
         self.interpreter_pid.or_else(|| self.child.id())
     }
@@ -433,18 +433,14 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         std::fs::create_dir_all(parent).map_err(io("user log folder"))?;
     }
     let token = tree::token();
-    // The driver is told the folders, joined as a path list (a folder whose name holds `:`
-    // cannot be: it is copied).
-    let folders = std::env::join_paths(&config.read_only).ok();
-    let view = match (read_only::refused(), &folders) {
-        (false, Some(_)) => ReadOnlyView::new(&config.read_only).map(std::sync::Arc::new),
-        _ => None,
+    let view = match read_only::refused() {
+        false => ReadOnlyView::new(&config.read_only),
+        true => None,
     };
-    let spawn = |view: Option<&std::sync::Arc<ReadOnlyView>>| {
+    let spawn = |view: Option<ReadOnlyView>| {
         let mut command = command(config, work_dir.path(), &token);
         if let Some(view) = view {
-            command.env(super::READ_ONLY_ENV, folders.clone().unwrap_or_default());
-            let view = std::sync::Arc::clone(view);
+            command.env(super::READ_ONLY_ENV, view.listed());
             // SAFETY: `enter` only makes system calls on memory prepared before the fork.
             unsafe {
                 command.pre_exec(move || view.enter());
@@ -453,7 +449,7 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         tree::spawn_live(&token, || command.spawn(), Child::id)
     };
     let spawn_error = |source| RuntimeError::Spawn { python: config.python.clone(), source };
-    let (mut child, read_only_inputs) = match &view {
+    let (mut child, read_only_inputs) = match view {
         None => (spawn(None).map_err(spawn_error)?, false),
         Some(view) => match spawn(Some(view)) {
             Ok(child) => (child, true),

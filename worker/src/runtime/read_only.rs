@@ -14,7 +14,7 @@
 //! the set-up fails in the child before `exec`: the runtime is started again without the view,
 //! the worker copies the inputs as before, and this process does not try again ([`refused`]).
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -63,6 +63,8 @@ fn refuses_for_good(error: &io::Error) -> bool {
 #[derive(Debug)]
 pub(super) struct ReadOnlyView {
     folders: Vec<CString>,
+    /// The folders as a path list, for the driver (`READ_ONLY_ENV`).
+    listed: OsString,
     /// The id maps of the user namespace; `None` for root, which needs none.
     user: Option<IdMaps>,
 }
@@ -85,29 +87,36 @@ struct MountAttr {
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 
 impl ReadOnlyView {
-    /// A view of `folders`; `None` when there is none to make.
+    /// A view of `folders`; `None` when there is none to make, or when they cannot be told to
+    /// the driver as a path list (a name holding `:`: its files are copied).
     pub(super) fn new(folders: &[PathBuf]) -> Option<ReadOnlyView> {
-        let folders: Vec<CString> = folders
-            .iter()
-            .filter_map(|folder| CString::new(folder.as_os_str().as_bytes()).ok())
-            .collect();
         ReadOnlyView::for_ids(folders, nix::unistd::geteuid(), nix::unistd::getegid())
     }
 
     /// A view for a child that runs as `uid` and `gid` when it makes it.
     fn for_ids(
-        folders: Vec<CString>,
+        folders: &[PathBuf],
         uid: nix::unistd::Uid,
         gid: nix::unistd::Gid,
     ) -> Option<ReadOnlyView> {
         if folders.is_empty() {
             return None;
         }
+        let listed = std::env::join_paths(folders).ok()?;
+        let folders = folders
+            .iter()
+            .map(|folder| CString::new(folder.as_os_str().as_bytes()).ok())
+            .collect::<Option<Vec<CString>>>()?;
         let user = (!uid.is_root()).then(|| IdMaps {
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
         });
-        Some(ReadOnlyView { folders, user })
+        Some(ReadOnlyView { folders, listed, user })
+    }
+
+    /// The folders as the driver is told them (`READ_ONLY_ENV`).
+    pub(super) fn listed(&self) -> &OsStr {
+        &self.listed
     }
 
     /// Make the namespace and the read-only binds. Runs in the forked child before `exec`.

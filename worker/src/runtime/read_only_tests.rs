@@ -59,8 +59,7 @@ fn a_user_that_is_not_root_sees_the_folder_read_only_with_its_own_ids() {
         true => (nix::unistd::Uid::from_raw(65534), nix::unistd::Gid::from_raw(65534)),
         false => (me, nix::unistd::getegid()),
     };
-    let folder = std::ffi::CString::new(data.to_str().unwrap()).unwrap();
-    let view = super::ReadOnlyView::for_ids(vec![folder], uid, gid).unwrap();
+    let view = super::ReadOnlyView::for_ids(std::slice::from_ref(&data), uid, gid).unwrap();
     assert!(view.user.is_some(), "not root: a user namespace");
     let mut command = std::process::Command::new("sh");
     // Absolute paths: a working folder entered before the bind would still be the writable one.

@@ -8,6 +8,7 @@
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, AT_FDCWD};
@@ -41,19 +42,47 @@ pub fn create_only(path: &Path, bytes: &[u8]) -> std::io::Result<bool> {
         }
     };
     (&file).write_all(bytes)?;
-    // An unnamed file is linked by its descriptor, `/proc/self/fd/<n>` followed (AT_EMPTY_PATH
-    // would need CAP_DAC_READ_SEARCH).
-    let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
-    match nix::unistd::linkat(AT_FDCWD, by_fd.as_str(), AT_FDCWD, path, AtFlags::AT_SYMLINK_FOLLOW)
-    {
-        Ok(()) => Ok(true),
-        Err(Errno::EEXIST) => Ok(false),
+    match link_unnamed(&file, path, !EMPTY_PATH_REFUSED.load(Ordering::Relaxed)) {
+        Ok(linked) => Ok(linked),
         // No /proc to name the descriptor by (a bare chroot): the staged way.
         Err(Errno::ENOENT) if !Path::new("/proc/self/fd").is_dir() => {
             staged_create_only(path, bytes)
         }
         Err(errno) => Err(errno.into()),
     }
+}
+
+/// Set once `linkat(AT_EMPTY_PATH)` was refused: the process lacks `CAP_DAC_READ_SEARCH` (a
+/// container's root, another user), and every later link goes through `/proc/self/fd`.
+static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Link the unnamed `file` to `path`; `Ok(false)` when `path` exists.
+///
+/// By the descriptor itself (`AT_EMPTY_PATH`) when `by_descriptor` and the process may (it
+/// needs `CAP_DAC_READ_SEARCH`; without it the kernel answers `ENOENT`, remembered for the
+/// process), else by following `/proc/self/fd/<n>`, whose lookup through procfs costs about as
+/// much again as the link.
+fn link_unnamed(file: &std::fs::File, path: &Path, by_descriptor: bool) -> Result<bool, Errno> {
+    let linked = match by_descriptor {
+        true => match nix::unistd::linkat(file, "", AT_FDCWD, path, AtFlags::AT_EMPTY_PATH) {
+            Err(Errno::ENOENT) => {
+                EMPTY_PATH_REFUSED.store(true, Ordering::Relaxed);
+                by_proc_path(file, path)
+            }
+            other => other,
+        },
+        false => by_proc_path(file, path),
+    };
+    match linked {
+        Ok(()) => Ok(true),
+        Err(Errno::EEXIST) => Ok(false),
+        Err(errno) => Err(errno),
+    }
+}
+
+fn by_proc_path(file: &std::fs::File, path: &Path) -> Result<(), Errno> {
+    let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+    nix::unistd::linkat(AT_FDCWD, by_fd.as_str(), AT_FDCWD, path, AtFlags::AT_SYMLINK_FOLLOW)
 }
 
 /// [`create_only`] as the local store does it: write a staging file `<path>#<n>` (a name the

@@ -106,3 +106,39 @@ fn an_output_file_moves_into_a_new_folder() {
     assert_eq!(std::fs::read_to_string(&destination).unwrap(), "row\n");
     assert!(!source.exists());
 }
+
+/// Whether this process holds `CAP_DAC_READ_SEARCH` (bit 2 of `CapEff`), which
+/// `linkat(AT_EMPTY_PATH)` needs.
+fn may_link_by_descriptor() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
+    u64::from_str_radix(effective.trim(), 16).unwrap() & (1 << 2) != 0
+}
+
+fn unnamed_file_in(folder: &Path, bytes: &[u8]) -> std::fs::File {
+    use std::io::Write;
+    let flags = OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC;
+    let file = std::fs::File::from(
+        nix::fcntl::open(folder, flags, Mode::from_bits_truncate(0o644)).unwrap(),
+    );
+    (&file).write_all(bytes).unwrap();
+    file
+}
+
+#[test]
+fn an_unnamed_file_is_linked_by_its_descriptor_or_through_proc_and_never_over_a_status() {
+    let dir = tempfile::tempdir().unwrap();
+    for (by_descriptor, name) in [(true, "a.json"), (false, "b.json")] {
+        let path = dir.path().join(name);
+        let first = unnamed_file_in(dir.path(), b"first");
+        assert_eq!(link_unnamed(&first, &path, by_descriptor), Ok(true), "{name}");
+        let second = unnamed_file_in(dir.path(), b"second");
+        assert_eq!(link_unnamed(&second, &path, by_descriptor), Ok(false), "{name}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"first", "{name}");
+    }
+    assert_eq!(names(dir.path()), ["a.json", "b.json"]);
+    // With the capability the descriptor's own link was taken, not the fallback.
+    if may_link_by_descriptor() {
+        assert!(!EMPTY_PATH_REFUSED.load(Ordering::Relaxed), "AT_EMPTY_PATH was refused");
+    }
+}

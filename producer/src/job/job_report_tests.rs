@@ -75,3 +75,27 @@ fn summaries_count_per_slot_and_per_worker() {
     assert_eq!((&nodes[0][0], &nodes[0][1], &nodes[0][2]), ("w1", "2", "3"));
     assert_eq!(&nodes[0][10], "75.0", "3 s busy of 2 slots × 2 s");
 }
+
+#[test]
+fn the_clock_writes_each_time_as_utc_does_across_days_and_years() {
+    let mut clock = UtcClock::default();
+    let day = 86_400_000_u64;
+    // 2026-11-26, its first and last millisecond, the next day, a leap day, the epoch, and
+    // back to a day seen before: every one as `utc` writes it.
+    let base = 1_795_651_200_000_u64;
+    let times = [
+        base + 12 * 3_600_000 + 5 * 60_000 + 24_123,
+        base,
+        base + day - 1,
+        base + day,
+        base + 7,
+        1_709_164_800_000 + 3_599_999,
+        0,
+        253_402_300_799_999,
+        base + 45_296_789,
+    ];
+    for ms in times {
+        assert_eq!(clock.format(ms), utc(ms), "{ms}");
+    }
+    assert_eq!(clock.format(base + 45_296_789), "2026-11-26T12:34:56.789Z");
+}

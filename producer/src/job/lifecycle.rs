@@ -153,6 +153,12 @@ pub async fn await_user_logs(
 /// the job since `started_ms`); what cannot be written is said on stderr and does not change the
 /// job's verdict.
 pub async fn write_job_report(root: &JobRoot, started_ms: u64) {
+    write_producer_log(root, started_ms).await;
+    write_attempts_report(root).await;
+}
+
+/// This process's `logs/sys/producer.log`: its lines for the job since `started_ms`.
+pub async fn write_producer_log(root: &JobRoot, started_ms: u64) {
     use batchfleet_common::logging::capture::{lines_for, Process};
     let lines = lines_for(Process::Producer, &root.job_id, started_ms);
     if !lines.is_empty() {
@@ -160,6 +166,10 @@ pub async fn write_job_report(root: &JobRoot, started_ms: u64) {
             eprintln!("logs/sys/producer.log could not be written: {error}");
         }
     }
+}
+
+/// The job report (`logs/sys/job_report/*.csv`) from the attempt records in the root.
+pub async fn write_attempts_report(root: &JobRoot) {
     match crate::job::job_report::write_job_report(root).await {
         Ok(summary) if summary.attempts > 0 => {
             tracing::info!(
@@ -321,6 +331,46 @@ pub async fn finish(
     tracker: &Tracker,
     end: FollowEnd,
 ) -> Result<JobReport, ProducerError> {
+    finish_alongside(job, root, tracker, end, async {}).await
+}
+
+/// [`finish`], with `alongside` run while the output is aggregated (`run` stops its workers
+/// and writes the job report from their records meanwhile: each is a pass over every batch,
+/// and the two share no file); `logs/job_result.txt` is written once both are done.
+pub async fn finish_alongside(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    tracker: &Tracker,
+    end: FollowEnd,
+    alongside: impl std::future::Future<Output = ()>,
+) -> Result<JobReport, ProducerError> {
+    let (finished, ()) = tokio::join!(aggregate_output(job, root, tracker, &end), alongside);
+    let Finished { verdict, text, output } = finished?;
+    write_result(root, &verdict, text).await?;
+    Ok(JobReport {
+        job_id: root.job_id.clone(),
+        verdict,
+        root_url: root.url(),
+        job_result_url: root.key_url(&root.layout.job_result()),
+        output,
+    })
+}
+
+/// What [`aggregate_output`] leaves for `logs/job_result.txt`.
+struct Finished {
+    verdict: Verdict,
+    text: String,
+    /// `None` when aggregating failed (the verdict says why).
+    output: Option<Aggregated>,
+}
+
+/// Decide the verdict and aggregate the succeeded batches' rows; the text of the job result.
+async fn aggregate_output(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    tracker: &Tracker,
+    end: &FollowEnd,
+) -> Result<Finished, ProducerError> {
     // The verdict is known before aggregating (the statuses count the rows), so that only a
     // job that succeeds replaces `append_row_to`; a failed one leaves it as it was and writes
     // what succeeded under `outputs/partial/`.
@@ -351,14 +401,7 @@ pub async fn finish(
             });
             tracing::error!(%error, "aggregating the output failed");
             let text = job_result_text(&verdict, root, tracker, None);
-            write_result(root, &verdict, text).await?;
-            return Ok(JobReport {
-                job_id: root.job_id.clone(),
-                verdict,
-                root_url: root.url(),
-                job_result_url: root.key_url(&root.layout.job_result()),
-                output: None,
-            });
+            return Ok(Finished { verdict, text, output: None });
         }
     };
     if partial {
@@ -376,14 +419,7 @@ pub async fn finish(
         text.push_str(detail.trim_end());
         text.push('\n');
     }
-    write_result(root, &verdict, text).await?;
-    Ok(JobReport {
-        job_id: root.job_id.clone(),
-        verdict,
-        root_url: root.url(),
-        job_result_url: root.key_url(&root.layout.job_result()),
-        output: Some(output),
-    })
+    Ok(Finished { verdict, text, output: Some(output) })
 }
 
 fn elapsed_ms(started: std::time::Instant) -> u64 {

@@ -27,7 +27,7 @@ use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
-use crate::job::lifecycle::{self, finish, stop_the_rest, JobReport};
+use crate::job::lifecycle::{self, finish_alongside, stop_the_rest, JobReport};
 use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
 use crate::modes::run::{
@@ -103,11 +103,30 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
         other => other,
     };
     stop.cancel();
-    stop_workers(&mut fleet, if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE }).await;
-    let (tracker, end) = followed?;
-    let report = finish(&job, &root, &tracker, end).await?;
-    // Every attempt of the job, before and since the resume.
-    lifecycle::write_job_report(&root, started_ms).await;
+    let grace = if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE };
+    let (tracker, end) = match followed {
+        Ok(followed) => followed,
+        Err(error) => {
+            stop_workers(&mut fleet, grace).await;
+            return Err(error);
+        }
+    };
+    // As `run` does: the workers stop and the report (every attempt of the job, before and
+    // since the resume) is written while the output is aggregated.
+    let workers_done = tokio::spawn({
+        let root = root.clone();
+        async move {
+            stop_workers(&mut fleet, grace).await;
+            lifecycle::write_attempts_report(&root).await;
+        }
+    });
+    let workers_done = async {
+        if let Err(error) = workers_done.await {
+            tracing::error!(%error, "stopping the workers and writing the job report failed");
+        }
+    };
+    let report = finish_alongside(&job, &root, &tracker, end, workers_done).await?;
+    lifecycle::write_producer_log(&root, started_ms).await;
     if !embedded {
         remove_events_queue(broker.as_ref(), &root.job_id).await;
     }

@@ -21,7 +21,7 @@ use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::infra::settings::effective_settings;
 use crate::job::follow::FollowEnd;
-use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
+use crate::job::lifecycle::{self, create_root, finish_alongside, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
@@ -92,11 +92,30 @@ pub async fn run_job(
         other => other,
     };
     stop.cancel();
-    stop_workers(&mut fleet, grace).await;
-    let (tracker, end) = result?;
-    let report = finish(&job, &root, &tracker, end).await;
-    // The workers stopped: their records are all in the root.
-    lifecycle::write_job_report(&root, started_ms).await;
+    let (tracker, end) = match result {
+        Ok(followed) => followed,
+        Err(error) => {
+            stop_workers(&mut fleet, grace).await;
+            return Err(error);
+        }
+    };
+    // The workers stop (the runtimes' shutdown(), their records and logs into the root) and the
+    // job report is made from the records while the output is aggregated; the result is
+    // written once both are done, so that the logs are in the root when it appears.
+    let workers_done = tokio::spawn({
+        let root = root.clone();
+        async move {
+            stop_workers(&mut fleet, grace).await;
+            lifecycle::write_attempts_report(&root).await;
+        }
+    });
+    let workers_done = async {
+        if let Err(error) = workers_done.await {
+            tracing::error!(%error, "stopping the workers and writing the job report failed");
+        }
+    };
+    let report = finish_alongside(&job, &root, &tracker, end, workers_done).await;
+    lifecycle::write_producer_log(&root, started_ms).await;
     report
 }
 

@@ -234,12 +234,23 @@ fn a_sampler_on_this_machine_writes_a_row_to_each_file() {
     let scratch = tempfile::tempdir().unwrap();
     let mut sampler = Sampler::new(scratch.path().to_path_buf());
     sampler.baseline().unwrap();
-    // A runtime leads its own process group, as this child does.
-    let mut child = std::process::Command::new("sleep");
+    // A runtime leads its own process group, as this child does. Its line on stdout says the
+    // shell runs its script: sampled earlier, between the spawn and the exec, a process can
+    // show no resident memory at all.
+    let mut child = std::process::Command::new("sh");
     std::os::unix::process::CommandExt::process_group(&mut child, 0);
-    let mut child = child.arg("30").spawn().unwrap();
+    let mut child = child
+        .args(["-c", "echo started; sleep 30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut started = String::new();
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut started).unwrap();
+    assert_eq!(started, "started\n", "the child shell did not start");
     let errors = sampler.sample(SystemTime::now(), &[child.id(), u32::MAX]);
-    let _ = child.kill();
+    let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
     let _ = child.wait();
     assert!(errors.is_empty(), "{errors:?}");
     for (name, text) in sampler.buffers.files() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use batchfleet_common::job_root::StatusWrite;
 use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind};
 use batchfleet_common::table::TableFormat;
 use tokio_util::sync::CancellationToken;
@@ -145,6 +146,46 @@ impl From<AttemptFailure> for AttemptEnd {
 }
 
 impl Slot {
+    /// The batch's attempt, tried again in place (not counted) when its runtime broke under it
+    /// (once, in a fresh runtime) or storage failed under it (for about a minute, the lease
+    /// held by the caller).
+    pub(super) async fn attempt_in_place(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        message: &MiniBatchMessage,
+        attempt: u32,
+        started_ms: u64,
+        stop: &CancellationToken,
+    ) -> Result<BatchStatus, AttemptEnd> {
+        self.phases = Phases::default();
+        let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
+        if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
+            // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
+            tracing::warn!(%why, message = %failure.message,
+                "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
+            result = self.attempt(job, message, attempt, now_ms(), stop).await;
+        }
+        let mut result = result.map_err(AttemptEnd::counted);
+        // Storage that fails under a batch (a read-only or full file system, a store refusing
+        // writes) is not the script's failure: the batch is tried again in place, the lease held
+        // by the heartbeat, for about a minute, before an attempt is counted.
+        let mut delays = RetryPolicy::BATCH_INFRA.delays();
+        while let Err(AttemptEnd::Failed(failure)) = &result {
+            if failure.kind != FailureKind::Storage || stop.is_cancelled() {
+                break;
+            }
+            let Some(delay) = delays.next() else { break };
+            tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
+                "storage failed under the batch; trying it again in place");
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop.cancelled() => break,
+            }
+            result = self.attempt(job, message, attempt, now_ms(), stop).await;
+        }
+        result
+    }
+
     /// One attempt: load the items, run them, write result part, status and event.
     pub(super) async fn attempt(
         &mut self,

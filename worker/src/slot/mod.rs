@@ -16,13 +16,12 @@ use batchfleet_common::broker::{BrokerError, Delivery};
 use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
-use batchfleet_common::retry::RetryPolicy;
-use batchfleet_common::status::{now_ms, BatchStatus, FailureKind};
+use batchfleet_common::status::{now_ms, BatchStatus};
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::heartbeat::Heartbeat;
+use crate::heartbeat::hold_lease;
 use crate::jobs::JobLoadError;
 use crate::output;
 use crate::shared::{Shared, WorkerError, WorkerSummary};
@@ -306,40 +305,11 @@ impl Slot {
                 return;
             }
         };
-        let heartbeat = Heartbeat::start(
-            Arc::clone(&self.shared.broker),
-            delivery.handle.clone(),
-            self.shared.lease,
-        );
         let started_ms = now_ms();
         let started = Instant::now();
-        self.phases = Phases::default();
-        let mut result = self.attempt(&job, &message, attempt, started_ms, stop).await;
-        if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
-            // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
-            tracing::warn!(%why, message = %failure.message,
-                "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
-            result = self.attempt(&job, &message, attempt, now_ms(), stop).await;
-        }
-        let mut result = result.map_err(AttemptEnd::counted);
-        // Storage that fails under a batch (a read-only or full file system, a store refusing
-        // writes) is not the script's failure: the batch is tried again in place, the lease held
-        // by the heartbeat, for about a minute, before an attempt is counted.
-        let mut delays = RetryPolicy::BATCH_INFRA.delays();
-        while let Err(AttemptEnd::Failed(failure)) = &result {
-            if failure.kind != FailureKind::Storage || stop.is_cancelled() {
-                break;
-            }
-            let Some(delay) = delays.next() else { break };
-            tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
-                "storage failed under the batch; trying it again in place");
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = stop.cancelled() => break,
-            }
-            result = self.attempt(&job, &message, attempt, now_ms(), stop).await;
-        }
-        let lease_lost = heartbeat.stop().await;
+        let (broker, lease) = (Arc::clone(&self.shared.broker), self.shared.lease);
+        let work = self.attempt_in_place(&job, &message, attempt, started_ms, stop);
+        let (result, lease_lost) = hold_lease(broker.as_ref(), &delivery.handle, lease, work).await;
         let mut record = self.record(&message, attempt, started_ms, &result);
         match result {
             Ok(status) => {

@@ -5,7 +5,9 @@
 //! Fixed costs (starting runtimes, planning, aggregating, the job report) are taken out by
 //! running each job at two sizes, `--small` and `--large` files (default 2,000 and 12,000):
 //! the steady cost per mini-batch is `(T(large) - T(small)) / (large - small)`, wall time,
-//! with `--slots` slots (default 2) — what one more mini-batch adds to the job.
+//! with `--slots` slots (default 2) — what one more mini-batch adds to the job — and the same
+//! difference of CPU time (the run and every process it started, `getrusage`), which a
+//! machine shared with others moves much less than wall time.
 //! Every size of every peer runs once per round, in turn (interleaved), `--rounds` rounds
 //! (default 5); the table gives the median and min of each peer's per-batch cost, and its
 //! ratio to the floor and to Pool.
@@ -130,8 +132,9 @@ impl Peer {
         }
     }
 
-    /// Run the job in `job` once; the wall time in seconds, its rows checked.
-    fn time(&self, job: &Path, n: usize) -> Result<f64> {
+    /// Run the job in `job` once; the wall time and the CPU time of the run and everything it
+    /// started, in seconds, its rows checked.
+    fn time(&self, job: &Path, n: usize) -> Result<(f64, f64)> {
         let rows = match self {
             Peer::Batchfleet(_) | Peer::Baseline(_) => job.join("out/rows.txt"),
             _ => job.join("rows.txt"),
@@ -154,6 +157,7 @@ impl Peer {
                 command
             }
         };
+        let cpu_before = children_cpu();
         let started = Instant::now();
         let output = command
             .current_dir(job)
@@ -162,6 +166,7 @@ impl Peer {
             .output()
             .with_context(|| format!("starting {}", self.name()))?;
         let secs = started.elapsed().as_secs_f64();
+        let cpu = children_cpu() - cpu_before;
         ensure!(
             output.status.success(),
             "{} failed ({}):\n{}",
@@ -177,8 +182,17 @@ impl Peer {
         for (i, line) in lines.iter().enumerate() {
             ensure!(*line == format!("f{i:07}.txt"), "{}: row {i} is `{line}`", self.name());
         }
-        Ok(secs)
+        Ok((secs, cpu))
     }
+}
+
+/// User and system CPU seconds of every process this one waited for, and of the processes
+/// those waited for (`getrusage(RUSAGE_CHILDREN)`): a run's own CPU is the difference across it.
+fn children_cpu() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_CHILDREN) else { return f64::NAN };
+    let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    secs(usage.user_time()) + secs(usage.system_time())
 }
 
 fn main() -> Result<()> {
@@ -208,23 +222,29 @@ fn main() -> Result<()> {
     );
     let extra = (options.large - options.small) as f64;
     let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    let mut cpu_costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     for round in 1..=options.rounds {
         for (i, peer) in peers.iter().enumerate() {
-            let t_small = peer.time(&small, options.small)?;
-            let t_large = peer.time(&large, options.large)?;
+            let (t_small, cpu_small) = peer.time(&small, options.small)?;
+            let (t_large, cpu_large) = peer.time(&large, options.large)?;
             let cost = (t_large - t_small) / extra * 1e6;
+            let cpu_cost = (cpu_large - cpu_small) / extra * 1e6;
             println!(
-                "round {round}: {:<36} {t_small:>6.2} s / {t_large:>6.2} s  → {cost:>7.1} µs a batch",
+                "round {round}: {:<36} {t_small:>6.2} s / {t_large:>6.2} s  → {cost:>7.1} µs a \
+                 batch, {cpu_cost:>7.1} µs of CPU",
                 peer.name()
             );
             costs[i].push(cost);
+            cpu_costs[i].push(cpu_cost);
         }
     }
     let at = |wanted: &Peer| peers.iter().position(|p| p == wanted).unwrap_or(0);
     let floor = median(&costs[at(&Peer::Floor)]);
     let pool = median(&costs[at(&Peer::Pool)]);
+    let pool_cpu = median(&cpu_costs[at(&Peer::Pool)]);
     println!(
-        "\n| peer | median µs a batch | min µs | median / floor | median / Pool |\n|---|---|---|---|---|"
+        "\n| peer | median µs a batch | min µs | median / floor | median / Pool | CPU µs a batch \
+         (median) | CPU / Pool's |\n|---|---|---|---|---|---|---|"
     );
     for (i, peer) in peers.iter().enumerate() {
         let med = median(&costs[i]);
@@ -232,7 +252,13 @@ fn main() -> Result<()> {
         // The floor is a few µs, within the noise of two whole runs: no ratio when it is not
         // above it.
         let to_floor = if floor > 0.5 { format!("{:.1}", med / floor) } else { "—".into() };
-        println!("| {} | {med:.1} | {min:.1} | {to_floor} | {:.2} |", peer.name(), med / pool);
+        let cpu = median(&cpu_costs[i]);
+        println!(
+            "| {} | {med:.1} | {min:.1} | {to_floor} | {:.2} | {cpu:.1} | {:.2} |",
+            peer.name(),
+            med / pool,
+            cpu / pool_cpu
+        );
     }
     println!("load average at the end: {}", load_average());
     Ok(())

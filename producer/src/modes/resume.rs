@@ -27,11 +27,11 @@ use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
-use crate::job::lifecycle::{self, finish_alongside, stop_the_rest, JobReport};
+use crate::job::lifecycle::{self, stop_the_rest, JobReport};
 use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
 use crate::modes::run::{
-    fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
+    finish_in_process, fleet_gone, scratch_dir, start_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
 use crate::modes::status::locate;
 use crate::modes::submit::{producer_broker, remove_events_queue};
@@ -104,29 +104,8 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     };
     stop.cancel();
     let grace = if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE };
-    let (tracker, end) = match followed {
-        Ok(followed) => followed,
-        Err(error) => {
-            stop_workers(&mut fleet, grace).await;
-            return Err(error);
-        }
-    };
-    // As `run` does: the workers stop and the report (every attempt of the job, before and
-    // since the resume) is written while the output is aggregated.
-    let workers_done = tokio::spawn({
-        let root = root.clone();
-        async move {
-            stop_workers(&mut fleet, grace).await;
-            lifecycle::write_attempts_report(&root).await;
-        }
-    });
-    let workers_done = async {
-        if let Err(error) = workers_done.await {
-            tracing::error!(%error, "stopping the workers and writing the job report failed");
-        }
-    };
-    let report = finish_alongside(&job, &root, &tracker, end, workers_done).await?;
-    lifecycle::write_producer_log(&root, started_ms).await;
+    // Every attempt of the job, before and since the resume, is in the report.
+    let report = finish_in_process(&job, &root, followed, fleet, grace, started_ms).await?;
     if !embedded {
         remove_events_queue(broker.as_ref(), &root.job_id).await;
     }

@@ -92,16 +92,30 @@ pub async fn run_job(
         other => other,
     };
     stop.cancel();
-    let (tracker, end) = match result {
+    finish_in_process(&job, &root, result, fleet, grace, started_ms).await
+}
+
+/// The end of a job whose workers run in this process (`run`, and `resume` of an embedded
+/// job), once they were told to stop: the workers stop (the runtimes' `shutdown()`, their
+/// records and logs into the root) and the job report is made from the records — in a task of
+/// their own — while the output is aggregated; the result is written once both are done, so
+/// that the logs are in the root when it appears. A job that could not be followed only has
+/// its workers stopped.
+pub async fn finish_in_process(
+    job: &ResolvedJob,
+    root: &JobRoot,
+    followed: Result<(Tracker, FollowEnd), ProducerError>,
+    mut fleet: JoinSet<Result<(), String>>,
+    grace: Duration,
+    started_ms: u64,
+) -> Result<JobReport, ProducerError> {
+    let (tracker, end) = match followed {
         Ok(followed) => followed,
         Err(error) => {
             stop_workers(&mut fleet, grace).await;
             return Err(error);
         }
     };
-    // The workers stop (the runtimes' shutdown(), their records and logs into the root) and the
-    // job report is made from the records while the output is aggregated; the result is
-    // written once both are done, so that the logs are in the root when it appears.
     let workers_done = tokio::spawn({
         let root = root.clone();
         async move {
@@ -114,8 +128,8 @@ pub async fn run_job(
             tracing::error!(%error, "stopping the workers and writing the job report failed");
         }
     };
-    let report = finish_alongside(&job, &root, &tracker, end, workers_done).await;
-    lifecycle::write_producer_log(&root, started_ms).await;
+    let report = finish_alongside(job, root, &tracker, end, workers_done).await;
+    lifecycle::write_producer_log(root, started_ms).await;
     report
 }
 

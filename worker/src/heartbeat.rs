@@ -6,9 +6,15 @@
 //! batch and a dead one's batch is back within one lease.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use batchfleet_common::broker::{Broker, BrokerError, DeliveryHandle};
+
+/// How long an extension already under way when the batch ends may take to finish before the
+/// caller settles the delivery anyway.
+const EXTENSION_UNDER_WAY: Duration = Duration::from_secs(5);
 
 /// Run `work` while the delivery's lease is kept alive: extended to `lease` now, then every
 /// `lease / 3` until `work` ends. Returns what `work` returned and whether the lease was lost
@@ -23,21 +29,58 @@ pub(crate) async fn hold_lease<T>(
     lease: Duration,
     work: impl Future<Output = T>,
 ) -> (T, bool) {
-    let beat = beat(broker, handle, lease);
+    keep(|| broker.extend_lease(handle, lease), lease, work).await
+}
+
+/// [`hold_lease`] with the extension as a function.
+///
+/// An extension under way when `work` ends is finished first (for at most
+/// [`EXTENSION_UNDER_WAY`]): dropped, a request already sent (SQS's `ChangeMessageVisibility`)
+/// could still land after the caller's nack and hide a batch given back for a whole lease.
+async fn keep<T, E, F>(extend: E, lease: Duration, work: impl Future<Output = T>) -> (T, bool)
+where
+    E: FnMut() -> F,
+    F: Future<Output = Result<(), BrokerError>>,
+{
+    let extending = AtomicBool::new(false);
+    let beat = beat(extend, lease, &extending);
     tokio::pin!(work, beat);
     tokio::select! {
         // The beat first: its first extension goes out before `work` is polled.
         biased;
         () = &mut beat => (work.await, true),
-        out = &mut work => (out, false),
+        out = &mut work => {
+            let finished = std::future::poll_fn(|cx| match beat.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(true),
+                Poll::Pending if extending.load(Ordering::Relaxed) => Poll::Pending,
+                Poll::Pending => Poll::Ready(false),
+            });
+            let lost = match tokio::time::timeout(EXTENSION_UNDER_WAY, finished).await {
+                Ok(lost) => lost,
+                Err(_) => {
+                    tracing::warn!(waited_secs = EXTENSION_UNDER_WAY.as_secs(),
+                        "a lease extension under way did not finish; settling the batch anyway");
+                    false
+                }
+            };
+            (out, lost)
+        }
     }
 }
 
-/// Extend the lease now and every third of it; returns only when the lease is lost.
-async fn beat(broker: &dyn Broker, handle: &DeliveryHandle, lease: Duration) {
+/// Extend the lease now and every third of it, `extending` set while an extension is under
+/// way; returns only when the lease is lost.
+async fn beat<E, F>(mut extend: E, lease: Duration, extending: &AtomicBool)
+where
+    E: FnMut() -> F,
+    F: Future<Output = Result<(), BrokerError>>,
+{
     let period = (lease / 3).max(Duration::from_millis(100));
     loop {
-        match broker.extend_lease(handle, lease).await {
+        extending.store(true, Ordering::Relaxed);
+        let extended = extend().await;
+        extending.store(false, Ordering::Relaxed);
+        match extended {
             Ok(()) => tracing::trace!(lease_secs = lease.as_secs(), "lease extended"),
             Err(BrokerError::StaleDelivery(_)) => {
                 tracing::warn!("lease lost: the batch may be delivered to another receiver");
@@ -106,5 +149,33 @@ mod tests {
         let again = broker.receive("q", 1, LEASE, Duration::ZERO).await.unwrap();
         assert_eq!(again.len(), 1, "the lease did not run out");
         assert!(broker.ack(&delivery.handle).await.is_err(), "the first handle still held");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_extension_under_way_when_the_batch_ends_finishes_before_the_batch_is_settled() {
+        // An extension that takes 2 s (a slow ChangeMessageVisibility), and a batch that ends
+        // while the first one is under way.
+        let log = std::sync::Mutex::new(Vec::new());
+        let extend = || async {
+            log.lock().unwrap().push("extension sent");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            log.lock().unwrap().push("extension done");
+            Ok(())
+        };
+        let work = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            log.lock().unwrap().push("batch done");
+        };
+        let started = tokio::time::Instant::now();
+        let ((), lost) = super::keep(extend, LEASE, work).await;
+        log.lock().unwrap().push("settled");
+        assert!(!lost);
+        // Settled when the extension was done, not a beat's period later.
+        assert!(started.elapsed() < Duration::from_millis(2_100), "{:?}", started.elapsed());
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["extension sent", "batch done", "extension done", "settled"],
+            "the extension was dropped under way, or the batch waited for more than it"
+        );
     }
 }

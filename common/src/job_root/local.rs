@@ -61,7 +61,8 @@ static EMPTY_PATH_REFUSED: AtomicBool = AtomicBool::new(false);
 /// By the descriptor itself (`AT_EMPTY_PATH`) when `by_descriptor` and the process may (it
 /// needs `CAP_DAC_READ_SEARCH`; without it the kernel answers `ENOENT`, remembered for the
 /// process), else by following `/proc/self/fd/<n>`, whose lookup through procfs costs about as
-/// much again as the link.
+/// much again as the link. An `ENOENT` for another reason (the folder removed meanwhile) also
+/// turns the descriptor's way off: that costs only the lookup, never a status.
 fn link_unnamed(file: &std::fs::File, path: &Path, by_descriptor: bool) -> Result<bool, Errno> {
     let linked = match by_descriptor {
         true => match nix::unistd::linkat(file, "", AT_FDCWD, path, AtFlags::AT_EMPTY_PATH) {

@@ -41,8 +41,14 @@ pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRoo
 
 /// `2026-11-25T09:30:00.123Z`.
 pub fn utc(ms: u64) -> String {
+    // RFC 3339 ends with year 9999 (humantime's formatter fails past it): a record's time, read
+    // from the job root, is shown as the last millisecond it can write.
+    let ms = ms.min(LAST_RFC3339_MS);
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
+
+/// 9999-12-31T23:59:59.999Z.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
 
 fn utc_opt(ms: Option<u64>) -> String {
     ms.map(utc).unwrap_or_default()
@@ -163,6 +169,7 @@ const MS_A_DAY: u64 = 86_400_000;
 
 impl UtcClock {
     fn format(&mut self, ms: u64) -> String {
+        let ms = ms.min(LAST_RFC3339_MS);
         let day = ms / MS_A_DAY;
         if self.day != Some(day) {
             let full = utc(day * MS_A_DAY);

@@ -98,4 +98,7 @@ fn the_clock_writes_each_time_as_utc_does_across_days_and_years() {
         assert_eq!(clock.format(ms), utc(ms), "{ms}");
     }
     assert_eq!(clock.format(base + 45_296_789), "2026-11-26T12:34:56.789Z");
+    // A time past year 9999 (a damaged record) is written as the last one RFC 3339 has.
+    assert_eq!(utc(u64::MAX), "9999-12-31T23:59:59.999Z");
+    assert_eq!(clock.format(u64::MAX), "9999-12-31T23:59:59.999Z");
 }

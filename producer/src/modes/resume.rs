@@ -27,7 +27,7 @@ use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
-use crate::job::lifecycle::{self, stop_the_rest, JobReport};
+use crate::job::lifecycle::{self, finish, stop_the_rest, JobReport};
 use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use crate::job_root::JobRoot;
 use crate::modes::run::{
@@ -105,10 +105,15 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     stop.cancel();
     let grace = if early { EARLY_STOP_GRACE } else { WORKER_STOP_GRACE };
     // Every attempt of the job, before and since the resume, is in the report.
-    let report = finish_in_process(&job, &root, followed, fleet, grace, started_ms).await?;
-    if !embedded {
-        remove_events_queue(broker.as_ref(), &root.job_id).await;
+    if embedded {
+        return finish_in_process(&job, &root, followed, fleet, grace, started_ms).await;
     }
+    // A fleet elsewhere writes its last records when its runtimes stop, which they do once
+    // they see the result: the report comes after it.
+    let (tracker, end) = followed?;
+    let report = finish(&job, &root, &tracker, end).await?;
+    lifecycle::write_job_report(&root, started_ms).await;
+    remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
 }
 

@@ -99,8 +99,8 @@ pub async fn run_job(
 /// job), once they were told to stop: the workers stop (the runtimes' `shutdown()`, their
 /// records and logs into the root) and the job report is made from the records — in a task of
 /// their own — while the output is aggregated; the result is written once both are done, so
-/// that the logs are in the root when it appears. A job that could not be followed only has
-/// its workers stopped.
+/// that the workers' logs and the report are in the root when it appears (the producer's own
+/// log follows it). A job that could not be followed only has its workers stopped.
 pub async fn finish_in_process(
     job: &ResolvedJob,
     root: &JobRoot,

@@ -6,8 +6,9 @@
 //! running each job at two sizes, `--small` and `--large` files (default 2,000 and 12,000):
 //! the steady cost per mini-batch is `(T(large) - T(small)) / (large - small)`, wall time,
 //! with `--slots` slots (default 2) — what one more mini-batch adds to the job — and the same
-//! difference of CPU time (the run and every process it started, `getrusage`), which a
-//! machine shared with others moves much less than wall time.
+//! difference of CPU time (the run and the processes under it that were waited for,
+//! `getrusage(RUSAGE_CHILDREN)`), which a machine shared with others moves much less than wall
+//! time.
 //! Every size of every peer runs once per round, in turn (interleaved), `--rounds` rounds
 //! (default 5); the table gives the median and min of each peer's per-batch cost, and its
 //! ratio to the floor and to Pool.

@@ -240,7 +240,8 @@ fn a_sampler_on_this_machine_writes_a_row_to_each_file() {
     let mut child = std::process::Command::new("sh");
     std::os::unix::process::CommandExt::process_group(&mut child, 0);
     let mut child = child
-        .args(["-c", "echo started; sleep 30"])
+        // `; true`: the shell stays (a shell may exec the last command of `-c` in its place).
+        .args(["-c", "echo started; sleep 30; true"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

@@ -6,6 +6,7 @@
 //! batch and a dead one's batch is back within one lease.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
@@ -21,8 +22,8 @@ const EXTENSION_UNDER_WAY: Duration = Duration::from_secs(5);
 /// on the way (the message may then be processed again elsewhere; its outputs are written under
 /// the same keys, so that is safe).
 ///
-/// The beat runs in the caller's task, polled beside `work`: no task, cancellation token or
-/// shared flag per batch.
+/// The beat runs in the caller's task, polled beside `work`: no task or cancellation token per
+/// batch.
 pub(crate) async fn hold_lease<T>(
     broker: &dyn Broker,
     handle: &DeliveryHandle,
@@ -50,20 +51,34 @@ where
         biased;
         () = &mut beat => (work.await, true),
         out = &mut work => {
-            let finished = std::future::poll_fn(|cx| match beat.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(true),
-                Poll::Pending if extending.load(Ordering::Relaxed) => Poll::Pending,
-                Poll::Pending => Poll::Ready(false),
-            });
-            let lost = match tokio::time::timeout(EXTENSION_UNDER_WAY, finished).await {
-                Ok(lost) => lost,
-                Err(_) => {
-                    tracing::warn!(waited_secs = EXTENSION_UNDER_WAY.as_secs(),
-                        "a lease extension under way did not finish; settling the batch anyway");
-                    false
-                }
-            };
+            // An extension under way is finished first. Mostly the beat sleeps: no timer is
+            // set for the wait then, and the beat is dropped.
+            let lost = extending.load(Ordering::Relaxed)
+                && finish_extension(beat.as_mut(), &extending).await;
             (out, lost)
+        }
+    }
+}
+
+/// Poll `beat` until the extension under way is done (or [`EXTENSION_UNDER_WAY`] passed);
+/// whether it found the lease lost.
+async fn finish_extension(
+    mut beat: Pin<&mut impl Future<Output = ()>>,
+    extending: &AtomicBool,
+) -> bool {
+    let finished = std::future::poll_fn(|cx| match beat.as_mut().poll(cx) {
+        Poll::Ready(()) => Poll::Ready(true),
+        Poll::Pending if extending.load(Ordering::Relaxed) => Poll::Pending,
+        Poll::Pending => Poll::Ready(false),
+    });
+    match tokio::time::timeout(EXTENSION_UNDER_WAY, finished).await {
+        Ok(lost) => lost,
+        Err(_) => {
+            tracing::warn!(
+                waited_secs = EXTENSION_UNDER_WAY.as_secs(),
+                "a lease extension under way did not finish; settling the batch anyway"
+            );
+            false
         }
     }
 }

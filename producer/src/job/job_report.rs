@@ -111,14 +111,14 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
     // Writing to a Vec cannot fail.
     let _ = out.write_record(PROCESSED_HEADER);
     let mut clock = UtcClock::default();
-    let mut utc_opt = |ms: Option<u64>| ms.map(|ms| clock.format(ms)).unwrap_or_default();
+    let mut time_of = |ms: Option<u64>| ms.map(|ms| clock.format(ms)).unwrap_or_default();
     for r in records {
         let failed_items = match r.outcome {
             AttemptOutcome::Succeeded => r.items_in.saturating_sub(r.items_out),
             _ => r.items_in,
         };
         let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
-        let received = utc_opt(Some(r.received_ms));
+        let received = time_of(Some(r.received_ms));
         let row: [&str; 30] = [
             &r.batch_id,
             &r.attempt.to_string(),
@@ -137,14 +137,14 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
             &r.worker,
             &r.slot.to_string(),
             &r.pid.map(|p| p.to_string()).unwrap_or_default(),
-            &utc_opt(r.published_ms),
+            &time_of(r.published_ms),
             &received,
-            &utc_opt(r.runtime_ready_ms),
-            &utc_opt(r.loaded_ms),
-            &utc_opt(r.run_started_ms),
-            &utc_opt(r.run_ended_ms),
-            &utc_opt(r.written_ms),
-            &utc_opt(Some(r.settled_ms)),
+            &time_of(r.runtime_ready_ms),
+            &time_of(r.loaded_ms),
+            &time_of(r.run_started_ms),
+            &time_of(r.run_ended_ms),
+            &time_of(r.written_ms),
+            &time_of(Some(r.settled_ms)),
             &r.queue_wait_ms().map(secs).unwrap_or_default(),
             &span(Some(r.received_ms), r.runtime_ready_ms),
             &span(r.runtime_ready_ms, r.loaded_ms),

@@ -111,7 +111,7 @@ pub(crate) fn parse(
         instance_count: instance_count(job.get("resources"))?,
         max_concurrency_per_instance: match job.get("max_concurrency_per_instance") {
             Some(f) => f.u32_between(1, MAX_CONCURRENCY_PER_INSTANCE, "")?,
-            None => available_cores().min(MAX_CONCURRENCY_PER_INSTANCE),
+            None => default_concurrency(crate::gpus::devices().len()),
         },
         mini_batch_error_threshold: match job.get("mini_batch_error_threshold") {
             Some(f) => f.int_in(-1, i64::MAX, "")?,
@@ -143,7 +143,16 @@ pub const MAX_INSTANCE_COUNT: u32 = 1_000;
 /// The largest `max_concurrency_per_instance`: each slot is an entry-script process.
 pub const MAX_CONCURRENCY_PER_INSTANCE: u32 = 1_024;
 
-/// Azure's default `max_concurrency_per_instance` is the machine's core count.
+/// Azure's default `max_concurrency_per_instance`: on GPU compute the number of GPUs (one
+/// per slot, see [`crate::gpus`]), otherwise the machine's core count.
+fn default_concurrency(gpus: usize) -> u32 {
+    let count = match gpus {
+        0 => available_cores(),
+        n => u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    count.min(MAX_CONCURRENCY_PER_INSTANCE)
+}
+
 fn available_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
@@ -366,6 +375,14 @@ fn substitute(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_default_concurrency_is_the_gpu_count_on_gpu_machines_else_the_core_count() {
+        assert_eq!(super::default_concurrency(4), 4);
+        assert_eq!(super::default_concurrency(1), 1);
+        assert_eq!(super::default_concurrency(0), super::available_cores().min(1_024));
+        assert_eq!(super::default_concurrency(5_000), super::MAX_CONCURRENCY_PER_INSTANCE);
+    }
+
     use super::*;
     use crate::spec::yaml::{self, Node};
 

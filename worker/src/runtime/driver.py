@@ -28,6 +28,9 @@ import sys
 
 PROTOCOL_VERSION = 1
 
+# The folder beside the driver holding azureml_user (runtime::USER_PACKAGES_DIR).
+USER_PACKAGES_DIR = "batchfleet_user_packages_v1"
+
 
 PR_SET_DUMPABLE = 4
 
@@ -662,6 +665,9 @@ def main(argv):
     sys.argv = [entry_script] + script_args
     # The driver's own folder must not shadow the user's modules.
     sys.path[0] = code_dir
+    # azureml_user.parallel_run (EntryScript), last: a script's own azureml_user comes first.
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 USER_PACKAGES_DIR))
 
     if tabular_job():
         # Before the entry script, so a missing pandas reads as what it is, not as an

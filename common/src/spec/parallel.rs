@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::job::{
     ArgPiece, InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob,
-    RetrySettings, ScriptArg, TaskSpec,
+    RetrySettings, ScriptArg, TaskSpec, APPEND_ROW_FILE_NAME,
 };
 
 use super::bindings::{parse_inner, pieces, Binding, Bound, Scope, Side};
@@ -91,7 +91,11 @@ pub(crate) fn parse(
         cx,
         warnings,
     )?;
-    let task = merge_error_threshold(task, top_threshold)?;
+    let mut task = merge_error_threshold(task, top_threshold)?;
+    let mut scope = scope;
+    if let (Some(base), Some(name)) = (cx.output_base, task.spec.append_row_to_output.clone()) {
+        name_append_row_file(&mut scope, &mut task.spec, base, &name);
+    }
     let mini_batch_size = mini_batch_size(job.get("mini_batch_size"), input.kind)?;
     Ok(ResolvedJob {
         name: optional_string(job, "name")?.unwrap_or_else(|| cx.default_name.to_string()),
@@ -131,6 +135,19 @@ pub(crate) fn parse(
             .unwrap_or_default(),
         compute: optional_string(job, "compute")?,
     })
+}
+
+/// A pipeline step's pathless `uri_file` output that `append_row_to` binds is the file
+/// [`APPEND_ROW_FILE_NAME`] in its folder `<base><name>/`, as for a job on its own (see
+/// [`ResolvedJob::fill_default_outputs`]).
+fn name_append_row_file(scope: &mut Scope, task: &mut TaskSpec, base: &str, name: &str) {
+    let Some(output) = scope.outputs.get_mut(name).filter(|o| o.is_file()) else { return };
+    if output.url.as_deref() != Some(io::default_output_url(base, name, &output.kind).as_str()) {
+        return; // a `path` of its own
+    }
+    let url = format!("{}{APPEND_ROW_FILE_NAME}", io::default_output_url(base, name, "uri_folder"));
+    output.url = Some(url.clone());
+    task.append_row_to = Some(url);
 }
 
 pub(crate) fn optional_string(map: &Map<'_>, key: &str) -> Result<Option<String>, SpecError> {

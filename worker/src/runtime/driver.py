@@ -10,6 +10,9 @@ run() gets instead of a file list. With BATCHFLEET_TABULAR=1 in the environment 
 imported before the entry script is loaded, so a missing pandas is an init error. pyarrow is
 imported only to read Parquet pieces. File-list jobs never import either.
 
+Azure's `azureml_user.parallel_run.EntryScript` comes from a folder installed beside the
+driver (USER_PACKAGES_DIR), put last on sys.path: a script's own azureml_user comes first.
+
 File descriptors: the protocol uses private duplicates of the original stdin and stdout.
 fd 0 is then pointed at /dev/null and fd 1 at fd 2 (stderr), so nothing the user's code
 prints or reads — from Python or from C — can touch the protocol. The duplicates are not

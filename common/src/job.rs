@@ -78,7 +78,21 @@ impl ResolvedJob {
     /// Give every output without `path` its default location under `job_root`, and
     /// `append_row_to` the location of the output it binds (the producer does this when it
     /// creates the job root, before it writes `job.json`).
+    ///
+    /// A pathless `uri_file` output that `append_row_to` binds is the file
+    /// [`APPEND_ROW_FILE_NAME`] in the output's folder (`<job root>/outputs/<name>/`), as Azure
+    /// names the file `append_row` writes; any other pathless `uri_file` output is
+    /// `<job root>/outputs/<name>`.
     pub fn fill_default_outputs(&mut self, job_root: &url::Url) {
+        if let Some(name) = self.task.append_row_to_output.as_deref() {
+            if let Some(output) = self.outputs.get_mut(name).filter(|o| o.is_file()) {
+                if output.url.is_none() {
+                    let folder = OutputSpec { kind: "uri_folder".into(), ..output.clone() };
+                    let url = format!("{}{APPEND_ROW_FILE_NAME}", folder.default_url(job_root));
+                    output.url = Some(url);
+                }
+            }
+        }
         for output in self.outputs.values_mut() {
             if output.url.is_none() {
                 output.url = Some(output.default_url(job_root));
@@ -298,6 +312,10 @@ impl Default for ProgramArgs {
     }
 }
 
+/// The file `append_row_to` writes in a folder (an output folder, or the folder of a pathless
+/// `uri_file` output), as Azure names it (`append_row_file_name`'s default).
+pub const APPEND_ROW_FILE_NAME: &str = "parallel_run_step.txt";
+
 /// A declared output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -359,6 +377,21 @@ mod tests {
         let folder =
             job("  o: {type: uri_folder, path: /out/models}", "  append_row_to: ${{outputs.o}}\n");
         assert_eq!(folder.output_folder_url().as_deref(), Some("file:///out/models/"));
+    }
+
+    #[test]
+    fn a_pathless_uri_file_output_that_append_row_to_binds_is_parallel_run_step_txt() {
+        let mut job = job(
+            "  o: {type: uri_file}\n  f: {type: uri_file}",
+            "  append_row_to: ${{outputs.o}}\n",
+        );
+        job.fill_default_outputs(&url::Url::parse("file:///runs/j-1/").unwrap());
+        let file = "file:///runs/j-1/outputs/o/parallel_run_step.txt";
+        assert_eq!(job.task.append_row_to.as_deref(), Some(file));
+        assert_eq!(job.outputs["o"].url.as_deref(), Some(file));
+        assert_eq!(job.output_folder_url().as_deref(), Some("file:///runs/j-1/outputs/o/"));
+        let other = job.outputs["f"].url.as_deref();
+        assert_eq!(other, Some("file:///runs/j-1/outputs/f"), "not append_row_to's");
     }
 
     #[test]

@@ -10,10 +10,12 @@
 //! - [`store`]: turning URLs and plain paths into object stores.
 //! - [`broker`]: the `Broker` seam and its embedded in-process backend.
 //! - [`error`]: the error kinds shared by every library boundary.
+//! - [`gpus`]: the machine's GPUs, one per slot.
 //! - [`retry`]: the one retry policy for transient errors, over [`retry::ClassifiedError`].
 
 pub mod broker;
 pub mod error;
+pub mod gpus;
 pub mod job;
 pub mod job_root;
 pub mod layout;

@@ -230,3 +230,16 @@ fn an_unresolvable_expression_is_refused_with_file_and_line() {
     assert_eq!((e.line, e.column), (Some(18), Some(14)), "{e}");
     assert!(e.message.contains("is not resolved here"), "{e}");
 }
+
+#[test]
+fn a_steps_pathless_uri_file_output_that_append_row_to_binds_is_parallel_run_step_txt() {
+    let two = "type: pipeline\njobs:\n  prep:\n    type: command\n    command: echo\n    outputs:\n      out:\n        type: uri_folder\n  score:\n    type: parallel\n    inputs:\n      d: ${{parent.jobs.prep.outputs.out}}\n    outputs:\n      rows:\n        type: uri_file\n      report:\n        type: uri_file\n    input_data: ${{inputs.d}}\n    task:\n      type: run_function\n      code: ./src\n      entry_script: s.py\n      append_row_to: ${{outputs.rows}}\n";
+    let (_dir, path) = files(&[("p.yml", two)]);
+    let p = pipeline(&path).unwrap();
+    let StepKind::Parallel(score) = &p.steps[1].kind else { panic!("score is parallel") };
+    let rows = "file:///store/p-1/score/outputs/rows/parallel_run_step.txt";
+    assert_eq!(score.task.append_row_to.as_deref(), Some(rows));
+    assert_eq!(score.outputs["rows"].url.as_deref(), Some(rows));
+    let report = score.outputs["report"].url.as_deref();
+    assert_eq!(report, Some("file:///store/p-1/score/outputs/report"), "not append_row_to's");
+}

@@ -41,9 +41,58 @@ pub(crate) async fn upload_sys_log(job: &LoadedJob, worker_id: &str) {
     }
 }
 
-/// Copy a runtime's user log to `logs/user/<worker>/<file>` and remove the local copy.
+/// Copy a runtime's user log to `logs/user/<worker>/<file>` and remove the local copy, and
+/// the same for the files the script wrote to its `EntryScript().log_dir` (the folder beside
+/// the log, named as it is without `.txt`): to `logs/user/<worker>/<that name>/…`.
 /// Best effort: a lost log must not fail a batch.
 pub(crate) async fn upload_user_log(job: &LoadedJob, worker_id: &str, local: &Path, file: &str) {
+    let dir = local.with_extension("");
+    if let (Some(name), true) = (file.strip_suffix(".txt"), dir.is_dir()) {
+        for (path, relative) in files_under(&dir) {
+            upload_one(job, worker_id, &path, &format!("{name}/{relative}")).await;
+        }
+        // Only what is left empty goes (a file that failed to upload stays).
+        remove_empty_dirs(&dir);
+    }
+    upload_one(job, worker_id, local, file).await;
+}
+
+/// The files under `dir`, with their paths relative to it (`/`-separated).
+fn files_under(dir: &Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(kind) if kind.is_dir() => pending.push(path),
+                Ok(kind) if kind.is_file() => {
+                    let relative = path.strip_prefix(dir).unwrap_or(&path);
+                    let parts: Vec<_> =
+                        relative.components().map(|c| c.as_os_str().to_string_lossy()).collect();
+                    found.push((path.clone(), parts.join("/")));
+                }
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// Remove `dir` and the folders in it that are empty (deepest first).
+fn remove_empty_dirs(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                remove_empty_dirs(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+async fn upload_one(job: &LoadedJob, worker_id: &str, local: &Path, file: &str) {
     if !local.exists() {
         return;
     }

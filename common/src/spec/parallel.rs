@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::job::{
     ArgPiece, InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob,
-    RetrySettings, ScriptArg, TaskSpec,
+    RetrySettings, ScriptArg, TaskSpec, APPEND_ROW_FILE_NAME,
 };
 
 use super::bindings::{parse_inner, pieces, Binding, Bound, Scope, Side};
@@ -91,7 +91,11 @@ pub(crate) fn parse(
         cx,
         warnings,
     )?;
-    let task = merge_error_threshold(task, top_threshold)?;
+    let mut task = merge_error_threshold(task, top_threshold)?;
+    let mut scope = scope;
+    if let (Some(base), Some(name)) = (cx.output_base, task.spec.append_row_to_output.clone()) {
+        name_append_row_file(&mut scope, &mut task.spec, base, &name);
+    }
     let mini_batch_size = mini_batch_size(job.get("mini_batch_size"), input.kind)?;
     Ok(ResolvedJob {
         name: optional_string(job, "name")?.unwrap_or_else(|| cx.default_name.to_string()),
@@ -111,7 +115,7 @@ pub(crate) fn parse(
         instance_count: instance_count(job.get("resources"))?,
         max_concurrency_per_instance: match job.get("max_concurrency_per_instance") {
             Some(f) => f.u32_between(1, MAX_CONCURRENCY_PER_INSTANCE, "")?,
-            None => available_cores().min(MAX_CONCURRENCY_PER_INSTANCE),
+            None => default_concurrency(crate::gpus::devices().len()),
         },
         mini_batch_error_threshold: match job.get("mini_batch_error_threshold") {
             Some(f) => f.int_in(-1, i64::MAX, "")?,
@@ -133,6 +137,19 @@ pub(crate) fn parse(
     })
 }
 
+/// A pipeline step's pathless `uri_file` output that `append_row_to` binds is the file
+/// [`APPEND_ROW_FILE_NAME`] in its folder `<base><name>/`, as for a job on its own (see
+/// [`ResolvedJob::fill_default_outputs`]).
+fn name_append_row_file(scope: &mut Scope, task: &mut TaskSpec, base: &str, name: &str) {
+    let Some(output) = scope.outputs.get_mut(name).filter(|o| o.is_file()) else { return };
+    if output.url.as_deref() != Some(io::default_output_url(base, name, &output.kind).as_str()) {
+        return; // a `path` of its own
+    }
+    let url = format!("{}{APPEND_ROW_FILE_NAME}", io::default_output_url(base, name, "uri_folder"));
+    output.url = Some(url.clone());
+    task.append_row_to = Some(url);
+}
+
 pub(crate) fn optional_string(map: &Map<'_>, key: &str) -> Result<Option<String>, SpecError> {
     map.get(key).map(|f| f.string()).transpose()
 }
@@ -143,7 +160,16 @@ pub const MAX_INSTANCE_COUNT: u32 = 1_000;
 /// The largest `max_concurrency_per_instance`: each slot is an entry-script process.
 pub const MAX_CONCURRENCY_PER_INSTANCE: u32 = 1_024;
 
-/// Azure's default `max_concurrency_per_instance` is the machine's core count.
+/// Azure's default `max_concurrency_per_instance`: on GPU compute the number of GPUs (one
+/// per slot, see [`crate::gpus`]), otherwise the machine's core count.
+fn default_concurrency(gpus: usize) -> u32 {
+    let count = match gpus {
+        0 => available_cores(),
+        n => u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    count.min(MAX_CONCURRENCY_PER_INSTANCE)
+}
+
 fn available_cores() -> u32 {
     std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
@@ -366,6 +392,14 @@ fn substitute(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_default_concurrency_is_the_gpu_count_on_gpu_machines_else_the_core_count() {
+        assert_eq!(super::default_concurrency(4), 4);
+        assert_eq!(super::default_concurrency(1), 1);
+        assert_eq!(super::default_concurrency(0), super::available_cores().min(1_024));
+        assert_eq!(super::default_concurrency(5_000), super::MAX_CONCURRENCY_PER_INSTANCE);
+    }
+
     use super::*;
     use crate::spec::yaml::{self, Node};
 

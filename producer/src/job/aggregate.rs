@@ -20,7 +20,7 @@ use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
 
 /// File name used inside an output folder, as Azure names it.
-pub const OUTPUT_FILE_NAME: &str = "parallel_run_step.txt";
+pub const OUTPUT_FILE_NAME: &str = batchfleet_common::job::APPEND_ROW_FILE_NAME;
 /// Upload parts in flight at once.
 const UPLOAD_CONCURRENCY: usize = 4;
 

@@ -10,6 +10,9 @@ run() gets instead of a file list. With BATCHFLEET_TABULAR=1 in the environment 
 imported before the entry script is loaded, so a missing pandas is an init error. pyarrow is
 imported only to read Parquet pieces. File-list jobs never import either.
 
+Azure's `azureml_user.parallel_run.EntryScript` comes from a folder installed beside the
+driver (USER_PACKAGES_DIR), put last on sys.path: a script's own azureml_user comes first.
+
 File descriptors: the protocol uses private duplicates of the original stdin and stdout.
 fd 0 is then pointed at /dev/null and fd 1 at fd 2 (stderr), so nothing the user's code
 prints or reads — from Python or from C — can touch the protocol. The duplicates are not
@@ -27,6 +30,9 @@ import re
 import sys
 
 PROTOCOL_VERSION = 1
+
+# The folder beside the driver holding azureml_user (runtime::USER_PACKAGES_DIR).
+USER_PACKAGES_DIR = "batchfleet_user_packages_v1"
 
 
 PR_SET_DUMPABLE = 4
@@ -662,6 +668,9 @@ def main(argv):
     sys.argv = [entry_script] + script_args
     # The driver's own folder must not shadow the user's modules.
     sys.path[0] = code_dir
+    # azureml_user.parallel_run (EntryScript), last: a script's own azureml_user comes first.
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                 USER_PACKAGES_DIR))
 
     if tabular_job():
         # Before the entry script, so a missing pandas reads as what it is, not as an

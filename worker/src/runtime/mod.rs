@@ -31,6 +31,15 @@ pub const PYTHON_DRIVER: &str = include_str!("driver.py");
 /// The file name the driver is installed under (versioned, so an old copy is never reused).
 pub const DRIVER_FILE_NAME: &str = "batchfleet_driver_v1.py";
 
+/// `azureml_user.parallel_run` (Azure's `EntryScript` helper) as batchfleet provides it.
+pub const ENTRY_SCRIPT_MODULE: &str = include_str!("entry_script.py");
+
+/// The folder beside the driver that holds `azureml_user/parallel_run.py`; the driver puts it
+/// last on `sys.path`, so a script's own `azureml_user` comes first. `azureml_user` has no
+/// `__init__.py` (a namespace package), so that a script's own namespace package of that name
+/// is not shadowed either.
+pub const USER_PACKAGES_DIR: &str = "batchfleet_user_packages_v1";
+
 /// How a runtime starts the installed driver: `python -c DRIVER_START <driver folder> <code
 /// folder> <entry script> [args]` imports it as a module, so the interpreter loads the bytecode
 /// the worker had it compile ([`prepare_interpreter`]) instead of compiling the driver's source
@@ -49,6 +58,16 @@ pub const TABULAR_ENV: &str = "BATCHFLEET_TABULAR";
 /// storage's.
 pub const READ_ONLY_ENV: &str = "BATCHFLEET_READ_ONLY_INPUTS";
 
+/// What `azureml_user.parallel_run.EntryScript` reads (see `entry_script.py`): the job's
+/// `logging_level`, the worker's id (`node_id`), the runtime's name (`process_name`, as its
+/// user log is named), the folder for the script's own log files (`log_dir`) and the
+/// runtime's working folder (`working_dir`, set by [`RuntimeProcess::start`]).
+pub const LOGGING_LEVEL_ENV: &str = "BATCHFLEET_LOGGING_LEVEL";
+pub const NODE_ID_ENV: &str = "BATCHFLEET_NODE_ID";
+pub const PROCESS_NAME_ENV: &str = "BATCHFLEET_PROCESS_NAME";
+pub const LOG_DIR_ENV: &str = "BATCHFLEET_LOG_DIR";
+pub const WORKING_DIR_ENV: &str = "BATCHFLEET_WORKING_DIR";
+
 /// Lines of the runtime's stderr kept in memory for crash reports.
 pub const STDERR_TAIL_LINES: usize = 50;
 
@@ -56,11 +75,19 @@ pub const STDERR_TAIL_LINES: usize = 50;
 ///
 /// Written to a temporary name and renamed, so that concurrent installs (several workers on one
 /// scratch folder) never leave a half-written driver for a starting runtime to read.
+/// The `azureml_user` package goes beside it ([`USER_PACKAGES_DIR`]).
 pub fn install_driver(dir: &Path) -> std::io::Result<PathBuf> {
+    let package = dir.join(USER_PACKAGES_DIR).join("azureml_user");
+    install_file(&package, "parallel_run.py", ENTRY_SCRIPT_MODULE)?;
+    install_file(dir, DRIVER_FILE_NAME, PYTHON_DRIVER)
+}
+
+/// Write `text` to `dir/name` through a temporary file renamed into place.
+fn install_file(dir: &Path, name: &str, text: &str) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
-    let target = dir.join(DRIVER_FILE_NAME);
+    let target = dir.join(name);
     let mut temp = tempfile::NamedTempFile::new_in(dir)?;
-    std::io::Write::write_all(&mut temp, PYTHON_DRIVER.as_bytes())?;
+    std::io::Write::write_all(&mut temp, text.as_bytes())?;
     temp.persist(&target).map_err(|e| e.error)?;
     Ok(target)
 }

@@ -407,6 +407,7 @@ fn command(config: &RuntimeConfig, work_dir: &Path, token: &str) -> Command {
         .current_dir(work_dir)
         .envs(&config.env)
         .env("PYTHONUNBUFFERED", "1")
+        .env(super::WORKING_DIR_ENV, work_dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

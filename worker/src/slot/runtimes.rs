@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batchfleet_common::job::InputKind;
+use batchfleet_common::gpus::{self, CUDA_VISIBLE_DEVICES};
+use batchfleet_common::job::{InputKind, LoggingLevel};
 use batchfleet_common::message::JobEvent;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::FailureRecord;
@@ -17,7 +18,10 @@ use crate::events;
 use crate::jobs::LoadedJob;
 use crate::mounts;
 use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
-use crate::runtime::{read_only, RuntimeConfig, RuntimeError, RuntimeProcess, TABULAR_ENV};
+use crate::runtime::{
+    read_only, RuntimeConfig, RuntimeError, RuntimeProcess, LOGGING_LEVEL_ENV, LOG_DIR_ENV,
+    NODE_ID_ENV, PROCESS_NAME_ENV, TABULAR_ENV,
+};
 use crate::shared::WorkerError;
 use crate::telemetry::metrics;
 use crate::user_logs;
@@ -196,8 +200,10 @@ impl Slot {
         tabular: bool,
     ) -> Result<(), RuntimeError> {
         self.seq += 1;
-        let log_name = format!("slot-{}-{}.txt", self.index, self.seq);
+        let process_name = format!("slot-{}-{}", self.index, self.seq);
+        let log_name = format!("{process_name}.txt");
         let log_path = self.dir.join("logs").join(&log_name);
+        let log_dir = self.dir.join("logs").join(&process_name);
         let bindings_failed = |message: String| RuntimeError::Io {
             what: "data bindings",
             source: std::io::Error::other(message),
@@ -213,6 +219,8 @@ impl Slot {
         if tabular {
             env.insert(TABULAR_ENV.into(), "1".into());
         }
+        self.entry_script_env(job, &process_name, &log_dir, &mut env)
+            .map_err(|source| RuntimeError::Io { what: "the entry script's log folder", source })?;
         let read_only = self.read_only_folder(job, &outputs, &env).into_iter().collect();
         let config = RuntimeConfig {
             python: self.shared.python(),
@@ -259,6 +267,34 @@ impl Slot {
                 Err(error)
             }
         }
+    }
+
+    /// What `EntryScript` reads, and the slot's GPU: `CUDA_VISIBLE_DEVICES` is device
+    /// `index mod n` of the machine's GPUs ([`gpus`]), unless the job's
+    /// `environment_variables` set it. The (empty) `log_dir` is created.
+    fn entry_script_env(
+        &self,
+        job: &LoadedJob,
+        process_name: &str,
+        log_dir: &Path,
+        env: &mut BTreeMap<String, String>,
+    ) -> std::io::Result<()> {
+        std::fs::create_dir_all(log_dir)?;
+        let level = match job.job.logging_level {
+            LoggingLevel::Debug => "DEBUG",
+            LoggingLevel::Info => "INFO",
+            LoggingLevel::Warning => "WARNING",
+            LoggingLevel::Error => "ERROR",
+            LoggingLevel::Critical => "CRITICAL",
+        };
+        env.insert(LOGGING_LEVEL_ENV.into(), level.into());
+        env.insert(NODE_ID_ENV.into(), self.shared.config.worker_id.clone());
+        env.insert(PROCESS_NAME_ENV.into(), process_name.into());
+        env.insert(LOG_DIR_ENV.into(), log_dir.to_string_lossy().into_owned());
+        if let Some(device) = gpus::device_for_slot(gpus::devices(), self.index) {
+            env.entry(CUDA_VISIBLE_DEVICES.into()).or_insert_with(|| device.into());
+        }
+        Ok(())
     }
 
     /// Shut the runtime down (its `shutdown()` runs), upload its user log and tell the

@@ -38,7 +38,8 @@ impl Job {
             format!("paths:\n  - pattern: ./{pattern}\ntransformations:\n  - {transformation}\n");
         std::fs::write(dir.path().join("data/MLTable"), mltable).expect("MLTable");
         std::fs::write(dir.path().join("src/entry.py"), REFUSES_EMPTY).expect("entry");
-        let spec = "type: parallel\nname: long-rows\ninputs:\n  table: {type: mltable, path: ./data}\n\
+        let spec =
+            "type: parallel\nname: long-rows\ninputs:\n  table: {type: mltable, path: ./data}\n\
              outputs:\n  rows: {type: uri_file, path: ./output/rows.txt}\n\
              input_data: ${{inputs.table}}\nmini_batch_size: \"100\"\n\
              max_concurrency_per_instance: 2\n\

@@ -18,9 +18,8 @@ fn file(header: Option<&str>, lengths: &[usize]) -> Vec<u8> {
 /// Where data rows start: after the header, and after every line break but the last.
 fn row_starts(bytes: &[u8], header: bool) -> Vec<u64> {
     let mut starts = vec![0u64];
-    starts.extend(
-        bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').map(|(i, _)| i as u64 + 1),
-    );
+    starts
+        .extend(bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').map(|(i, _)| i as u64 + 1));
     starts.retain(|s| *s < bytes.len() as u64);
     if header {
         starts.remove(0);

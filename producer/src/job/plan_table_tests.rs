@@ -62,9 +62,8 @@ fn partition_keys_come_first_in_their_order() {
 #[test]
 fn unknown_partition_keys_name_the_available_ones() {
     let available: BTreeSet<String> = ["Brand".into(), "Store".into()].into();
-    let err =
-        check_partition_keys(&["Region".into()], &available, "the format `{Store}/{Brand}`")
-            .unwrap_err()
-            .to_string();
+    let err = check_partition_keys(&["Region".into()], &available, "the format `{Store}/{Brand}`")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("`Region`") && err.contains("Brand, Store"), "{err}");
 }

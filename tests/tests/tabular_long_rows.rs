@@ -6,8 +6,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::Duration;
 
-use batchfleet_tests::{batchfleet, describe, python, run};
+use batchfleet_common::store::open_str;
+use batchfleet_tests::fleet::{run_bounded, Pool};
+use batchfleet_tests::{batchfleet, describe, python, run, s3_unique_prefix};
+use object_store::{ObjectStoreExt, PutPayload};
 
 /// One output row per input row (its id); an empty DataFrame fails the batch.
 const REFUSES_EMPTY: &str = r#"
@@ -161,6 +165,38 @@ fn csv_rows_longer_than_the_mini_batch_reach_run_once_and_never_empty() {
     job.data("c_empty.csv", b"");
     let output = job.run();
     assert_every_row_once(&job, &output, 70, "CSV");
+}
+
+#[test]
+fn csv_rows_longer_than_the_mini_batch_on_rabbitmq_with_the_table_in_s3() {
+    let job = Job::new(
+        "read_delimited:\n      delimiter: ','\n      header: all_files_same_headers",
+        "*.csv",
+    );
+    let files: [(&str, Vec<u8>); 2] =
+        [("a.csv", csv_rows(70)), ("b_header_only.csv", b"id,text\n".to_vec())];
+    let prefix = s3_unique_prefix("long-rows");
+    let mltable = std::fs::read(job.path().join("data/MLTable")).expect("MLTable");
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let target = open_str(&format!("{prefix}/data/")).expect("S3 URL");
+    runtime.block_on(async {
+        for (name, bytes) in files.into_iter().chain([("MLTable", mltable)]) {
+            let key = target.child_key(name);
+            target.store.put(&key, PutPayload::from(bytes)).await.expect("upload");
+        }
+    });
+    let spec = job.path().join("job.yaml");
+    let text = std::fs::read_to_string(&spec).expect("job.yaml");
+    std::fs::write(&spec, text.replace("path: ./data", &format!("path: {prefix}/data/")))
+        .expect("job.yaml");
+    let pool = Pool::new("long-rows");
+    let mut workers = [pool.worker(job.path(), "a", 2, &[]), pool.worker(job.path(), "b", 2, &[])];
+    let output =
+        run_bounded(&mut pool.submit(&spec, &job.path().join("jobs")), Duration::from_secs(300));
+    for worker in &mut workers {
+        assert!(worker.stop().success(), "worker log:\n{}", worker.log());
+    }
+    assert_every_row_once(&job, &output, 70, "CSV in S3");
 }
 
 #[test]

@@ -11,7 +11,9 @@
 //!   GET) and cuts ranges of at least its longest line: every such range holds a row start as
 //!   long as no later line is longer, the first range begins its data after the header line,
 //!   and a short last range joins the one before it. A file read whole by the sample that holds
-//!   no data row gives no batch, as does an empty file.
+//!   no data row gives no batch, as does an empty file. Only the first [`SAMPLED_FILES`] such
+//!   files are read (the planner reads one file at a time): later ones are cut by the longest
+//!   line those showed ([`LineLengths`]), so a table of many files costs at most that many GETs.
 //!
 //! Rows longer than the sample saw can still leave a range without a row start; the runtime
 //! settles such a batch as succeeded with 0 items without calling `run()` (`driver.py`).
@@ -20,6 +22,34 @@ use batchfleet_common::table::parquet::RowGroup;
 
 /// How much of a text file's start the planner reads to learn how long its lines are.
 pub(super) const SAMPLE_BYTES: u64 = 64 * 1024;
+
+/// How many files of a table the planner samples; the rest are cut by what those showed.
+pub(super) const SAMPLED_FILES: usize = 32;
+
+/// What the files sampled so far said about line lengths.
+#[derive(Debug, Default)]
+pub(super) struct LineLengths {
+    pub sampled: usize,
+    pub longest: u64,
+}
+
+impl LineLengths {
+    /// Whether the next file is still to be sampled.
+    pub fn sample_next(&self) -> bool {
+        self.sampled < SAMPLED_FILES
+    }
+
+    pub fn learn(&mut self, sample: &LineSample) {
+        self.sampled += 1;
+        self.longest = self.longest.max(sample.longest);
+    }
+
+    /// A sample for a file that is not read: the longest line seen in the others, no header
+    /// length known (a range holding only a long header is settled at read time).
+    pub fn guess(&self) -> LineSample {
+        LineSample { data_start: 0, longest: self.longest, no_rows: false }
+    }
+}
 
 /// What a text file's first bytes say about its lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -168,3 +168,18 @@ fn row_groups_with_rows_are_cut_by_size() {
     assert_eq!(spans(&row_group_runs(&groups, 100)), [(0, 2, 10), (2, 4, 10)]);
     assert_eq!(spans(&row_group_runs(&groups, 1)).len(), 4, "tiny sizes: a group a batch");
 }
+
+#[test]
+fn files_past_the_sampled_ones_are_cut_by_the_longest_line_seen() {
+    let mut lines = LineLengths::default();
+    for i in 0..SAMPLED_FILES as u64 {
+        assert!(lines.sample_next(), "file {i} is sampled");
+        let bytes = file(Some("id,text"), &[100 + i as usize * 10, 50]);
+        lines.learn(&sample_lines(&bytes, true, true));
+    }
+    assert!(!lines.sample_next(), "a table of many files costs at most SAMPLED_FILES reads");
+    let widest = 100 + (SAMPLED_FILES as u64 - 1) * 10;
+    assert_eq!(lines.guess(), LineSample { data_start: 0, longest: widest, no_rows: false });
+    let ranges = byte_ranges(10 * widest, 100, Some(lines.guess()));
+    assert_eq!(ranges.len(), 10, "ranges of the widest line: {ranges:?}");
+}

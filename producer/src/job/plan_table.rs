@@ -22,7 +22,9 @@ use batchfleet_common::table::{
 };
 
 use crate::error::ProducerError;
-use crate::job::plan_ranges::{byte_ranges, row_group_runs, sample_lines, SAMPLE_BYTES};
+use crate::job::plan_ranges::{
+    byte_ranges, row_group_runs, sample_lines, LineLengths, SAMPLE_BYTES,
+};
 use crate::job::plan_writer::PlanWriter;
 
 /// The file an `mltable` input's folder must hold.
@@ -73,6 +75,7 @@ pub(crate) async fn plan_table(
         header_file,
         stores: &stores,
         window: RowWindow::new(&table.read.row_steps),
+        lines: LineLengths::default(),
         writer,
     };
     if !job.partition_keys.is_empty() {
@@ -119,8 +122,14 @@ pub(crate) async fn plan_folder_partitions(
         column_steps: Vec::new(),
         row_steps: Vec::new(),
     };
-    let mut planner =
-        Planner { read, header_file: None, stores: &stores, window: RowWindow::new(&[]), writer };
+    let mut planner = Planner {
+        read,
+        header_file: None,
+        stores: &stores,
+        window: RowWindow::new(&[]),
+        lines: LineLengths::default(),
+        writer,
+    };
     planner.by_partition(&job.partition_keys, files).await
 }
 
@@ -283,6 +292,8 @@ struct Planner<'w, 'a> {
     header_file: Option<String>,
     stores: &'a StoreCache,
     window: RowWindow,
+    /// Line lengths learnt from the text files sampled so far.
+    lines: LineLengths,
     writer: &'a mut PlanWriter<'w>,
 }
 
@@ -383,13 +394,18 @@ impl Planner<'_, '_> {
     }
 
     /// Byte ranges of a line-oriented file (`plan_ranges`): with a mini-batch size under
-    /// [`SAMPLE_BYTES`], the file's start is read first to learn how long its lines are.
+    /// [`SAMPLE_BYTES`], the file's start is read first to learn how long its lines are (for
+    /// the table's first files; later ones are cut by what those showed).
     async fn text_ranges(
-        &self,
+        &mut self,
         file: TableFile,
         limit: u64,
     ) -> Result<Vec<Vec<Planned>>, ProducerError> {
-        let sample = if limit < SAMPLE_BYTES && file.size > limit {
+        let sample = if limit >= SAMPLE_BYTES || file.size <= limit {
+            None
+        } else if !self.lines.sample_next() {
+            Some(self.lines.guess())
+        } else {
             let (store, key) = self.stores.object(&file.url)?;
             let upto = file.size.min(SAMPLE_BYTES);
             let bytes = store
@@ -398,9 +414,9 @@ impl Planner<'_, '_> {
                 .map_err(|e| StoreError::io("reading", &key, e))?;
             let header =
                 self.read.format.file_starts_with_header(&file.url, self.header_file.as_deref());
-            Some(sample_lines(&bytes, header, upto == file.size))
-        } else {
-            None
+            let sample = sample_lines(&bytes, header, upto == file.size);
+            self.lines.learn(&sample);
+            Some(sample)
         };
         let ranges = byte_ranges(file.size, limit, sample);
         tracing::debug!(url = %file.url, ranges = ranges.len(), ?sample, "text file cut");

@@ -341,6 +341,8 @@ impl Planner<'_, '_> {
         for file in files {
             let batches = match &format {
                 TableFormat::Parquet => self.row_group_pieces(file, limit).await?,
+                // A file list's files are items, empty or not.
+                TableFormat::FileList => vec![vec![(whole_file(file), None)]],
                 _ if file.size == 0 => Vec::new(), // no rows
                 f if f.splits_by_bytes() => self.text_ranges(file, limit).await?,
                 _ => vec![vec![(whole_file(file), None)]],

@@ -1,8 +1,10 @@
 //! Planning tabular inputs (MLTable) and partitioned folders: files, then pieces, then batches.
 //!
-//! Nothing here reads table data to cut it: byte ranges come from object sizes, Parquet row
-//! groups from each file's footer, partitions from the files' paths. Only `skip` / `take`
-//! make the planner count records, and then only as far into the table as the window reaches.
+//! Little table data is read to cut it: byte ranges come from object sizes (and, for mini-batch
+//! sizes under 64 KiB, the first 64 KiB of a table's first 32 text files: `plan_ranges`),
+//! Parquet row groups from each file's footer, partitions from the files' paths. Only `skip` /
+//! `take` make the planner count records, and then only as far into the table as the window
+//! reaches.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -307,24 +307,62 @@ async fn skip_and_take_rows_cut_each_piece() {
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
+/// Raises on an empty DataFrame (as scikit-learn does: `Found array with 0 sample(s)`) and
+/// counts its calls in `calls.txt` beside the code.
+const REFUSES_EMPTY: &str = r#"
+import os
+CALLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calls.txt")
+def init(): pass
+def run(df):
+    with open(CALLS, "a") as f:
+        f.write("%d\n" % len(df))
+    if len(df) == 0:
+        raise ValueError("Found array with 0 sample(s)")
+    return [str(v) for v in df[df.columns[0]]]
+"#;
+
 #[tokio::test]
-async fn zero_pieces_and_zero_rows_still_call_run_with_the_columns() {
+async fn a_mini_batch_without_rows_succeeds_with_zero_items_without_calling_run() {
     let scratch = Scratch::new();
     let only_header = write(&scratch, "h.csv", "a,b\n");
     let empty = write(&scratch, "e.csv", "");
-    let mut process = start(&scratch, "describe.py", DESCRIBE).await;
+    let blank = write(&scratch, "blank.csv", "a,b\n\r\n   \n");
+    let jsonl = write(&scratch, "j.jsonl", "\n  \n");
+    let mut process = start(&scratch, "refuses.py", REFUSES_EMPTY).await;
     let mut table = csv(vec![piece(&only_header, "s3://b/h.csv"), piece(&empty, "s3://b/e.csv")]);
     table.include_path_column = true;
-    let seen = describe(&mut process, request(&scratch, 0, table.clone())).await;
-    assert_eq!((seen.rows, seen.items_in), (0, Some(0)));
-    assert_eq!(seen.columns, columns(&["a", "b", "Path"]));
-
+    let mut cases = vec![
+        ("a header and an empty file", table.clone()),
+        ("only blank lines", csv(vec![piece(&blank, "s3://b/blank.csv")])),
+        ("JSON Lines of blank lines", table_of(TableRequestFormat::JsonLines, &jsonl)),
+    ];
     table.pieces.clear();
-    table.column_steps = vec![ColumnStep::Keep(columns(&["a", "Path"]))];
-    let seen = describe(&mut process, request(&scratch, 1, table)).await;
-    assert_eq!((seen.rows, seen.items_in), (0, Some(0)));
-    assert_eq!(seen.columns, columns(&["Path", "a"]));
+    cases.push(("no pieces", table));
+    let rows = write(&scratch, "rows.csv", "a,b\n1,2\n3,4\n");
+    let mut skipped = csv(vec![piece(&rows, "s3://b/rows.csv")]);
+    skipped.pieces[0].skip_rows = 2;
+    cases.push(("every row skipped", skipped));
+    for (index, (what, table)) in cases.into_iter().enumerate() {
+        let (success, text) = run_ok(&mut process, request(&scratch, index as u64, table)).await;
+        assert_eq!(
+            (success.items_in, success.items_out, success.rows, success.lines),
+            (Some(0), 0, 0, 0),
+            "{what}: a success with no items"
+        );
+        assert_eq!(text, "", "{what}: an empty output file");
+    }
+    let calls = scratch.code_dir().join("calls.txt");
+    assert!(!calls.exists(), "run() was called: {:?}", std::fs::read_to_string(&calls));
+    // A batch with rows still reaches run().
+    let table = csv(vec![piece(&rows, "s3://b/rows.csv")]);
+    let (success, text) = run_ok(&mut process, request(&scratch, 9, table)).await;
+    assert_eq!((success.items_in, text.as_str()), (Some(2), "1\n3\n"));
+    assert_eq!(std::fs::read_to_string(&calls).expect("calls.txt"), "2\n");
     process.shutdown(GRACE).await.expect("shutdown");
+}
+
+fn table_of(format: TableRequestFormat, path: &Path) -> TableRequest {
+    table(format, vec![piece(path, "s3://b/x")])
 }
 
 #[tokio::test]

@@ -2,8 +2,10 @@
 //!
 //! The producer reads the input's `MLTable` file ([`mltable`]), lists its files, and cuts them
 //! into [`TableBatch`]es: byte ranges of delimited / JSON Lines files, row groups of Parquet
-//! files, or whole files grouped by partition key values. It reads no data to do so (except a
-//! Parquet footer, and the prefix of the table a `skip` / `take` needs counted).
+//! files, or whole files grouped by partition key values. It reads little data to do so: a
+//! Parquet footer, the first 64 KiB of a text file cut into ranges under 64 KiB (to learn how
+//! long its lines are, so that ranges hold a row), and the prefix of the table a `skip` /
+//! `take` needs counted.
 //!
 //! A worker reads only its pieces: the records whose first byte lies in a piece's range
 //! ([`records`]), plus the file's header line, and hands them to the entry-script runtime as a

@@ -73,6 +73,16 @@ fn process(record: &AttemptRecord) -> String {
     }
 }
 
+/// The Status column: the outcome, and `succeeded (no rows)` for a tabular mini-batch that held
+/// no row, which the runtime settles without calling `run()` (a succeeded file-list batch always
+/// has items).
+fn status(record: &AttemptRecord) -> &'static str {
+    match record.outcome {
+        AttemptOutcome::Succeeded if record.items_in == 0 => "succeeded (no rows)",
+        outcome => outcome.as_str(),
+    }
+}
+
 const PROCESSED_HEADER: [&str; 30] = [
     "Mini-batch Id",
     "Picked Count",
@@ -130,7 +140,7 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
             &secs(r.elapsed_ms()),
             &r.run_cpu_seconds.map(|s| format!("{s:.3}")).unwrap_or_default(),
             &r.run_ms().map(secs).unwrap_or_default(),
-            r.outcome.as_str(),
+            status(r),
             r.error_kind.map(|k| k.as_str()).unwrap_or_default(),
             error,
             &r.index.to_string(),

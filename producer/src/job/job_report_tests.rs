@@ -57,6 +57,17 @@ fn every_attempt_is_a_row_with_azures_columns_first_and_a_quoted_error() {
 }
 
 #[test]
+fn a_tabular_batch_without_rows_reads_as_a_success_without_rows() {
+    let mut empty = record(0, 1, "w1", 0, 1_000, 2_000);
+    (empty.items_in, empty.items_out) = (0, 0);
+    let text = processed_csv(&[empty, record(1, 1, "w1", 0, 1_000, 2_000)]);
+    let rows = rows(&text);
+    assert_eq!((&rows[0][4], &rows[0][5], &rows[0][6]), ("0", "0", "0"), "no items, none failed");
+    assert_eq!(&rows[0][10], "succeeded (no rows)");
+    assert_eq!(&rows[1][10], "succeeded");
+}
+
+#[test]
 fn summaries_count_per_slot_and_per_worker() {
     let records = [
         record(0, 1, "w1", 0, 0, 1_000),

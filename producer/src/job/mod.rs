@@ -12,6 +12,7 @@ pub mod job_report;
 pub mod lifecycle;
 pub mod outcome;
 pub mod plan;
+mod plan_ranges;
 mod plan_table;
 mod plan_writer;
 pub mod progress;

@@ -166,6 +166,14 @@ pub fn job_result_text(
             if counts.batches_with_extra_lines == 1 { "" } else { "es" },
         );
     }
+    if counts.batches_without_rows > 0 {
+        let _ = writeln!(
+            text,
+            "mini-batches without rows: {} of the succeeded (byte ranges in which no row starts, \
+             or empty files); run() was not called for them",
+            counts.batches_without_rows
+        );
+    }
     let failed: Vec<String> = tracker.failed().take(50).map(batch_id).collect();
     if !failed.is_empty() {
         let more = counts.batches_failed.saturating_sub(failed.len() as u64);

@@ -1,8 +1,10 @@
 //! Planning tabular inputs (MLTable) and partitioned folders: files, then pieces, then batches.
 //!
-//! Nothing here reads table data to cut it: byte ranges come from object sizes, Parquet row
-//! groups from each file's footer, partitions from the files' paths. Only `skip` / `take`
-//! make the planner count records, and then only as far into the table as the window reaches.
+//! Little table data is read to cut it: byte ranges come from object sizes (and, for mini-batch
+//! sizes under 64 KiB, the first 64 KiB of a table's first 32 text files: `plan_ranges`),
+//! Parquet row groups from each file's footer, partitions from the files' paths. Only `skip` /
+//! `take` make the planner count records, and then only as far into the table as the window
+//! reaches.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,6 +24,9 @@ use batchfleet_common::table::{
 };
 
 use crate::error::ProducerError;
+use crate::job::plan_ranges::{
+    byte_ranges, row_group_runs, sample_lines, LineLengths, SAMPLE_BYTES,
+};
 use crate::job::plan_writer::PlanWriter;
 
 /// The file an `mltable` input's folder must hold.
@@ -72,6 +77,7 @@ pub(crate) async fn plan_table(
         header_file,
         stores: &stores,
         window: RowWindow::new(&table.read.row_steps),
+        lines: LineLengths::default(),
         writer,
     };
     if !job.partition_keys.is_empty() {
@@ -118,8 +124,14 @@ pub(crate) async fn plan_folder_partitions(
         column_steps: Vec::new(),
         row_steps: Vec::new(),
     };
-    let mut planner =
-        Planner { read, header_file: None, stores: &stores, window: RowWindow::new(&[]), writer };
+    let mut planner = Planner {
+        read,
+        header_file: None,
+        stores: &stores,
+        window: RowWindow::new(&[]),
+        lines: LineLengths::default(),
+        writer,
+    };
     planner.by_partition(&job.partition_keys, files).await
 }
 
@@ -282,6 +294,8 @@ struct Planner<'w, 'a> {
     header_file: Option<String>,
     stores: &'a StoreCache,
     window: RowWindow,
+    /// Line lengths learnt from the text files sampled so far.
+    lines: LineLengths,
     writer: &'a mut PlanWriter<'w>,
 }
 
@@ -329,7 +343,10 @@ impl Planner<'_, '_> {
         for file in files {
             let batches = match &format {
                 TableFormat::Parquet => self.row_group_pieces(file, limit).await?,
-                f if f.splits_by_bytes() => byte_ranges(file, limit),
+                // A file list's files are items, empty or not.
+                TableFormat::FileList => vec![vec![(whole_file(file), None)]],
+                _ if file.size == 0 => Vec::new(), // no rows
+                f if f.splits_by_bytes() => self.text_ranges(file, limit).await?,
                 _ => vec![vec![(whole_file(file), None)]],
             };
             for pieces in batches {
@@ -356,7 +373,8 @@ impl Planner<'_, '_> {
         Ok(())
     }
 
-    /// Consecutive row groups of one file, cut once their compressed size reaches `limit`.
+    /// Consecutive row groups of one file, cut once their compressed size reaches `limit` and
+    /// they hold a row (`plan_ranges`).
     async fn row_group_pieces(
         &self,
         file: TableFile,
@@ -364,27 +382,52 @@ impl Planner<'_, '_> {
     ) -> Result<Vec<Vec<Planned>>, ProducerError> {
         let (store, key) = self.stores.object(&file.url)?;
         let groups = row_groups(store.as_ref(), &key, file.size).await?;
-        let mut batches = Vec::new();
-        let (mut first, mut bytes, mut rows) = (0usize, 0u64, 0u64);
-        for (i, group) in groups.iter().enumerate() {
-            bytes += group.bytes;
-            rows += group.rows;
-            if bytes >= limit || i + 1 == groups.len() {
+        let batches = row_group_runs(&groups, limit)
+            .into_iter()
+            .map(|run| {
                 let piece = TablePiece {
-                    row_groups: Some([first as u64, i as u64 + 1]),
+                    row_groups: Some([run.first, run.last]),
                     start: 0,
-                    end: bytes,
+                    end: run.bytes,
                     ..whole_file(file.clone())
                 };
-                batches.push(vec![(piece, Some(rows))]);
-                (first, bytes, rows) = (i + 1, 0, 0);
-            }
-        }
-        if groups.is_empty() {
-            let piece = TablePiece { row_groups: Some([0, 0]), end: 0, ..whole_file(file) };
-            batches.push(vec![(piece, Some(0))]);
-        }
+                vec![(piece, Some(run.rows))]
+            })
+            .collect();
         Ok(batches)
+    }
+
+    /// Byte ranges of a line-oriented file (`plan_ranges`): with a mini-batch size under
+    /// [`SAMPLE_BYTES`], the file's start is read first to learn how long its lines are (for
+    /// the table's first files; later ones are cut by what those showed).
+    async fn text_ranges(
+        &mut self,
+        file: TableFile,
+        limit: u64,
+    ) -> Result<Vec<Vec<Planned>>, ProducerError> {
+        let sample = if limit >= SAMPLE_BYTES || file.size <= limit {
+            None
+        } else if !self.lines.sample_next() {
+            Some(self.lines.guess())
+        } else {
+            let (store, key) = self.stores.object(&file.url)?;
+            let upto = file.size.min(SAMPLE_BYTES);
+            let bytes = store
+                .get_range(&key, 0..upto)
+                .await
+                .map_err(|e| StoreError::io("reading", &key, e))?;
+            let header =
+                self.read.format.file_starts_with_header(&file.url, self.header_file.as_deref());
+            let sample = sample_lines(&bytes, header, upto == file.size);
+            self.lines.learn(&sample);
+            Some(sample)
+        };
+        let ranges = byte_ranges(file.size, limit, sample);
+        tracing::debug!(url = %file.url, ranges = ranges.len(), ?sample, "text file cut");
+        Ok(ranges
+            .into_iter()
+            .map(|(start, end)| vec![(TablePiece { start, end, ..whole_file(file.clone()) }, None)])
+            .collect())
     }
 
     /// Apply the row window and publish the batch; returns true once the window is closed
@@ -464,21 +507,6 @@ fn whole_file(file: TableFile) -> TablePiece {
     }
 }
 
-/// `[0, s), [s, 2s), …` of one file, one batch each; an empty file is one empty range.
-fn byte_ranges(file: TableFile, limit: u64) -> Vec<Vec<Planned>> {
-    if file.size == 0 {
-        return vec![vec![(whole_file(file), None)]];
-    }
-    let mut batches = Vec::new();
-    let mut start = 0;
-    while start < file.size {
-        let end = start.saturating_add(limit).min(file.size);
-        batches.push(vec![(TablePiece { start, end, ..whole_file(file.clone()) }, None)]);
-        start = end;
-    }
-    batches
-}
-
 /// The global rows `[lo, hi)` that `skip` / `take` leave, and how far the plan has counted.
 #[derive(Debug)]
 struct RowWindow {
@@ -535,84 +563,5 @@ impl RowWindow {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn piece() -> TablePiece {
-        whole_file(TableFile {
-            url: "file:///t.csv".into(),
-            size: 10,
-            path_columns: ColumnValues::new(),
-        })
-    }
-
-    fn rows_of(window: &mut RowWindow, counts: &[u64]) -> Vec<Option<(u64, Option<u64>)>> {
-        counts.iter().map(|n| window.cut(piece(), *n).map(|p| (p.skip_rows, p.take_rows))).collect()
-    }
-
-    #[test]
-    fn skip_then_take_keeps_the_rows_after_the_skipped_ones() {
-        let mut window = RowWindow::new(&[RowStep::Skip(3), RowStep::Take(4)]);
-        assert_eq!((window.lo, window.hi), (3, Some(7)));
-        let got = rows_of(&mut window, &[2, 2, 2, 2, 2]);
-        assert_eq!(got, [None, Some((1, None)), Some((0, None)), Some((0, Some(1))), None]);
-        assert!(window.closed());
-    }
-
-    #[test]
-    fn take_then_skip_skips_inside_the_taken_rows() {
-        let window = RowWindow::new(&[RowStep::Take(10), RowStep::Skip(4)]);
-        assert_eq!((window.lo, window.hi), (4, Some(10)));
-        let window = RowWindow::new(&[RowStep::Take(3), RowStep::Skip(5)]);
-        assert_eq!((window.lo, window.hi), (3, Some(3)));
-    }
-
-    #[test]
-    fn a_skip_alone_stops_counting_once_passed() {
-        let mut window = RowWindow::new(&[RowStep::Skip(3)]);
-        assert!(window.needs_counting());
-        assert_eq!(window.cut(piece(), 5).map(|p| p.skip_rows), Some(3));
-        assert!(!window.needs_counting());
-        assert!(!window.closed());
-    }
-
-    #[test]
-    fn byte_ranges_cover_the_file_once() {
-        let file =
-            TableFile { url: "file:///t.csv".into(), size: 10, path_columns: ColumnValues::new() };
-        let ranges: Vec<(u64, u64)> =
-            byte_ranges(file, 4).iter().map(|b| (b[0].0.start, b[0].0.end)).collect();
-        assert_eq!(ranges, [(0, 4), (4, 8), (8, 10)]);
-    }
-
-    #[test]
-    fn hive_folders_give_columns() {
-        let cols = hive_columns("Store=S1/Brand=B2/part-0.csv");
-        assert_eq!(cols.get("Store").map(String::as_str), Some("S1"));
-        assert_eq!(cols.get("Brand").map(String::as_str), Some("B2"));
-        assert!(hive_columns("a=b.csv").is_empty());
-        let order: Vec<_> = hive_columns("Brand=B2/Store=S1/part-0.csv").into_keys().collect();
-        assert_eq!(order, ["Brand", "Store"], "folders' order");
-    }
-
-    #[test]
-    fn partition_keys_come_first_in_their_order() {
-        let keys = ["Store".to_string(), "Brand".to_string()];
-        let mut columns: ColumnValues = [("Brand", "B2"), ("Year", "2024"), ("Store", "S1")]
-            .map(|(k, v)| (k.into(), v.into()))
-            .into();
-        keys_first(&mut columns, &keys);
-        assert_eq!(columns.keys().collect::<Vec<_>>(), ["Store", "Brand", "Year"]);
-        assert_eq!(columns["Store"], "S1");
-    }
-
-    #[test]
-    fn unknown_partition_keys_name_the_available_ones() {
-        let available: BTreeSet<String> = ["Brand".into(), "Store".into()].into();
-        let err =
-            check_partition_keys(&["Region".into()], &available, "the format `{Store}/{Brand}`")
-                .unwrap_err()
-                .to_string();
-        assert!(err.contains("`Region`") && err.contains("Brand, Store"), "{err}");
-    }
-}
+#[path = "plan_table_tests.rs"]
+mod tests;

@@ -35,6 +35,9 @@ pub struct Counts {
     /// and how many batches had any.
     pub extra_lines: u64,
     pub batches_with_extra_lines: u64,
+    /// Succeeded tabular batches that held no row: the runtime settled them without calling
+    /// `run()` (part of `batches_succeeded`).
+    pub batches_without_rows: u64,
 }
 
 impl Counts {
@@ -118,6 +121,9 @@ impl Tracker {
         }
         if new.state == BatchState::Succeeded {
             self.rows_out += status.rows;
+            if self.tabular && new.items_in == 0 {
+                self.counts.batches_without_rows += 1;
+            }
             if status.extra_lines > 0 {
                 if self.counts.batches_with_extra_lines == 0 {
                     tracing::warn!(batch_id = %status.batch_id, extra_lines = status.extra_lines,
@@ -349,6 +355,19 @@ mod tests {
             (counts.items_total, counts.items_succeeded, counts.items_failed),
             (1500, 1490, 10)
         );
+        assert_eq!(counts.batches_without_rows, 0);
+    }
+
+    #[test]
+    fn tabular_batches_without_rows_are_counted_apart() {
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 3, items: 3, tabular: true, skipped_inputs: 0 });
+        tracker.record(&status(0, BatchState::Succeeded, 0, 0));
+        tracker.record(&status(1, BatchState::Succeeded, 4, 4));
+        tracker.record(&status(2, BatchState::Failed, 0, 0));
+        let counts = tracker.counts();
+        assert_eq!((counts.batches_succeeded, counts.batches_without_rows), (2, 1));
+        assert_eq!((counts.items_total, counts.items_succeeded), (4, 4));
     }
 
     #[test]

@@ -6,7 +6,8 @@ until `shutdown` or end of input. See docs/entry-protocol.md for the protocol.
 Usage: python driver.py <code dir> <entry script> [script args...]
 
 Tabular mini-batches (a `run` request with `table`) are read into one pandas DataFrame, which
-run() gets instead of a file list. With BATCHFLEET_TABULAR=1 in the environment pandas is
+run() gets instead of a file list; one with no rows is answered `done` with 0 items without
+calling run(). With BATCHFLEET_TABULAR=1 in the environment pandas is
 imported before the entry script is loaded, so a missing pandas is an init error. pyarrow is
 imported only to read Parquet pieces. File-list jobs never import either.
 
@@ -613,6 +614,13 @@ def serve_run(protocol, module, pass_context, request):
         if mini_batch is None:
             return
         extra["items_in"] = len(mini_batch)
+        if not len(mini_batch):
+            # No rows (a byte range holding no row start, an empty file or row group): run()
+            # is not called; the batch succeeds with 0 items (its status shows items_in 0).
+            lines, size = write_lines([], request["output"])
+            protocol.send("done", batch_id=batch_id, items_out=0, rows=0, header=None,
+                          lines=lines, bytes=size, **extra)
+            return
     else:
         mini_batch = list(request.get("items") or [])
     try:

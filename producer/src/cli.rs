@@ -38,6 +38,15 @@ const STATUS_EXIT_CODES: &str = "Exit codes:
   1  the job failed
   2  there is no such job, or its job root cannot be read
   3  the job is still running, or ended without a producer to aggregate it";
+const CP_EXIT_CODES: &str = "Exit codes:
+  0  everything was copied
+  1  the store refused or failed a write or read (what was copied before stays)
+  2  a source that is neither a file nor a folder, or a destination that is not a path or URL
+
+Examples:
+  batchfleet cp my-inputs/ s3://batchfleet/scoring/data/      a folder's files, under the prefix
+  batchfleet cp scoring.yaml s3://batchfleet/manifests/       one file, by its name
+  batchfleet cp s3://batchfleet/manifests/scoring.yaml.result.json -    an object to stdout";
 const PROFILE_EXIT_CODES: &str = "Exit codes:
   0  the profile was written
   1  the job has no attempt records
@@ -232,6 +241,19 @@ pub enum Command {
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
     },
+    /// Copy local files and folders to a store URL (or a folder), or one object from a store to
+    /// a file or to stdout: inputs, code and manifests into a bucket without another tool.
+    /// Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, …).
+    #[command(after_help = CP_EXIT_CODES)]
+    Cp {
+        /// Local files or folders (a folder's files keep their paths under the destination), or
+        /// one store URL to read.
+        #[arg(required = true, num_args = 1..)]
+        sources: Vec<String>,
+        /// Where to: a store URL or folder (`s3://bucket/prefix/`; a trailing `/` puts a file
+        /// under it by its name), or a local file or `-` (stdout) for a store URL source.
+        dest: String,
+    },
     /// Show where a job's time went: writes profile.html (a Gantt chart of every attempt, the
     /// critical path, utilisation, resources; one self-contained file) and trace.json (for
     /// Perfetto), from the attempt records in its job root.
@@ -354,7 +376,16 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => failed_to_start(&error),
             }
         }
-        Command::Resume { job, store, broker, pool, python, failed_only, no_progress, metrics_addr } => {
+        Command::Resume {
+            job,
+            store,
+            broker,
+            pool,
+            python,
+            failed_only,
+            no_progress,
+            metrics_addr,
+        } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
             }
@@ -427,6 +458,17 @@ pub async fn main(cli: Cli) -> ExitCode {
                 eprintln!("error: {error}");
                 ExitCode::from(2)
             }
+        },
+        Command::Cp { sources, dest } => match crate::modes::copy::copy(&sources, &dest).await {
+            Ok(copied) if dest == "-" => {
+                eprintln!("{}", copied.line());
+                ExitCode::SUCCESS
+            }
+            Ok(copied) => {
+                println!("{}", copied.line());
+                ExitCode::SUCCESS
+            }
+            Err(error) => failed_to_start(&error),
         },
         Command::Profile { job, store, out } => {
             crate::modes::profile::run_command(&ProfileOptions { job, store, out }).await

@@ -13,9 +13,14 @@ fn every_option_has_a_help_text() {
             if id == "help" || id == "version" {
                 continue;
             }
-            let empty = arg.get_help().map(|help| help.to_string().trim().is_empty()).unwrap_or(true);
+            let empty =
+                arg.get_help().map(|help| help.to_string().trim().is_empty()).unwrap_or(true);
             if empty {
-                missing.push(format!("batchfleet {} --{}", command.get_name(), id.replace('_', "-")));
+                missing.push(format!(
+                    "batchfleet {} --{}",
+                    command.get_name(),
+                    id.replace('_', "-")
+                ));
             }
         }
     }

@@ -45,11 +45,14 @@ mod tests {
 
     #[test]
     fn names_are_the_yaml_spellings() {
-        for (kind, name) in [(InputKind::UriFolder, "uri_folder"), (InputKind::Mltable, "mltable")] {
+        for (kind, name) in [(InputKind::UriFolder, "uri_folder"), (InputKind::Mltable, "mltable")]
+        {
             assert_eq!(input_kind(kind), name);
             assert_eq!(serde_json::to_value(kind).unwrap(), name, "the spec's own spelling");
         }
-        for (mode, name) in [(InputMode::RoMount, "ro_mount"), (InputMode::EvalDownload, "eval_download")] {
+        for (mode, name) in
+            [(InputMode::RoMount, "ro_mount"), (InputMode::EvalDownload, "eval_download")]
+        {
             assert_eq!(input_mode(mode), name);
             assert_eq!(serde_json::to_value(mode).unwrap(), name, "the spec's own spelling");
         }

@@ -13,12 +13,17 @@ const BOUND: Duration = Duration::from_secs(60);
 const ECHO: &str = "def init():\n    pass\n\ndef run(mini_batch):\n    return list(mini_batch)\n";
 
 fn one_file_job() -> JobFixture {
-    JobFixture::new(&file_names(1), ECHO, "mini_batch_size: 1\nretry_settings: {max_retries: 0, timeout: 30}", "")
+    JobFixture::new(
+        &file_names(1),
+        ECHO,
+        "mini_batch_size: 1\nretry_settings: {max_retries: 0, timeout: 30}",
+        "",
+    )
 }
 
 #[test]
 fn every_command_lists_its_exit_codes_in_help() {
-    for command in ["run", "submit", "resume", "watch", "autoscale", "status", "profile"] {
+    for command in ["run", "submit", "resume", "watch", "autoscale", "status", "profile", "cp"] {
         let output = run_bounded(batchfleet().args([command, "--help"]), BOUND);
         let help = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{}", describe(&output));
@@ -47,7 +52,8 @@ fn a_run_prints_words_for_people_and_leaves_a_logs_readme() {
         assert!(stderr.contains(line), "`{line}` missing in\n{stderr}");
     }
     assert!(stdout.contains("rows.txt (1 row)\n"), "{stdout}");
-    for code_word in ["UriFolder", "RoMount", "1 files", "1 attempts", "1 mini-batches", "1 items", "1 rows"]
+    for code_word in
+        ["UriFolder", "RoMount", "1 files", "1 attempts", "1 mini-batches", "1 items", "1 rows"]
     {
         let all = format!("{stdout}{stderr}");
         assert!(!all.contains(code_word), "`{code_word}` in\n{all}");
@@ -55,7 +61,9 @@ fn a_run_prints_words_for_people_and_leaves_a_logs_readme() {
 
     let readme = std::fs::read_to_string(fixture.job_root().join("logs/readme.txt"))
         .expect("logs/readme.txt in the job root");
-    for name in ["logs/job_result.txt", "logs/user/<worker>/", "logs/sys/job_report/", "logs/sys/perf/"] {
+    for name in
+        ["logs/job_result.txt", "logs/user/<worker>/", "logs/sys/job_report/", "logs/sys/perf/"]
+    {
         assert!(readme.contains(name), "logs/readme.txt does not name {name}:\n{readme}");
     }
     assert!(readme.contains("A job failed? Open these, in this order:"), "{readme}");
@@ -86,12 +94,18 @@ fn a_broker_url_no_backend_serves_is_not_called_a_refusal() {
 fn a_missing_code_folder_is_named_as_missing() {
     let fixture = one_file_job();
     let spec = std::fs::read_to_string(fixture.path().join("job.yaml")).unwrap();
-    std::fs::write(fixture.path().join("job.yaml"), spec.replace("code: ./code", "code: ./nowhere"))
-        .unwrap();
+    std::fs::write(
+        fixture.path().join("job.yaml"),
+        spec.replace("code: ./code", "code: ./nowhere"),
+    )
+    .unwrap();
     let output = fixture.run();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
-    assert!(stderr.contains("task.code `") && stderr.contains("/nowhere` does not exist"), "{stderr}");
+    assert!(
+        stderr.contains("task.code `") && stderr.contains("/nowhere` does not exist"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("is not in task.code"), "{stderr}");
 }
 
@@ -138,7 +152,8 @@ fn the_resume_command_status_prints_works_when_pasted() {
     let pool = Pool::new("paste-resume");
     let fixture = one_file_job();
     let store = fixture.path().join("jobs");
-    let output = run_bounded(pool.submit(&fixture.path().join("job.yaml"), &store).arg("--detach"), BOUND);
+    let output =
+        run_bounded(pool.submit(&fixture.path().join("job.yaml"), &store).arg("--detach"), BOUND);
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let root = fixture.job_root();
@@ -146,7 +161,9 @@ fn the_resume_command_status_prints_works_when_pasted() {
     assert!(stdout.contains(&format!("follow with: batchfleet status {root_url}")), "{stdout}");
 
     let mut worker = pool.worker(fixture.path(), "w1", 1, &[]);
-    eventually(BOUND, "the mini-batch's final status", || (!statuses(&root).is_empty()).then_some(()));
+    eventually(BOUND, "the mini-batch's final status", || {
+        (!statuses(&root).is_empty()).then_some(())
+    });
     worker.stop();
 
     let status = run_bounded(batchfleet().arg("status").arg(&root), BOUND);
@@ -181,4 +198,51 @@ fn path_with_binaries() -> String {
     let bin = binary("batchfleet");
     let dir = bin.parent().expect("the binaries' folder");
     format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// `batchfleet cp` puts a folder's files and a file into an S3 prefix (no aws CLI needed) and
+/// reads an object back to stdout.
+#[test]
+fn cp_copies_files_and_folders_into_the_store_and_back() {
+    let prefix = batchfleet_tests::s3_unique_prefix("cp");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("inputs/sub")).unwrap();
+    std::fs::write(dir.path().join("inputs/a.txt"), "alpha").unwrap();
+    std::fs::write(dir.path().join("inputs/sub/b.txt"), "beta").unwrap();
+    std::fs::write(dir.path().join("job.yaml"), "type: parallel\n").unwrap();
+
+    let folder = run_bounded(
+        batchfleet().current_dir(dir.path()).args(["cp", "inputs/", &format!("{prefix}/data/")]),
+        BOUND,
+    );
+    assert!(folder.status.success(), "{}", describe(&folder));
+    let line = String::from_utf8_lossy(&folder.stdout);
+    assert_eq!(line.trim_end(), format!("copied 2 files (9 bytes) to {prefix}/data/"));
+    let file = run_bounded(
+        batchfleet().current_dir(dir.path()).args([
+            "cp",
+            "job.yaml",
+            &format!("{prefix}/manifests/"),
+        ]),
+        BOUND,
+    );
+    assert!(file.status.success(), "{}", describe(&file));
+
+    for (key, expected) in [
+        ("data/a.txt", "alpha"),
+        ("data/sub/b.txt", "beta"),
+        ("manifests/job.yaml", "type: parallel\n"),
+    ] {
+        let back = run_bounded(batchfleet().args(["cp", &format!("{prefix}/{key}"), "-"]), BOUND);
+        assert!(back.status.success(), "{key}: {}", describe(&back));
+        assert_eq!(String::from_utf8_lossy(&back.stdout), expected, "{key}");
+    }
+
+    let missing = run_bounded(
+        batchfleet().current_dir(dir.path()).args(["cp", "nowhere.txt", &prefix]),
+        BOUND,
+    );
+    assert_eq!(missing.status.code(), Some(2), "{}", describe(&missing));
+    assert!(String::from_utf8_lossy(&missing.stderr)
+        .contains("`nowhere.txt` is neither a file nor a folder"));
 }

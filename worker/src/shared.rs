@@ -67,7 +67,8 @@ impl WorkerSummary {
 /// counts that are 0 beyond the first are left out.
 impl std::fmt::Display for WorkerSummary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let counted = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let counted =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let mut parts = vec![format!(
             "{} succeeded",
             counted(self.batches_succeeded, "mini-batch", "mini-batches")
@@ -78,9 +79,15 @@ impl std::fmt::Display for WorkerSummary {
             (self.invalid_messages, "invalid message", "invalid messages"),
             (self.runtimes_started, "runtime started", "runtimes started"),
             (self.runtime_start_failures, "runtime failed to start", "runtimes failed to start"),
-            (self.batches_abandoned, "mini-batch given back at the drain", "mini-batches given back at the drain"),
+            (
+                self.batches_abandoned,
+                "mini-batch given back at the drain",
+                "mini-batches given back at the drain",
+            ),
         ];
-        parts.extend(rest.iter().filter(|(n, _, _)| *n > 0).map(|(n, one, many)| counted(*n, one, many)));
+        parts.extend(
+            rest.iter().filter(|(n, _, _)| *n > 0).map(|(n, one, many)| counted(*n, one, many)),
+        );
         f.write_str(&parts.join(", "))
     }
 }
@@ -255,9 +262,16 @@ mod summary_tests {
 
     #[test]
     fn the_summary_reads_as_words() {
-        let summary =
-            WorkerSummary { batches_succeeded: 1, batches_failed_attempts: 2, runtimes_started: 1, ..Default::default() };
-        assert_eq!(summary.to_string(), "1 mini-batch succeeded, 2 failed attempts, 1 runtime started");
+        let summary = WorkerSummary {
+            batches_succeeded: 1,
+            batches_failed_attempts: 2,
+            runtimes_started: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary.to_string(),
+            "1 mini-batch succeeded, 2 failed attempts, 1 runtime started"
+        );
         assert_eq!(WorkerSummary::default().to_string(), "0 mini-batches succeeded");
     }
 }

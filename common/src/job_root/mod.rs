@@ -384,7 +384,8 @@ mod tests {
             folder(layout.job_report("x")),
             folder(layout.perf_file("w", "x")),
             folder(layout.failure("b", 1)).trim_end_matches("b/").to_string(),
-            relative(layout.job_report("processed_mini-batches.csv")).replace("logs/sys/job_report/", ""),
+            relative(layout.job_report("processed_mini-batches.csv"))
+                .replace("logs/sys/job_report/", ""),
             "logs/sys/profile/".to_string(),
         ];
         for name in named {

@@ -19,8 +19,8 @@ fn quiet(default: &str) -> String {
 
 /// Install the global subscriber; `default` is the filter when `BATCHFLEET_LOG` is unset.
 pub fn init(default: &str) {
-    let filter =
-        EnvFilter::try_from_env("BATCHFLEET_LOG").unwrap_or_else(|_| EnvFilter::new(quiet(default)));
+    let filter = EnvFilter::try_from_env("BATCHFLEET_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(quiet(default)));
     let stderr = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)

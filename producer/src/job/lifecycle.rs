@@ -130,7 +130,8 @@ pub async fn plan(
 /// `planned 1 mini-batch of 3 items`, as printed once the plan is published.
 pub fn planned_line(plan: &PlanSummary) -> String {
     use crate::words::counted;
-    let (one, many) = if plan.tabular { ("table piece", "table pieces") } else { ("item", "items") };
+    let (one, many) =
+        if plan.tabular { ("table piece", "table pieces") } else { ("item", "items") };
     format!(
         "planned {} of {}",
         counted(plan.batches, "mini-batch", "mini-batches"),

@@ -340,7 +340,10 @@ mod tests {
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("submitted with --detach"), "{text}");
         assert!(text.contains("--broker \"$BATCHFLEET_BROKER\" --pool p1\n"), "{text}");
-        assert!(text.contains("BATCHFLEET_BROKER set to the job's broker, amqp://host/%2f"), "{text}");
+        assert!(
+            text.contains("BATCHFLEET_BROKER set to the job's broker, amqp://host/%2f"),
+            "{text}"
+        );
         assert!(!text.contains("***") && !text.contains("guest"), "no credentials: {text}");
     }
 

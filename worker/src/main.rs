@@ -253,7 +253,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The most the adaptive prefetch grows to (a worker given no `--prefetch`): measured with
-/// `bench_rabbitmq` (README), fixed prefetches of 64 and more gave about the same rate.
+/// `bench_rabbitmq` (docs/benchmarks.md), fixed prefetches of 64 and more gave about the same rate.
 const ADAPTIVE_PREFETCH_LIMIT: u16 = 256;
 
 /// The RabbitMQ part of the connect options; `--prefetch` is checked only when the broker is

@@ -438,7 +438,10 @@ pub async fn main(cli: Cli) -> ExitCode {
             };
             match watch(&options).await {
                 Ok(summary) => {
-                    println!("processed {} manifests", summary.processed);
+                    println!(
+                        "processed {}",
+                        crate::words::counted(summary.processed, "manifest", "manifests")
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(error) => failed_to_start(&error),

@@ -105,6 +105,11 @@ impl JobLayout {
         self.key("logs/skipped_inputs.txt")
     }
 
+    /// What each file under `logs/` holds and which to open first (`logs/readme.txt`).
+    pub fn logs_readme(&self) -> Path {
+        self.key("logs/readme.txt")
+    }
+
     pub fn job_result(&self) -> Path {
         self.key("logs/job_result.txt")
     }

@@ -19,11 +19,46 @@ use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
 use crate::modes::watch::{watch, WatchOptions};
 
+/// Exit codes of `run`, `submit` and `resume`, shown under their `--help`.
+const JOB_EXIT_CODES: &str = "Exit codes:
+  0  the job succeeded (also with failed mini-batches the thresholds ignore)
+  1  the job failed: the first line of logs/job_result.txt in its job root says why
+  2  the job could not start: a bad spec, path, option or broker URL, or an empty input";
+const WATCH_EXIT_CODES: &str = "Exit codes:
+  0  --once: every manifest found was processed (each outcome is in <manifest>.result.json);
+     without --once it runs until it is stopped
+  1  the broker or the store could not be used
+  2  bad options, or the store failed the create-only race check (see --skip-store-check)";
+const AUTOSCALE_EXIT_CODES: &str = "Exit codes:
+  0  stopped by SIGTERM or Ctrl-C, its workers drained and removed
+  1  the broker or the Docker engine could not be used
+  2  bad options";
+const STATUS_EXIT_CODES: &str = "Exit codes:
+  0  the job succeeded
+  1  the job failed
+  2  there is no such job, or its job root cannot be read
+  3  the job is still running, or ended without a producer to aggregate it";
+const CP_EXIT_CODES: &str = "Exit codes:
+  0  everything was copied
+  1  the store refused or failed a write or read (what was copied before stays)
+  2  a source that is neither a file nor a folder, or a destination that is not a path or URL
+
+Examples:
+  batchfleet cp my-inputs/ s3://batchfleet/scoring/data/      a folder's files, under the prefix
+  batchfleet cp scoring.yaml s3://batchfleet/manifests/       one file, by its name
+  batchfleet cp s3://batchfleet/manifests/scoring.yaml.result.json -    an object to stdout";
+const PROFILE_EXIT_CODES: &str = "Exit codes:
+  0  the profile was written
+  1  the job has no attempt records
+  2  there is no such job, or it could not be read or written";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "batchfleet",
     version,
-    about = "Run one function over a large data set on a fleet of stateless workers."
+    about = "Run one function over a large data set on a fleet of stateless workers.",
+    after_help = "Each command's --help lists its options, environment variables and exit codes; \
+docs/cli.md has them all."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -33,6 +68,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a job on this machine: embedded broker, in-process workers, nothing to start.
+    #[command(after_help = JOB_EXIT_CODES)]
     Run {
         /// The job spec (Azure ML `type: parallel` YAML), or a pipeline file, whose steps run
         /// in dependency order (command steps on this machine).
@@ -62,6 +98,7 @@ pub enum Command {
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
+    #[command(after_help = JOB_EXIT_CODES)]
     Submit {
         /// The job spec (Azure ML `type: parallel` YAML), or a pipeline file: its parallel steps
         /// go to the fleet, its command steps run on this machine.
@@ -102,6 +139,7 @@ pub enum Command {
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
+    #[command(after_help = JOB_EXIT_CODES)]
     Resume {
         /// A job id (under --store) or a job root (folder or URL).
         job: String,
@@ -124,17 +162,26 @@ pub enum Command {
         /// Plain progress lines even on a terminal.
         #[arg(long)]
         no_progress: bool,
+        /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
+        /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them. (No --datastore here:
+        /// the job root holds the job with its datastore paths already resolved.)
+        #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// Run a job for every manifest (job YAML) dropped under a prefix, each exactly once even
     /// with several watchers; the outcome is written beside it as `<manifest>.result.json`.
+    #[command(after_help = WATCH_EXIT_CODES)]
     Watch {
         /// The prefix to watch: `s3://bucket/manifests/` or a folder.
         prefix: String,
+        /// Broker URL the jobs are submitted to: amqp://user:password@host:5672/vhost
+        /// (RabbitMQ) or sqs:// (SQS).
         #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
         broker: String,
         /// Where job roots go (workers must reach it too).
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
+        /// Worker pool the jobs are sent to (work queue `batchfleet.work.<pool>`).
         #[arg(long, env = "BATCHFLEET_POOL", default_value = "default")]
         pool: String,
         /// Seconds between two looks at the prefix.
@@ -143,6 +190,9 @@ pub enum Command {
         /// Names this watcher in claims; restarted with the same id it resumes its jobs.
         #[arg(long, env = "BATCHFLEET_WATCHER_ID")]
         watcher_id: Option<String>,
+        /// The broker's consumer timeout in seconds (RabbitMQ's `consumer_timeout`, 30 min by
+        /// default); a manifest whose mini-batches could outlast it is recorded `invalid`. 0: the
+        /// broker has none.
         #[arg(long, env = "BATCHFLEET_CONSUMER_TIMEOUT",
             default_value_t = DEFAULT_CONSUMER_TIMEOUT.as_secs())]
         consumer_timeout: u64,
@@ -180,8 +230,10 @@ pub enum Command {
     },
     /// Size a fleet of worker containers on this Docker engine to the pool's outstanding work
     /// (ready + in flight), from --min (0 allowed) to --max; idle workers are drained first.
+    #[command(after_help = AUTOSCALE_EXIT_CODES)]
     Autoscale(crate::modes::autoscale::args::AutoscaleArgs),
     /// Show where a job stands, from its job root: progress, or its result once finished.
+    #[command(after_help = STATUS_EXIT_CODES)]
     Status {
         /// A job id (under --store) or a job root (folder or URL).
         job: String,
@@ -189,9 +241,23 @@ pub enum Command {
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
     },
+    /// Copy local files and folders to a store URL (or a folder), or one object from a store to
+    /// a file or to stdout: inputs, code and manifests into a bucket without another tool.
+    /// Credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, …).
+    #[command(after_help = CP_EXIT_CODES)]
+    Cp {
+        /// Local files or folders (a folder's files keep their paths under the destination), or
+        /// one store URL to read.
+        #[arg(required = true, num_args = 1..)]
+        sources: Vec<String>,
+        /// Where to: a store URL or folder (`s3://bucket/prefix/`; a trailing `/` puts a file
+        /// under it by its name), or a local file or `-` (stdout) for a store URL source.
+        dest: String,
+    },
     /// Show where a job's time went: writes profile.html (a Gantt chart of every attempt, the
     /// critical path, utilisation, resources; one self-contained file) and trace.json (for
     /// Perfetto), from the attempt records in its job root.
+    #[command(after_help = PROFILE_EXIT_CODES)]
     Profile {
         /// A job id (under --store) or a job root (folder or URL).
         job: String,
@@ -296,7 +362,10 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(Submitted::Detached { job_id, root_url, batches }) => {
                     println!("job id: {job_id}");
                     println!("job root: {root_url}");
-                    println!("published {batches} mini-batches; follow with `batchfleet status {job_id}`");
+                    println!(
+                        "published {}; follow with: batchfleet status {root_url}",
+                        crate::words::counted(batches, "mini-batch", "mini-batches")
+                    );
                     ExitCode::SUCCESS
                 }
                 Ok(Submitted::Finished(report)) => {
@@ -307,7 +376,19 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Err(error) => failed_to_start(&error),
             }
         }
-        Command::Resume { job, store, broker, pool, python, failed_only, no_progress } => {
+        Command::Resume {
+            job,
+            store,
+            broker,
+            pool,
+            python,
+            failed_only,
+            no_progress,
+            metrics_addr,
+        } => {
+            if let Err(code) = serve_metrics(metrics_addr) {
+                return code;
+            }
             let options = ResumeOptions {
                 job,
                 store,
@@ -357,7 +438,10 @@ pub async fn main(cli: Cli) -> ExitCode {
             };
             match watch(&options).await {
                 Ok(summary) => {
-                    println!("processed {} manifests", summary.processed);
+                    println!(
+                        "processed {}",
+                        crate::words::counted(summary.processed, "manifest", "manifests")
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(error) => failed_to_start(&error),
@@ -377,6 +461,17 @@ pub async fn main(cli: Cli) -> ExitCode {
                 eprintln!("error: {error}");
                 ExitCode::from(2)
             }
+        },
+        Command::Cp { sources, dest } => match crate::modes::copy::copy(&sources, &dest).await {
+            Ok(copied) if dest == "-" => {
+                eprintln!("{}", copied.line());
+                ExitCode::SUCCESS
+            }
+            Ok(copied) => {
+                println!("{}", copied.line());
+                ExitCode::SUCCESS
+            }
+            Err(error) => failed_to_start(&error),
         },
         Command::Profile { job, store, out } => {
             crate::modes::profile::run_command(&ProfileOptions { job, store, out }).await
@@ -409,7 +504,7 @@ fn interactive(no_progress: bool) -> bool {
 fn print_report(report: &JobReport) -> ExitCode {
     if let Some(output) = &report.output {
         let what = if output.partial_of.is_some() { "partial output" } else { "output" };
-        println!("{what}: {} ({} rows)", output.url, output.rows);
+        println!("{what}: {} ({})", output.url, crate::words::counted(output.rows, "row", "rows"));
     }
     println!("job result: {}", report.job_result_url);
     println!("{}", report.verdict.headline());
@@ -460,3 +555,7 @@ fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
     eprintln!("error: {error}");
     ExitCode::from(error.exit_code())
 }
+
+#[cfg(test)]
+#[path = "cli_tests.rs"]
+mod tests;

@@ -46,6 +46,8 @@ pub enum ProducerError {
     Unsupported(String),
     #[error("task.entry_script `{entry_script}` is not in task.code `{code}` ({spec_file})")]
     MissingEntryScript { spec_file: String, code: String, entry_script: String },
+    #[error("task.code `{code}` {why} ({spec_file}); task.code is the folder that holds the entry script")]
+    MissingCode { spec_file: String, code: String, why: &'static str },
     #[error("aggregating the output into `{url}` failed: {reason}")]
     Aggregation { url: String, reason: String },
     #[error("internal error: {0}")]
@@ -69,7 +71,8 @@ impl ProducerError {
         match self {
             ProducerError::Spec(_)
             | ProducerError::Unsupported(_)
-            | ProducerError::MissingEntryScript { .. } => ErrorKind::Config,
+            | ProducerError::MissingEntryScript { .. }
+            | ProducerError::MissingCode { .. } => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
             ProducerError::Listing { source, .. } => source.kind(),
             ProducerError::Broker(e) => e.kind(),

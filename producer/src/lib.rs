@@ -6,7 +6,8 @@
 //! - [`job`]: the stages of one parallel job (plan, follow, track, aggregate, verdict);
 //! - [`infra`]: the broker wrapper, queue declarations, settings;
 //! - [`report`]: where a job's time went (attempt records → `batchfleet profile`'s page and trace);
-//! - [`job_root`] (the job root handle) and [`error`] (the producer's one error type).
+//! - [`job_root`] (the job root handle) and [`error`] (the producer's one error type);
+//! - [`words`]: counts and names as people read them in the output.
 
 pub mod cli;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod job;
 pub mod job_root;
 pub mod modes;
 pub mod report;
+pub mod words;
 
 #[cfg(test)]
 mod test_support;

@@ -39,6 +39,8 @@ struct Fleet {
     docker: String,
     s3_port: u16,
     management_port: u16,
+    /// AMQP on the host (the host's own RabbitMQ holds 5672).
+    amqp_port: u16,
     env_file: tempfile::NamedTempFile,
     /// The engine's volumes before the test: the anonymous `/scratch` volumes of the worker
     /// containers that scaling in and `up` replaced are left dangling by compose, and removed
@@ -74,6 +76,7 @@ impl Fleet {
             .env("COMPOSE_PROFILES", "")
             .env("S3_PORT", self.s3_port.to_string())
             .env("RABBITMQ_MANAGEMENT_PORT", self.management_port.to_string())
+            .env("RABBITMQ_PORT", self.amqp_port.to_string())
             .env("S3_ACCESS_KEY", "compose-test")
             .env("S3_SECRET_KEY", "compose-test-secret")
             .env("RABBITMQ_PASSWORD", "compose-test-secret")
@@ -343,6 +346,7 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
         docker,
         s3_port,
         management_port: free_port(),
+        amqp_port: free_port(),
         env_file: tempfile::NamedTempFile::new().unwrap(),
         store: Arc::new(store),
         runtime: tokio::runtime::Runtime::new().unwrap(),

@@ -64,7 +64,7 @@ fn the_example_scores_every_file_exactly_once() {
     // Every effective timeout and threshold is echoed once at the start.
     let stderr = String::from_utf8_lossy(&output.stderr);
     for setting in [
-        "max_retries 2 (3 attempts)",
+        "max_retries 2 (3 attempts at most)",
         "timeout 60 s",
         "task_overhead_timeout 30 s",
         "progress_update_timeout 360 s (derived)",

@@ -35,7 +35,13 @@ const EXIT_CONFIG: u8 = 2;
 #[command(
     name = "batchfleet-worker",
     version,
-    about = "Runs batchfleet mini-batches from a broker's work queue."
+    about = "Runs batchfleet mini-batches from a broker's work queue.",
+    after_help = "Exit codes:
+  0  stopped cleanly (SIGTERM, Ctrl-C or --idle-exit); --check: the worker is healthy
+  1  the broker could not be reached (or --broker-wait ran out), or the worker failed;
+     --check: unhealthy
+  2  bad options, a broker URL this build cannot serve, or a login the broker refused
+docs/cli.md lists every option and environment variable."
 )]
 struct Args {
     /// Broker to consume from: amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS).
@@ -59,7 +65,7 @@ struct Args {
     concurrency: u32,
     /// Messages this worker holds from the work queue at most (RabbitMQ's prefetch), fixed.
     /// Default: adaptive — one per slot, grown up to 256 while mini-batches take milliseconds,
-    /// back to one per slot when a held message waits 10 s for a slot (see the README). SQS:
+    /// back to one per slot when a held message waits 10 s for a slot (docs/cli.md). SQS:
     /// unused.
     #[arg(long, env = "BATCHFLEET_PREFETCH",
         value_parser = clap::value_parser!(u32).range(1..=65_535))]
@@ -232,7 +238,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     beat.abort();
     match outcome {
         Ok(summary) => {
-            tracing::info!(?summary, "batchfleet-worker exiting");
+            tracing::info!("batchfleet-worker exiting: {summary}");
             Ok(ExitCode::SUCCESS)
         }
         Err(error) => {
@@ -247,7 +253,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// The most the adaptive prefetch grows to (a worker given no `--prefetch`): measured with
-/// `bench_rabbitmq` (README), fixed prefetches of 64 and more gave about the same rate.
+/// `bench_rabbitmq` (docs/benchmarks.md), fixed prefetches of 64 and more gave about the same rate.
 const ADAPTIVE_PREFETCH_LIMIT: u16 = 256;
 
 /// The RabbitMQ part of the connect options; `--prefetch` is checked only when the broker is

@@ -63,6 +63,35 @@ impl WorkerSummary {
     }
 }
 
+/// One line for people: `3 mini-batches succeeded, 1 failed attempt, 2 runtimes started`; the
+/// counts that are 0 beyond the first are left out.
+impl std::fmt::Display for WorkerSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let counted =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let mut parts = vec![format!(
+            "{} succeeded",
+            counted(self.batches_succeeded, "mini-batch", "mini-batches")
+        )];
+        let rest = [
+            (self.batches_failed_attempts, "failed attempt", "failed attempts"),
+            (self.batches_dead_lettered, "mini-batch dead-lettered", "mini-batches dead-lettered"),
+            (self.invalid_messages, "invalid message", "invalid messages"),
+            (self.runtimes_started, "runtime started", "runtimes started"),
+            (self.runtime_start_failures, "runtime failed to start", "runtimes failed to start"),
+            (
+                self.batches_abandoned,
+                "mini-batch given back at the drain",
+                "mini-batches given back at the drain",
+            ),
+        ];
+        parts.extend(
+            rest.iter().filter(|(n, _, _)| *n > 0).map(|(n, one, many)| counted(*n, one, many)),
+        );
+        f.write_str(&parts.join(", "))
+    }
+}
+
 /// Why a worker could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -225,4 +254,24 @@ pub struct Prestart {
     pub job_id: String,
     /// The job root URL as the job's messages spell it.
     pub job_root: String,
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::WorkerSummary;
+
+    #[test]
+    fn the_summary_reads_as_words() {
+        let summary = WorkerSummary {
+            batches_succeeded: 1,
+            batches_failed_attempts: 2,
+            runtimes_started: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary.to_string(),
+            "1 mini-batch succeeded, 2 failed attempts, 1 runtime started"
+        );
+        assert_eq!(WorkerSummary::default().to_string(), "0 mini-batches succeeded");
+    }
 }

@@ -228,7 +228,7 @@ impl Worker {
         if let Err(error) = flushing.await {
             tracing::warn!(%error, "the attempt records' last flush did not finish");
         }
-        tracing::info!(?summary, "worker stopped");
+        tracing::info!("worker stopped: {summary}");
         failure.map_or(Ok(summary), Err)
     }
 }

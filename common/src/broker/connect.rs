@@ -59,7 +59,7 @@ pub enum BrokerKind {
 /// Which broker `url` names, without connecting; errors never quote the URL.
 pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
     let Some((scheme, _)) = url.split_once("://") else {
-        return Err(BrokerError::Refused(
+        return Err(BrokerError::BadUrl(
             "the broker URL has no scheme: use amqp://user:password@host:5672/vhost (RabbitMQ) or sqs:// (SQS)"
                 .into(),
         ));
@@ -67,7 +67,7 @@ pub fn kind_of(url: &str) -> Result<BrokerKind, BrokerError> {
     match scheme.to_ascii_lowercase().as_str() {
         "amqp" | "amqps" => Ok(BrokerKind::RabbitMq),
         "sqs" => Ok(BrokerKind::Sqs),
-        _ => Err(BrokerError::Refused(format!(
+        _ => Err(BrokerError::BadUrl(format!(
             "unknown broker URL scheme `{}`: use amqp:// or amqps:// (RabbitMQ), or sqs:// (SQS)",
             printable(scheme)
         ))),
@@ -98,7 +98,7 @@ async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>,
 
 #[cfg(not(feature = "rabbitmq"))]
 async fn rabbitmq(_url: &str, _options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
-    Err(BrokerError::Refused(
+    Err(BrokerError::BadUrl(
         "this build of batchfleet has no RabbitMQ support (the `rabbitmq` feature is off)".into(),
     ))
 }
@@ -111,7 +111,7 @@ async fn sqs() -> Result<Arc<dyn Broker>, BrokerError> {
 
 #[cfg(not(feature = "sqs"))]
 async fn sqs() -> Result<Arc<dyn Broker>, BrokerError> {
-    Err(BrokerError::Refused(
+    Err(BrokerError::BadUrl(
         "this build of batchfleet has no SQS support (the `sqs` feature is off)".into(),
     ))
 }
@@ -153,6 +153,7 @@ mod tests {
         let err = kind_of("redis://bob:s3cret@host:6379").unwrap_err().to_string();
         assert!(err.contains("`redis`"), "{err}");
         assert!(!err.contains("s3cret"), "{err}");
+        assert!(!err.contains("refused"), "no broker was contacted: {err}");
         let err = kind_of("bob:s3cret@host").unwrap_err().to_string();
         assert!(!err.contains("s3cret"), "{err}");
     }

@@ -122,12 +122,16 @@ pub enum BrokerError {
     Connection(String),
     #[error("broker refused the operation: {0}")]
     Refused(String),
+    /// A broker URL that cannot be used (no scheme, a scheme no backend serves); no broker was
+    /// contacted.
+    #[error("{0}")]
+    BadUrl(String),
 }
 
 impl BrokerError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            BrokerError::QueueMismatch { .. } => ErrorKind::Config,
+            BrokerError::QueueMismatch { .. } | BrokerError::BadUrl(_) => ErrorKind::Config,
             _ => ErrorKind::Infra,
         }
     }

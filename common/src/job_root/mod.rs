@@ -23,6 +23,10 @@
 
 mod attempts;
 pub mod local;
+
+/// `logs/readme.txt`, written with the spec into every job root: what each file under `logs/`
+/// holds and which to open first for a failure (as Azure ML writes one).
+pub const LOGS_README: &str = include_str!("logs_readme.txt");
 pub mod metrics;
 mod records;
 mod status;
@@ -248,6 +252,7 @@ impl JobRoot {
 
     /// Record the spec as written and the resolved job that workers read.
     pub async fn write_spec(&self, spec_yaml: &str, job: &ResolvedJob) -> Result<(), JobRootError> {
+        self.put(&self.layout.logs_readme(), Bytes::from_static(LOGS_README.as_bytes())).await?;
         self.put(&self.layout.job_yaml(), Bytes::from(spec_yaml.to_string())).await?;
         let key = self.layout.job_json();
         let json = encode(&key, "resolved job", job, true)?;
@@ -357,5 +362,37 @@ mod tests {
         }
         let s3 = JobRoot::open("s3://bucket/jobs/j-1/").unwrap();
         assert_eq!(s3.local_file(&s3.layout.job_json()), None);
+    }
+
+    /// `logs/readme.txt` names every file and folder the layout puts under `logs/`, by the
+    /// names the layout gives them.
+    #[test]
+    fn the_logs_readme_names_every_log_the_layout_writes() {
+        let root = JobRoot::open("s3://bucket/jobs/j-1/").unwrap();
+        let layout = &root.layout;
+        let relative = |key: Key| key.as_ref().trim_start_matches("jobs/j-1/").to_string();
+        let folder = |key: Key| {
+            let key = relative(key);
+            key[..key.rfind('/').map_or(0, |i| i + 1)].to_string()
+        };
+        let named = [
+            relative(layout.job_result()),
+            relative(layout.progress_overview()),
+            relative(layout.skipped_inputs()),
+            relative(layout.sys_log("producer")),
+            folder(layout.user_log("w", "x")),
+            folder(layout.job_report("x")),
+            folder(layout.perf_file("w", "x")),
+            folder(layout.failure("b", 1)).trim_end_matches("b/").to_string(),
+            relative(layout.job_report("processed_mini-batches.csv"))
+                .replace("logs/sys/job_report/", ""),
+            "logs/sys/profile/".to_string(),
+        ];
+        for name in named {
+            let name = name.replace("/w/", "/<worker>/");
+            assert!(LOGS_README.contains(&name), "logs/readme.txt does not name `{name}`");
+        }
+        assert!(LOGS_README.contains("A job failed? Open these, in this order:"));
+        assert_eq!(relative(layout.logs_readme()), "logs/readme.txt");
     }
 }

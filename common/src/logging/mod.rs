@@ -11,10 +11,16 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
+/// The default filter without the AMQP client's own lines: each of its errors reaches the
+/// output once, as batchfleet's own line or error (`BATCHFLEET_LOG=lapin=debug` shows them).
+fn quiet(default: &str) -> String {
+    format!("{default},lapin=off")
+}
+
 /// Install the global subscriber; `default` is the filter when `BATCHFLEET_LOG` is unset.
 pub fn init(default: &str) {
-    let filter =
-        EnvFilter::try_from_env("BATCHFLEET_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = EnvFilter::try_from_env("BATCHFLEET_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(quiet(default)));
     let stderr = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)

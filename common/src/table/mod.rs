@@ -69,7 +69,7 @@ pub enum TableFormat {
         /// Quoted fields may hold line breaks: files are then never split into ranges.
         support_multi_line: bool,
         /// `infer_column_types` (default true): booleans and ISO-8601 dates become typed
-        /// columns (README, "Tables and many models"); false keeps every column as text.
+        /// columns (docs/user-guide.md, "Tables and many models"); false keeps every column as text.
         #[serde(default = "yes")]
         infer_column_types: bool,
     },

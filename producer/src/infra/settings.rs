@@ -8,6 +8,7 @@ use std::time::Duration;
 use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
 
 use crate::job_root::JobRoot;
+use crate::words::{counted, input_kind, input_mode};
 
 pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     let args = &job.task.program_args;
@@ -15,7 +16,7 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
         (MiniBatchSize::Count(n), InputKind::Mltable) => {
             format!("{n} bytes of tabular data (files, if the MLTable is a file list)")
         }
-        (MiniBatchSize::Count(n), _) => format!("{n} files"),
+        (MiniBatchSize::Count(n), _) => counted(n, "file", "files"),
         (MiniBatchSize::Bytes(n), _) => format!("{n} bytes"),
     };
     let progress_timeout = match args.progress_update_timeout_secs {
@@ -26,8 +27,11 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     let _ = writeln!(text, "job {} ({})", root.job_id, job.spec_file);
     let _ = writeln!(
         text,
-        "  input: {} {:?} {} (mode {:?})",
-        job.input.name, job.input.kind, job.input.url, job.input.mode
+        "  input: {}, a {} at {} (mode: {})",
+        job.input.name,
+        input_kind(job.input.kind),
+        job.input.url,
+        input_mode(job.input.mode)
     );
     let _ = writeln!(
         text,
@@ -36,9 +40,9 @@ pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     );
     let _ = writeln!(
         text,
-        "  retry: max_retries {} ({} attempts); timeout {} s; task_overhead_timeout {} s; progress_update_timeout {progress_timeout}; first_task_creation_timeout {} s",
+        "  retry: max_retries {} ({} at most); timeout {} s; task_overhead_timeout {} s; progress_update_timeout {progress_timeout}; first_task_creation_timeout {} s",
         job.retry.max_retries,
-        job.retry.max_deliveries(),
+        counted(u64::from(job.retry.max_deliveries()), "attempt", "attempts"),
         job.retry.timeout_secs,
         args.task_overhead_timeout_secs,
         args.first_task_creation_timeout_secs
@@ -69,6 +73,24 @@ pub fn progress_update_timeout(job: &ResolvedJob) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settings_read_as_the_yaml_does() {
+        let mut job = crate::test_support::minimal_job();
+        job.mini_batch_size = MiniBatchSize::Count(1);
+        job.retry.max_retries = 0;
+        let dir = tempfile::tempdir().unwrap();
+        let store = url::Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&store, "job-1").unwrap();
+        let text = effective_settings(&job, &root);
+        assert!(text.contains("mini_batch_size: 1 file;"), "{text}");
+        assert!(text.contains("max_retries 0 (1 attempt at most)"), "{text}");
+        assert!(text.contains(", a uri_folder at "), "{text}");
+        assert!(text.contains("(mode: ro_mount)"), "{text}");
+        for code_word in ["UriFolder", "RoMount", "1 files", "1 attempts"] {
+            assert!(!text.contains(code_word), "`{code_word}` in {text}");
+        }
+    }
 
     #[test]
     fn the_derived_progress_timeout_covers_every_attempt() {

@@ -63,6 +63,13 @@ pub fn check_entry_script(job: &ResolvedJob) -> Result<(), ProducerError> {
     let Some(code) = local_code_dir(job) else {
         return Ok(());
     };
+    if !code.is_dir() {
+        return Err(ProducerError::MissingCode {
+            spec_file: job.spec_file.clone(),
+            code: code.display().to_string(),
+            why: if code.exists() { "is not a folder" } else { "does not exist" },
+        });
+    }
     if code.join(&job.task.entry_script).is_file() {
         return Ok(());
     }
@@ -116,12 +123,20 @@ pub async fn plan(
         duration_ms = elapsed_ms(started),
         "plan published"
     );
-    if plan.tabular {
-        eprintln!("planned {} mini-batches of {} table pieces", plan.batches, plan.items);
-    } else {
-        eprintln!("planned {} mini-batches of {} items", plan.batches, plan.items);
-    }
+    eprintln!("{}", planned_line(&plan));
     Ok(plan)
+}
+
+/// `planned 1 mini-batch of 3 items`, as printed once the plan is published.
+pub fn planned_line(plan: &PlanSummary) -> String {
+    use crate::words::counted;
+    let (one, many) =
+        if plan.tabular { ("table piece", "table pieces") } else { ("item", "items") };
+    format!(
+        "planned {} of {}",
+        counted(plan.batches, "mini-batch", "mini-batches"),
+        counted(plan.items, one, many)
+    )
 }
 
 /// How long a producer whose workers are elsewhere waits, once the result is written, for the
@@ -178,9 +193,9 @@ pub async fn write_attempts_report(root: &JobRoot) {
                 "job report written"
             );
             eprintln!(
-                "job report: {} ({} attempts); see where the time went: batchfleet profile {}",
+                "job report: {} ({}); see where the time went: batchfleet profile {}",
                 root.key_url(&root.layout.job_report(crate::job::job_report::PROCESSED)),
-                summary.attempts,
+                crate::words::counted(summary.attempts as u64, "attempt", "attempts"),
                 root.url()
             );
         }

@@ -21,8 +21,13 @@ impl Progress {
         let bar = interactive.then(|| {
             let bar = ProgressBar::new(total_batches);
             let style = ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} mini-batches ({per_sec}, ETA {eta}) {msg}",
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} mini-batches ({rate}, ETA {eta}) {msg}",
             )
+            .map(|style| {
+                style.with_key("rate", |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = w.write_str(&crate::words::rate(state.per_sec()));
+                })
+            })
             .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
             bar.enable_steady_tick(Duration::from_millis(200));

@@ -124,14 +124,37 @@ impl StatusReport {
 impl StatusReport {
     /// The `resume` command that finishes the job: on its fleet's broker and pool, or with
     /// workers in the resuming process when it ran that way (`batchfleet run`).
+    /// The command works when pasted: a broker URL with credentials is never printed (the job
+    /// root keeps it without its password); the command reads it from `BATCHFLEET_BROKER`, and
+    /// a second line says which broker that must be.
     fn resume(&self, fleet: &Option<Fleet>) -> String {
         match fleet {
-            Some(Fleet { broker, pool }) => {
-                format!("batchfleet resume {} --broker {broker} --pool {pool}", self.root_url)
-            }
+            Some(Fleet { broker, pool }) => match without_credentials(broker) {
+                Some(bare) => format!(
+                    "batchfleet resume {} --broker \"$BATCHFLEET_BROKER\" --pool {pool}\n  \
+                     with BATCHFLEET_BROKER set to the job's broker, {bare} with its user and \
+                     password (the job root does not keep them)",
+                    self.root_url
+                ),
+                None => {
+                    format!("batchfleet resume {} --broker {broker} --pool {pool}", self.root_url)
+                }
+            },
             None => format!("batchfleet resume {}", self.root_url),
         }
     }
+}
+
+/// The broker URL without its user and password, when it has either (`None`: it has none, so
+/// it can be printed as it is).
+fn without_credentials(broker: &str) -> Option<String> {
+    let mut url = Url::parse(broker).ok()?;
+    if url.username().is_empty() && url.password().is_none() {
+        return None;
+    }
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    Some(url.to_string())
 }
 
 fn counts_line(counts: &Counts) -> String {
@@ -316,7 +339,12 @@ mod tests {
         put(root.layout.relative(DETACHED_MARKER), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("submitted with --detach"), "{text}");
-        assert!(text.contains("--broker amqp://guest:***@host/%2f --pool p1"), "{text}");
+        assert!(text.contains("--broker \"$BATCHFLEET_BROKER\" --pool p1\n"), "{text}");
+        assert!(
+            text.contains("BATCHFLEET_BROKER set to the job's broker, amqp://host/%2f"),
+            "{text}"
+        );
+        assert!(!text.contains("***") && !text.contains("guest"), "no credentials: {text}");
     }
 
     #[tokio::test]
@@ -357,7 +385,14 @@ mod tests {
         let note = r#"{"broker": "amqp://guest:***@host/%2f", "pool": "p1"}"#;
         put(root.layout.relative(FLEET_NOTE), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
-        assert!(text.contains("--broker amqp://guest:***@host/%2f --pool p1"), "{text}");
+        assert!(text.contains("--broker \"$BATCHFLEET_BROKER\" --pool p1\n"), "{text}");
+        assert!(!text.contains("***"), "never a redacted URL to paste: {text}");
+
+        // A broker without credentials is printed as it is.
+        let note = r#"{"broker": "sqs://", "pool": "p1"}"#;
+        put(root.layout.relative(FLEET_NOTE), note.into()).await;
+        let text = job_status(root_arg, None).await.unwrap().text();
+        assert!(text.contains("--broker sqs:// --pool p1\n"), "{text}");
 
         put(root.layout.relative(DETACHED_MARKER), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();

@@ -265,7 +265,11 @@ async fn upload_code(root: &JobRoot, code: &Path) -> Result<String, ProducerErro
 }
 
 /// Every file under `dir`, with its `/`-separated path relative to `base`; caches skipped.
-fn collect_files(base: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) -> std::io::Result<()> {
+pub(crate) fn collect_files(
+    base: &Path,
+    dir: &Path,
+    out: &mut Vec<(String, PathBuf)>,
+) -> std::io::Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(std::fs::DirEntry::file_name);
     for entry in entries {

@@ -200,6 +200,14 @@ impl Sessions {
                 ))
             })?
             .map_err(|e| {
+                if login_refused(&e) {
+                    // Trying again gives the same answer: one line that says what to change.
+                    return BrokerError::Refused(format!(
+                        "RabbitMQ at {} refused the login: wrong user or password (the \
+                         user:password in --broker or BATCHFLEET_BROKER)",
+                        self.endpoint.redacted
+                    ));
+                }
                 BrokerError::Connection(format!(
                     "cannot connect to {}: {e}",
                     self.endpoint.redacted
@@ -209,6 +217,13 @@ impl Sessions {
             "connected to RabbitMQ");
         Ok(Session { connection, publisher: Mutex::new(None), feeds: Mutex::new(HashMap::new()) })
     }
+}
+
+/// RabbitMQ refused the user or password (`ACCESS_REFUSED` when connecting).
+fn login_refused(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(error.kind(), lapin::ErrorKind::ProtocolError(e)
+        if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)))
 }
 
 #[cfg(test)]

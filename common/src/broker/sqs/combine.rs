@@ -287,6 +287,7 @@ fn copy(error: &BrokerError) -> BrokerError {
         }
         BrokerError::Connection(detail) => BrokerError::Connection(detail.clone()),
         BrokerError::Refused(detail) => BrokerError::Refused(detail.clone()),
+        BrokerError::BadUrl(detail) => BrokerError::BadUrl(detail.clone()),
     }
 }
 

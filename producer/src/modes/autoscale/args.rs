@@ -16,6 +16,7 @@ pub struct AutoscaleArgs {
     /// Broker whose work queue is watched (the workers get it too, with --env BATCHFLEET_BROKER).
     #[arg(long, env = "BATCHFLEET_BROKER", hide_env_values = true)]
     broker: String,
+    /// Worker pool whose work queue (`batchfleet.work.<pool>`) is watched and served.
     #[arg(long, env = "BATCHFLEET_POOL", default_value = "default")]
     pool: String,
     /// Names the fleet: its containers are labelled `batchfleet.autoscale.fleet=<fleet>` and

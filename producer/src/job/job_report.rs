@@ -73,7 +73,7 @@ fn process(record: &AttemptRecord) -> String {
     }
 }
 
-const PROCESSED_HEADER: [&str; 30] = [
+const PROCESSED_HEADER: [&str; 32] = [
     "Mini-batch Id",
     "Picked Count",
     "Process",
@@ -104,6 +104,8 @@ const PROCESSED_HEADER: [&str; 30] = [
     "Load Seconds",
     "Write Seconds",
     "Settle Seconds",
+    "Cause",
+    "Lost Leases Before",
 ];
 
 fn processed_csv(records: &[AttemptRecord]) -> String {
@@ -119,7 +121,7 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
         };
         let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
         let received = time_of(Some(r.received_ms));
-        let row: [&str; 30] = [
+        let row: [&str; 32] = [
             &r.batch_id,
             &r.attempt.to_string(),
             &process(r),
@@ -150,6 +152,8 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
             &span(r.runtime_ready_ms, r.loaded_ms),
             &span(r.run_ended_ms, r.written_ms),
             &span(r.written_ms.or(r.run_ended_ms), Some(r.settled_ms)),
+            r.cause(),
+            &r.lost_before.to_string(),
         ];
         let _ = out.write_record(row);
     }

@@ -349,6 +349,7 @@ impl Slot {
             }
             Ok(Finished { status, won: false }) => {
                 self.ack(&delivery.handle, lease_lost).await;
+                self.summary.batches_succeeded += 1;
                 tracing::info!(winner_attempt = status.attempt, winner = %status.worker,
                     state = status.state.as_str(), duration_ms = elapsed_ms(started),
                     "batch already finished by another attempt; this attempt's rows discarded");

@@ -11,6 +11,7 @@
 //! can no longer write a status once `longest_try` (and a margin for clocks) passed since its
 //! marker was written.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use batchfleet_common::broker::{BrokerError, DeliveryHandle};
@@ -108,18 +109,30 @@ impl Slot {
     /// while the delivery's lease is still held (asked of the broker now).
     pub(super) async fn still_held(&self) -> bool {
         let Some(holding) = &self.holding else { return true };
-        if Instant::now() <= holding.commit_by {
-            return true;
-        }
-        match self.shared.broker.extend_lease(&holding.handle, self.shared.lease).await {
-            Ok(()) => true,
-            Err(BrokerError::StaleDelivery(_)) => false,
-            Err(error) => {
-                // Not known to be held: the batch may run elsewhere, whose result must not be
-                // undercut by a status written now.
-                tracing::warn!(%error, "could not confirm the lease past the attempt's longest try");
-                false
-            }
+        let (broker, lease) = (self.shared.broker.as_ref(), self.shared.lease);
+        lease_confirmed(holding.commit_by, Instant::now(), || {
+            broker.extend_lease(&holding.handle, lease)
+        })
+        .await
+    }
+}
+
+/// [`Slot::still_held`] at `now`, with the broker's extension as a function.
+async fn lease_confirmed<F>(commit_by: Instant, now: Instant, extend: impl FnOnce() -> F) -> bool
+where
+    F: Future<Output = Result<(), BrokerError>>,
+{
+    if now <= commit_by {
+        return true;
+    }
+    match extend().await {
+        Ok(()) => true,
+        Err(BrokerError::StaleDelivery(_)) => false,
+        Err(error) => {
+            // Not known to be held: the batch may run elsewhere, whose result must not be
+            // undercut by a status written now.
+            tracing::warn!(%error, "could not confirm the lease past the attempt's longest try");
+            false
         }
     }
 }
@@ -142,5 +155,32 @@ mod tests {
         // Held back for at most five minutes at a time, and never for nothing.
         assert_eq!(hold_back(Duration::from_secs(3_600)), MAX_WAIT_FOR_EARLIER);
         assert_eq!(hold_back(Duration::from_millis(10)), Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn past_its_longest_try_an_attempt_commits_only_while_the_broker_holds_its_lease() {
+        use batchfleet_common::broker::embedded::EmbeddedBroker;
+        use batchfleet_common::broker::{Broker, QueueSpec};
+
+        let broker = EmbeddedBroker::new();
+        broker.declare_queue(&QueueSpec::plain("work")).await.unwrap();
+        broker.publish("work", vec![bytes::Bytes::from_static(b"batch")]).await.unwrap();
+        let lease = Duration::from_secs(60);
+        let got = broker.receive("work", 1, lease, Duration::from_secs(1)).await.unwrap();
+        let handle = &got[0].handle;
+        let extend = || broker.extend_lease(handle, lease);
+        let now = Instant::now();
+        let (before, after) = (now + Duration::from_secs(1), now - Duration::from_secs(1));
+        // Within the longest try: no question asked (a lost lease there is judged by time).
+        let never = || async { Err::<(), _>(BrokerError::StaleDelivery("unasked".into())) };
+        assert!(lease_confirmed(before, now, never).await);
+        // Past it, held: the broker confirms.
+        assert!(lease_confirmed(after, now, extend).await);
+        // Past it, the lease gone (the message went back to the queue): no commit.
+        broker.nack(handle, Duration::ZERO).await.unwrap();
+        assert!(!lease_confirmed(after, now, extend).await);
+        // Past it, the broker not answering: no commit either.
+        let down = || async { Err::<(), _>(BrokerError::Connection("down".into())) };
+        assert!(!lease_confirmed(after, now, down).await);
     }
 }

@@ -77,6 +77,14 @@ pub struct AttemptRecord {
     pub error_kind: Option<FailureKind>,
     #[serde(default)]
     pub error: Option<String>,
+    /// The worker found the delivery's lease lost while it held it (its connection closed, or
+    /// its extensions failed for a whole lease): the batch may have run again elsewhere.
+    #[serde(default)]
+    pub lease_lost: bool,
+    /// Earlier attempts at the batch that left no outcome when this one began (their holder
+    /// lost the lease: crashed, lost its connection, was preempted).
+    #[serde(default)]
+    pub lost_before: u32,
 }
 
 impl AttemptRecord {
@@ -88,6 +96,20 @@ impl AttemptRecord {
     /// Milliseconds inside `run()`.
     pub fn run_ms(&self) -> Option<u64> {
         Some(self.run_ended_ms?.saturating_sub(self.run_started_ms?))
+    }
+
+    /// Why the attempt ended as it did, in the words of the job report: the failure's kind
+    /// (`user_error`, `timeout`, `runtime_crash`, ...) for a failed attempt, `lost_lease` when
+    /// its holder lost the lease, `worker_stopped` for a batch given back by a stopping worker,
+    /// `job_stopped` for one settled unrun; empty for a success that kept its lease.
+    pub fn cause(&self) -> &'static str {
+        match self.outcome {
+            AttemptOutcome::Failed => self.error_kind.map_or("failed", |kind| kind.as_str()),
+            _ if self.lease_lost => "lost_lease",
+            AttemptOutcome::Succeeded => "",
+            AttemptOutcome::GivenBack => "worker_stopped",
+            AttemptOutcome::Cancelled => "job_stopped",
+        }
     }
 
     /// Milliseconds from receiving the message to settling it.
@@ -135,6 +157,8 @@ mod tests {
             outcome: AttemptOutcome::Failed,
             error_kind: Some(FailureKind::UserError),
             error: Some("run() failed: ValueError".into()),
+            lease_lost: false,
+            lost_before: 1,
         };
         let line = serde_json::to_string(&record).unwrap();
         let parsed = parse_records(&format!("{line}\n\nnot json\n"));
@@ -144,5 +168,28 @@ mod tests {
         assert_eq!(record.queue_wait_ms(), Some(500));
         assert_eq!(record.run_ms(), Some(500));
         assert_eq!(record.elapsed_ms(), 530);
+        assert_eq!(record.cause(), "user_error");
+    }
+
+    #[test]
+    fn every_attempt_says_its_cause() {
+        let line = r#"{"batch_id":"1","index":1,"attempt":1,"worker":"w","slot":0,"items_in":1,
+            "items_out":1,"received_ms":1,"settled_ms":2,"outcome":"succeeded"}"#;
+        // Records written before causes were recorded still read.
+        let kept: AttemptRecord = serde_json::from_str(line).unwrap();
+        assert_eq!((kept.cause(), kept.lease_lost, kept.lost_before), ("", false, 0));
+        let lost = AttemptRecord { lease_lost: true, ..kept.clone() };
+        assert_eq!(lost.cause(), "lost_lease");
+        let stopped = AttemptRecord { outcome: AttemptOutcome::GivenBack, ..kept.clone() };
+        assert_eq!(stopped.cause(), "worker_stopped");
+        let timed_out = AttemptRecord {
+            outcome: AttemptOutcome::Failed,
+            error_kind: Some(FailureKind::Timeout),
+            lease_lost: true,
+            ..kept.clone()
+        };
+        assert_eq!(timed_out.cause(), "timeout", "a failure the worker saw counts as one");
+        let cancelled = AttemptRecord { outcome: AttemptOutcome::Cancelled, ..kept };
+        assert_eq!(cancelled.cause(), "job_stopped");
     }
 }

@@ -15,6 +15,17 @@ pub enum BatchState {
     Cancelled,
 }
 
+impl BatchState {
+    /// The name used in statuses and logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BatchState::Succeeded => "succeeded",
+            BatchState::Failed => "failed",
+            BatchState::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// What went wrong in one attempt (also stored whole at `failures/<batch>/<attempt>.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +58,9 @@ pub enum FailureKind {
     InvalidMessage,
     /// The broker dead-lettered the message (its deliveries ran out) with no failure on record.
     DeliveriesExhausted,
+    /// The batch's holders lost its lease more often than the job allows (their workers
+    /// crashed, lost their connections or were preempted), every earlier attempt over.
+    LostLease,
 }
 
 impl FailureKind {
@@ -60,6 +74,7 @@ impl FailureKind {
             FailureKind::Storage => "storage",
             FailureKind::InvalidMessage => "invalid_message",
             FailureKind::DeliveriesExhausted => "deliveries_exhausted",
+            FailureKind::LostLease => "lost_lease",
         }
     }
 }

@@ -286,6 +286,8 @@ fn attempt(batch: u64, worker: &str, slot: u32, at: u64, start: u64, run: u64) -
         outcome: AttemptOutcome::Succeeded,
         error_kind: None,
         error: None,
+        lease_lost: false,
+        lost_before: 0,
     }
 }
 

@@ -70,3 +70,45 @@ fn connections_closed_by_the_broker_mid_job_are_reopened_and_nothing_is_lost_or_
         assert!(worker.log().contains("connection lost; reconnecting"), "{}", worker.log());
     }
 }
+
+/// Finding 1 of issue 32: with `max_retries: 0`, the worker running the only batch loses its
+/// connection mid-run. The redelivery is not a failed attempt of the script: it runs (beside
+/// the first attempt, which still finishes), the job succeeds with the batch's rows once, and
+/// the attempt that finds the batch already finished does not say it succeeded.
+#[test]
+fn a_batch_whose_worker_lost_its_connection_mid_run_is_not_failed_with_max_retries_0() {
+    let pool = Pool::new("leaselost");
+    let files = file_names(1);
+    let fixture = JobFixture::new(&files, &slow_script(8.0), &settings(0, ""), "");
+    let marks = fixture.path().join("marks");
+    // Two slots: the redelivery is taken while the first attempt still runs.
+    let mut worker = pool.worker(fixture.path(), "a", 2, &[]);
+    let job = spawn_captured(
+        &mut pool.submit(&fixture.path().join("job.yaml"), &fixture.path().join("jobs")),
+    );
+
+    eventually(EVENT_LIMIT, "run() to start on the batch", || {
+        (!files_starting(&marks, "start-").is_empty()).then_some(())
+    });
+    // The worker's connection and the producer's, closed from the broker's side.
+    let closed = pool.close_connections(2);
+    assert!(closed >= 2, "expected the worker's and the producer's connections, closed {closed}");
+
+    let output = finish_bounded(job, JOB_LIMIT);
+    assert!(
+        output.status.success(),
+        "a lost connection must not fail a healthy batch: {}\n{}",
+        describe(&output),
+        worker.log()
+    );
+    assert_rows_exactly(&fixture, &files);
+    let result = fixture.job_result();
+    assert!(result.contains("1 total, 1 succeeded, 0 failed"), "{result}");
+    eventually(EVENT_LIMIT, "the second attempt to find the batch finished", || {
+        worker.log().contains("batch already finished by another attempt").then_some(())
+    });
+    let log = worker.log();
+    assert!(log.contains("running a batch whose earlier holder lost its lease"), "{log}");
+    assert_eq!(log.matches("batch succeeded").count(), 1, "one attempt's rows count: {log}");
+    assert!(worker.stop().success(), "worker: {}", worker.log());
+}

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use batchfleet_common::job_root::StatusWrite;
+use batchfleet_common::job_root::{AttemptCount, StatusWrite};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::status::{BatchStatus, FailureRecord};
 
@@ -89,15 +89,15 @@ pub(crate) async fn write_failure(
     .await
 }
 
-/// The attempt a delivery of `batch_id` makes, counting only deliveries that reached a slot
-/// (`JobRoot::attempt_of`).
-pub(crate) async fn attempt_of(
+/// What a delivery of `batch_id` finds about the earlier ones: its attempt, the failed ones and
+/// the lost leases (`JobRoot::count_attempts`).
+pub(crate) async fn count_attempts(
     job: &LoadedJob,
     batch_id: &str,
     delivery_count: u32,
-) -> Result<u32, InfraError> {
+) -> Result<AttemptCount, InfraError> {
     retrying("count the batch's attempts", || async {
-        Ok(job.root.attempt_of(batch_id, delivery_count).await?)
+        Ok(job.root.count_attempts(batch_id, delivery_count).await?)
     })
     .await
 }

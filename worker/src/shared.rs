@@ -37,6 +37,8 @@ pub struct WorkerConfig {
 /// What a worker did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerSummary {
+    /// Attempts that ran to success (also those that found the batch already finished by
+    /// another attempt, whose rows were discarded).
     pub batches_succeeded: u64,
     /// Attempts that failed (each one has a failure record).
     pub batches_failed_attempts: u64,

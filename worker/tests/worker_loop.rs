@@ -807,11 +807,12 @@ def run(mini_batch):
     token.cancel();
     let summary = handle.await.unwrap();
 
-    // Two runs: the first delivery is taken as an attempt (whether a slot saw it is not
-    // recorded), the returns after it are not.
-    assert_eq!(summary.batches_failed_attempts, 2, "{summary:?}");
+    // Three runs, all the job allows: the first delivery is taken as having reached a slot
+    // (whether one saw it is not recorded), but as a lost lease, not a failure of the script;
+    // the returns after it are nothing.
+    assert_eq!(summary.batches_failed_attempts, 3, "{summary:?}");
     assert!(fleet.failure("00000000", 1).is_none());
-    for attempt in 2..=3 {
+    for attempt in 2..=4 {
         let record = fleet.failure("00000000", attempt).expect("failure record");
         assert_eq!(record.attempt, attempt);
     }
@@ -819,7 +820,74 @@ def run(mini_batch):
     let reason = &dead_letter_reasons(&fleet)[0];
     assert!(reason.starts_with("user_error on attempt 3 of 3"), "{reason}");
     // Each redelivery that reached the slot left its marker.
-    assert_eq!(fleet.count_files("root/attempts/00000000"), 2);
+    assert_eq!(fleet.count_files("root/attempts/00000000"), 3);
+}
+
+/// Leave `lost` attempt markers of batch 0, written `age` ago, as slots whose holders then lost
+/// the lease leave them; and return the batch to the queue as often (its delivery count).
+async fn lose_the_lease(fleet: &Fleet, lost: u32, age: Duration) {
+    let markers = fleet.path("root/attempts/00000000");
+    std::fs::create_dir_all(&markers).unwrap();
+    let written = std::time::SystemTime::now() - age;
+    for n in 0..lost {
+        let file = std::fs::File::create(markers.join(format!("{}-gone-s0-x{n}", n + 2))).unwrap();
+        file.set_modified(written).unwrap();
+    }
+    for returned in 1..=lost + 1 {
+        let got = fleet
+            .broker
+            .receive(&fleet.queues.work, 1, Duration::from_secs(60), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got[0].delivery_count, returned);
+        fleet.broker.nack(&got[0].handle, Duration::ZERO).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_keeps_losing_its_lease_is_dead_lettered_once_its_attempts_are_over() {
+    // Its holders lost the batch 6 times (the budget for max_retries 0), the last one long
+    // enough ago that no earlier attempt may still write a status: dead-lettered as
+    // lost_lease, without running it again.
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    lose_the_lease(&fleet, 5, Duration::from_secs(3_600)).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the dead letter", || async { fleet.dead_letter_count().await == 1 }).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    assert_eq!((summary.batches_dead_lettered, summary.batches_failed_attempts), (1, 0));
+    let reason = &dead_letter_reasons(&fleet)[0];
+    assert!(reason.starts_with("lost_lease: its workers lost the batch 6 times"), "{reason}");
+    let record = fleet.failure("00000000", 7).expect("the lost_lease failure record");
+    assert_eq!(record.kind, FailureKind::LostLease);
+    assert_eq!(files_with_prefix(&fleet.path("markers"), "init-"), 0, "never run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_past_its_lost_lease_budget_is_held_back_while_an_attempt_may_still_run() {
+    // The same, but the latest attempt began a moment ago: it may still write its status, so
+    // the batch is not dead-lettered on the count alone; it goes back with a delay, unmarked.
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    lose_the_lease(&fleet, 5, Duration::ZERO).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    let held_back = || async {
+        let ops = fleet.broker.ops();
+        ops.iter().any(|op| matches!(op, Op::Nack(_, delay) if *delay >= Duration::from_secs(60)))
+    };
+    wait_until("the batch held back", held_back).await;
+    token.cancel();
+    let summary = handle.await.unwrap();
+
+    assert_eq!(fleet.dead_letter_count().await, 0);
+    assert_eq!(summary.batches_dead_lettered, 0);
+    assert!(fleet.status("00000000").is_none());
+    assert_eq!(fleet.count_files("root/attempts/00000000"), 5, "no marker for a batch held back");
+    assert_eq!(files_with_prefix(&fleet.path("markers"), "init-"), 0, "not run meanwhile");
 }
 
 /// A receive that outlasts its wait (SQS waits whole seconds) does not hold up the end of the

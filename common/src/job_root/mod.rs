@@ -48,6 +48,7 @@ use crate::message::ItemsRef;
 use crate::status::FailureRecord;
 use crate::store::{self, StoreError, StoreLocation};
 
+pub use attempts::{lost_lease_budget, AttemptCount, MIN_LOST_LEASES};
 pub use records::{JobRecords, SkippedLine};
 pub use status::StatusWrite;
 

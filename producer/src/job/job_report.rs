@@ -83,7 +83,7 @@ fn status(record: &AttemptRecord) -> &'static str {
     }
 }
 
-const PROCESSED_HEADER: [&str; 30] = [
+const PROCESSED_HEADER: [&str; 32] = [
     "Mini-batch Id",
     "Picked Count",
     "Process",
@@ -114,6 +114,8 @@ const PROCESSED_HEADER: [&str; 30] = [
     "Load Seconds",
     "Write Seconds",
     "Settle Seconds",
+    "Cause",
+    "Lost Leases Before",
 ];
 
 fn processed_csv(records: &[AttemptRecord]) -> String {
@@ -129,7 +131,7 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
         };
         let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
         let received = time_of(Some(r.received_ms));
-        let row: [&str; 30] = [
+        let row: [&str; 32] = [
             &r.batch_id,
             &r.attempt.to_string(),
             &process(r),
@@ -160,6 +162,8 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
             &span(r.runtime_ready_ms, r.loaded_ms),
             &span(r.run_ended_ms, r.written_ms),
             &span(r.written_ms.or(r.run_ended_ms), Some(r.settled_ms)),
+            r.cause(),
+            &r.lost_before.to_string(),
         ];
         let _ = out.write_record(row);
     }

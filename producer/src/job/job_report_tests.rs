@@ -25,6 +25,8 @@ fn record(batch: u64, attempt: u32, worker: &str, slot: u32, from: u64, to: u64)
         outcome: AttemptOutcome::Succeeded,
         error_kind: None,
         error: None,
+        lease_lost: false,
+        lost_before: 0,
     }
 }
 
@@ -65,6 +67,24 @@ fn a_tabular_batch_without_rows_reads_as_a_success_without_rows() {
     assert_eq!((&rows[0][4], &rows[0][5], &rows[0][6]), ("0", "0", "0"), "no items, none failed");
     assert_eq!(&rows[0][10], "succeeded (no rows)");
     assert_eq!(&rows[1][10], "succeeded");
+}
+
+#[test]
+fn every_attempt_says_its_cause_and_the_lost_leases_before_it() {
+    let mut lost = record(0, 1, "w1", 0, 1_000, 2_000);
+    lost.lease_lost = true;
+    let mut timed_out = record(0, 2, "w2", 0, 1_500, 3_000);
+    (timed_out.outcome, timed_out.error_kind) =
+        (AttemptOutcome::Failed, Some(FailureKind::Timeout));
+    timed_out.lost_before = 1;
+    let mut stopped = record(0, 3, "w2", 0, 3_000, 3_500);
+    stopped.outcome = AttemptOutcome::GivenBack;
+    let text = processed_csv(&[lost, timed_out, stopped, record(0, 4, "w1", 0, 4_000, 5_000)]);
+    let header = csv::Reader::from_reader(text.as_bytes()).headers().unwrap().clone();
+    assert_eq!((&header[30], &header[31]), ("Cause", "Lost Leases Before"));
+    let rows = rows(&text);
+    let causes: Vec<(&str, &str)> = rows.iter().map(|r| (&r[30], &r[31])).collect();
+    assert_eq!(causes, [("lost_lease", "0"), ("timeout", "1"), ("worker_stopped", "0"), ("", "0")]);
 }
 
 #[test]

@@ -42,6 +42,8 @@ pub(super) fn record(
         outcome: AttemptOutcome::Succeeded,
         error_kind: None,
         error: None,
+        lease_lost: false,
+        lost_before: 0,
     }
 }
 

@@ -4,7 +4,8 @@
 //! result — and within a time bound measured against fault-free runs of the same campaign.
 //!
 //! Faults ([`Fault`]): kill -9 of workers (replaced, as a fleet would), kill -9 of the producer
-//! then `resume`, dropped broker connections and a broker outage (through a TCP proxy the
+//! then `resume`, dropped broker connections (also under batches of `max_retries: 0` caught
+//! mid-run: `lease-loss`) and a broker outage (through a TCP proxy the
 //! campaign owns: the machine's RabbitMQ is never restarted), and the job root read-only or full
 //! for a few seconds (a small tmpfs the campaign mounts: root only).
 //!
@@ -30,6 +31,10 @@ pub enum Fault {
     BrokerDrop,
     /// The broker unreachable for 3 s: connections dropped, new ones refused.
     BrokerOutage,
+    /// Every broker connection dropped, twice, while batches of 0.5 s run, in a job with
+    /// `max_retries: 0`: the batches caught mid-run lose their lease, which must not count as
+    /// a failed attempt.
+    LeaseLoss,
     /// The job root's file system read-only for 3 s.
     StoreReadOnly,
     /// The job root's file system full for 3 s.
@@ -37,11 +42,12 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Fault::KillWorker,
         Fault::KillProducer,
         Fault::BrokerDrop,
         Fault::BrokerOutage,
+        Fault::LeaseLoss,
         Fault::StoreReadOnly,
         Fault::StoreFull,
     ];
@@ -53,6 +59,7 @@ impl Fault {
             Fault::KillProducer => "kill-producer",
             Fault::BrokerDrop => "broker-drop",
             Fault::BrokerOutage => "broker-outage",
+            Fault::LeaseLoss => "lease-loss",
             Fault::StoreReadOnly => "store-readonly",
             Fault::StoreFull => "store-full",
         }

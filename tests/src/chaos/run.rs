@@ -18,8 +18,24 @@ const FAULT_LASTS: Duration = Duration::from_secs(3);
 /// The longest any step of a run may take before the run counts as hung.
 const STEP_LIMIT: Duration = Duration::from_secs(300);
 
-const SCRIPT: &str = "import os, time\ndef init(): pass\ndef run(mini_batch):\n    \
-    time.sleep(0.02 * len(mini_batch))\n    return [os.path.basename(p) for p in mini_batch]\n";
+/// The entry script: `run()` sleeps `per_file` seconds per file and returns the file names.
+fn script(per_file: f64) -> String {
+    format!(
+        "import os, time\ndef init(): pass\ndef run(mini_batch):\n    \
+         time.sleep({per_file} * len(mini_batch))\n    \
+         return [os.path.basename(p) for p in mini_batch]\n"
+    )
+}
+
+/// The job's `max_retries` and `run()`'s seconds per file under `fault`: `lease-loss` allows no
+/// retry and makes each batch last 0.5 s, so that dropped connections catch batches mid-run and
+/// a lost lease counted as a failed attempt would fail the run.
+fn job_shape(fault: Fault) -> (u32, f64) {
+    match fault {
+        Fault::LeaseLoss => (0, 0.25),
+        _ => (3, 0.02),
+    }
+}
 
 /// How one run went.
 #[derive(Debug, Clone)]
@@ -66,7 +82,7 @@ fn attempt(fault: Fault) -> Result<Duration, String> {
     let store = dir.path().join("store");
     std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
     let _tmpfs = if fault.needs_root() { Some(Tmpfs::mount(&store)?) } else { None };
-    write_job(dir.path(), &store)?;
+    write_job(dir.path(), &store, fault)?;
 
     let target = url::Url::parse(&amqp_url()).map_err(|e| e.to_string())?;
     let mut proxy = Proxy::new(&format!(
@@ -121,7 +137,7 @@ fn attempt(fault: Fault) -> Result<Duration, String> {
             check_no_long_silence(&resumed)?;
             resumed
         }
-        Fault::BrokerDrop => {
+        Fault::BrokerDrop | Fault::LeaseLoss => {
             for at in [10, 30] {
                 ended(at);
                 proxy.drop_connections();
@@ -158,7 +174,8 @@ fn attempt(fault: Fault) -> Result<Duration, String> {
     Ok(wall)
 }
 
-fn write_job(dir: &Path, store: &Path) -> Result<(), String> {
+fn write_job(dir: &Path, store: &Path, fault: Fault) -> Result<(), String> {
+    let (max_retries, per_file) = job_shape(fault);
     let data = dir.join("data");
     let code = dir.join("code");
     for folder in [&data, &code] {
@@ -167,12 +184,12 @@ fn write_job(dir: &Path, store: &Path) -> Result<(), String> {
     for name in expected() {
         std::fs::write(data.join(&name), &name).map_err(|e| e.to_string())?;
     }
-    std::fs::write(code.join("entry.py"), SCRIPT).map_err(|e| e.to_string())?;
+    std::fs::write(code.join("entry.py"), script(per_file)).map_err(|e| e.to_string())?;
     let spec = format!(
         "type: parallel\nname: chaos\ninputs:\n  files: {{type: uri_folder, path: {data}}}\n\
          outputs:\n  rows: {{type: uri_file, path: {out}}}\ninput_data: ${{{{inputs.files}}}}\n\
          mini_batch_size: 2\nmax_concurrency_per_instance: 2\n\
-         retry_settings: {{max_retries: 3, timeout: 60}}\n\
+         retry_settings: {{max_retries: {max_retries}, timeout: 60}}\n\
          task:\n  type: run_function\n  code: {code}\n  entry_script: entry.py\n  \
          append_row_to: ${{{{outputs.rows}}}}\n",
         data = data.display(),

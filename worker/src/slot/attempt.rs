@@ -114,6 +114,14 @@ struct Ran {
     started_ms: u64,
 }
 
+/// An attempt that ran to its end: its status, and whether it was the one stored (`won`) or
+/// another attempt's status was already final (this attempt's rows were then discarded).
+#[derive(Debug)]
+pub(super) struct Finished {
+    pub(super) status: BatchStatus,
+    pub(super) won: bool,
+}
+
 /// How an attempt ended without a result.
 #[derive(Debug)]
 pub(super) enum AttemptEnd {
@@ -123,6 +131,9 @@ pub(super) enum AttemptEnd {
     GiveBack(String),
     /// The job was stopped by its producer: settle the message without running it.
     Cancelled,
+    /// The attempt ran past its longest try and its lease was lost: its result is not written
+    /// (the batch runs elsewhere, and may be dead-lettered once this attempt is provably over).
+    LeaseLost,
     /// `run()` failed in a runtime whose environment broke under it (its working folder was
     /// deleted): the slot's next runtime is a fresh one, and the batch is tried again in place
     /// once before the failure counts.
@@ -156,7 +167,7 @@ impl Slot {
         attempt: u32,
         started_ms: u64,
         stop: &CancellationToken,
-    ) -> Result<BatchStatus, AttemptEnd> {
+    ) -> Result<Finished, AttemptEnd> {
         self.phases = Phases::default();
         let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
@@ -194,7 +205,7 @@ impl Slot {
         attempt: u32,
         started_ms: u64,
         stop: &CancellationToken,
-    ) -> Result<BatchStatus, AttemptEnd> {
+    ) -> Result<Finished, AttemptEnd> {
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
         let tabular =
@@ -274,13 +285,16 @@ impl Slot {
         message: &MiniBatchMessage,
         output: &std::path::Path,
         ran: Ran,
-    ) -> Result<BatchStatus, AttemptEnd> {
+    ) -> Result<Finished, AttemptEnd> {
         self.publish_output_folder().await?;
         let Ran { success, attempt, part, started_ms } = ran;
         let status = succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
-        self.write_success(job, message, output, &status).await?;
+        if !self.still_held().await {
+            return Err(AttemptEnd::LeaseLost);
+        }
+        let finished = self.write_success(job, message, output, status).await?;
         self.phases.written_ms = Some(now_ms());
-        Ok(status)
+        Ok(finished)
     }
 
     /// This attempt's result part: `<attempt>-<worker>-s<slot>-<process><n>`. The attempt
@@ -362,23 +376,21 @@ impl Slot {
         job: &LoadedJob,
         message: &MiniBatchMessage,
         output: &std::path::Path,
-        status: &BatchStatus,
-    ) -> Result<(), AttemptFailure> {
+        status: BatchStatus,
+    ) -> Result<Finished, AttemptFailure> {
         let part = status.result_part.as_deref().unwrap_or_default();
         let written = async {
-            match output::write_part_and_status(job, part, output, status).await? {
+            match output::write_part_and_status(job, part, output, &status).await? {
                 StatusWrite::Won => {
                     // Coalesced and published in the background: the status is in the store,
                     // so the ack need not wait for the event (see `events::BatchEvents`).
                     self.shared.events.batch_ended(&job.job_id, status.clone());
-                    Ok(())
+                    Ok(Finished { status: status.clone(), won: true })
                 }
                 StatusWrite::AlreadyFinal(existing) => {
                     // Another attempt finished this batch first: its part counts, ours goes.
-                    tracing::info!(winner_attempt = existing.attempt, winner = %existing.worker,
-                        state = ?existing.state, "batch already final; this attempt's output discarded");
                     output::delete_result_part(job, &message.batch_id, part).await;
-                    Ok(())
+                    Ok(Finished { status: *existing, won: false })
                 }
             }
         };

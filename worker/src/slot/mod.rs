@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use batchfleet_common::broker::{BrokerError, Delivery};
 use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
+use batchfleet_common::job_root::{lost_lease_budget, AttemptCount};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
-use batchfleet_common::status::{now_ms, BatchStatus};
+use batchfleet_common::status::now_ms;
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -27,7 +28,8 @@ use crate::output;
 use crate::shared::{Shared, WorkerError, WorkerSummary};
 use crate::table_input::TableReaders;
 
-use attempt::{AttemptEnd, Phases};
+use attempt::{AttemptEnd, Finished, Phases};
+use counting::{longest_try, Holding};
 use runtimes::ActiveRuntime;
 use settle::nack_delay;
 
@@ -77,6 +79,8 @@ pub(crate) struct Slot {
     ended_checked: Option<Instant>,
     /// The phases the current attempt reached, for its record.
     phases: Phases,
+    /// The delivery the current attempt holds (see `counting::longest_try`).
+    holding: Option<Holding>,
     /// The slot's folder in memory for small batches' input copies (`materialize`), looked
     /// for on the first batch (`Some(None)`: there is none); removed with the slot.
     memory: Option<Option<crate::materialize::MemoryFolder>>,
@@ -104,6 +108,7 @@ impl Slot {
             logged_start_error: None,
             ended_checked: None,
             phases: Phases::default(),
+            holding: None,
             memory: None,
         }
     }
@@ -270,14 +275,14 @@ impl Slot {
                 return;
             }
         };
-        let attempt = counted.attempt;
+        let count = counted.count;
+        let attempt = count.attempt;
         tracing::Span::current().record("attempt", attempt);
-        if attempt > max {
-            // The earlier attempts reached a slot and ended without a result.
+        if count.failed >= max {
+            // Every attempt the job allows failed in a worker's sight; the last one's
+            // dead-letter did not go through.
             let reason = format!(
-                "deliveries_exhausted: attempt {attempt} (delivered {} times), the job allows \
-                 {max} attempts; the earlier attempts ended without a result (their worker \
-                 stopped or died)",
+                "failed on all {max} attempts the job allows (delivered {} times)",
                 delivery.delivery_count
             );
             tracing::error!(%reason, "dead-lettering");
@@ -285,6 +290,21 @@ impl Slot {
             self.summary.batches_dead_lettered += 1;
             return;
         }
+        let budget = lost_lease_budget(max);
+        if count.lost >= budget {
+            self.lost_too_often(&job, &delivery, &message, count, budget).await;
+            return;
+        }
+        if count.lost > 0 {
+            tracing::info!(
+                lost_leases = count.lost,
+                failed_attempts = count.failed,
+                "running a batch whose earlier holder lost its lease (not counted as a failure)"
+            );
+        }
+        // Before the marker: the attempt's longest try is counted from no later than the
+        // marker's time, which later deliveries judge it by (see `counting`).
+        let commit_by = Instant::now() + longest_try(&job);
         if let Err(error) = self.mark_attempt(&job, &message.batch_id, &counted).await {
             tracing::warn!(%error, "could not mark the attempt; giving the message back");
             self.nack(&delivery.handle, nack_delay(attempt)).await;
@@ -308,11 +328,15 @@ impl Slot {
         let started_ms = now_ms();
         let started = Instant::now();
         let (broker, lease) = (Arc::clone(&self.shared.broker), self.shared.lease);
+        self.holding = Some(Holding { handle: delivery.handle.clone(), commit_by });
         let work = self.attempt_in_place(&job, &message, attempt, started_ms, stop);
         let (result, lease_lost) = hold_lease(broker.as_ref(), &delivery.handle, lease, work).await;
-        let mut record = self.record(&message, attempt, started_ms, &result);
+        self.holding = None;
+        let lease_lost = lease_lost || matches!(result, Err(AttemptEnd::LeaseLost));
+        let mut record = self.record(&message, &count, started_ms, &result);
+        record.lease_lost = lease_lost;
         match result {
-            Ok(status) => {
+            Ok(Finished { status, won: true }) => {
                 self.ack(&delivery.handle, lease_lost).await;
                 self.summary.batches_succeeded += 1;
                 tracing::info!(
@@ -323,12 +347,27 @@ impl Slot {
                     "batch succeeded"
                 );
             }
+            Ok(Finished { status, won: false }) => {
+                self.ack(&delivery.handle, lease_lost).await;
+                self.summary.batches_succeeded += 1;
+                tracing::info!(winner_attempt = status.attempt, winner = %status.worker,
+                    state = status.state.as_str(), duration_ms = elapsed_ms(started),
+                    "batch already finished by another attempt; this attempt's rows discarded");
+            }
+            Err(AttemptEnd::LeaseLost) => {
+                // The batch runs elsewhere: its marker stays, a lost lease.
+                tracing::warn!(
+                    duration_ms = elapsed_ms(started),
+                    "lease lost and the attempt ran past its longest try; its rows discarded, \
+                     the batch runs again elsewhere"
+                );
+            }
             Err(AttemptEnd::Failed(failure)) if self.fatal.is_some() => {
                 tracing::warn!(message = %failure.message, "giving the batch back to other workers");
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
             Err(AttemptEnd::Failed(failure)) => {
-                self.fail(&job, &delivery, attempt, &message, failure, elapsed_ms(started)).await;
+                self.fail(&job, &delivery, &count, &message, failure, elapsed_ms(started)).await;
             }
             Err(AttemptEnd::GiveBack(why)) => {
                 tracing::info!(%why, "giving the batch back without counting an attempt");
@@ -337,7 +376,7 @@ impl Slot {
             }
             Err(AttemptEnd::RuntimeBroken { failure, .. }) => {
                 // `counted` turned every one into a failure above.
-                self.fail(&job, &delivery, attempt, &message, failure, elapsed_ms(started)).await;
+                self.fail(&job, &delivery, &count, &message, failure, elapsed_ms(started)).await;
             }
             Err(AttemptEnd::Cancelled) => {
                 tracing::info!(
@@ -357,9 +396,9 @@ impl Slot {
     fn record(
         &self,
         message: &MiniBatchMessage,
-        attempt: u32,
+        count: &AttemptCount,
         received_ms: u64,
-        result: &Result<BatchStatus, AttemptEnd>,
+        result: &Result<Finished, AttemptEnd>,
     ) -> AttemptRecord {
         let phases = self.phases.clone();
         let (outcome, error_kind, error) = match result {
@@ -368,16 +407,17 @@ impl Slot {
                 (AttemptOutcome::Failed, Some(failure.kind), Some(failure.message.clone()))
             }
             Err(AttemptEnd::GiveBack(why)) => (AttemptOutcome::GivenBack, None, Some(why.clone())),
+            Err(AttemptEnd::LeaseLost) => (AttemptOutcome::GivenBack, None, None),
             Err(AttemptEnd::Cancelled) => (AttemptOutcome::Cancelled, None, None),
         };
         let (items_in, items_out) = match result {
-            Ok(status) => (status.items_in, status.items_out),
+            Ok(Finished { status, .. }) => (status.items_in, status.items_out),
             Err(_) => (message.item_count(), 0),
         };
         AttemptRecord {
             batch_id: message.batch_id.clone(),
             index: message.index,
-            attempt,
+            attempt: count.attempt,
             worker: self.shared.config.worker_id.clone(),
             slot: u32::try_from(self.index).unwrap_or(u32::MAX),
             pid: phases.pid,
@@ -395,6 +435,8 @@ impl Slot {
             outcome,
             error_kind,
             error,
+            lease_lost: false,
+            lost_before: count.lost,
         }
     }
 }

@@ -3,28 +3,31 @@
 use std::time::Duration;
 
 use batchfleet_common::broker::{Delivery, DeliveryHandle};
+use batchfleet_common::job_root::AttemptCount;
 use batchfleet_common::message::MiniBatchMessage;
-use batchfleet_common::status::FailureRecord;
+use batchfleet_common::status::{FailureKind, FailureRecord};
 
 use crate::infra::{retrying, InfraError};
 use crate::jobs::LoadedJob;
 use crate::output;
 
 use super::attempt::AttemptFailure;
+use super::counting::{hold_back, longest_try, wait_for_earlier};
 use super::Slot;
 
 impl Slot {
-    /// Record a failed attempt, then give the message back or, on its last delivery,
-    /// dead-letter it with a one-line reason.
+    /// Record a failed attempt, then give the message back or, when it was the last try the
+    /// job allows (lost leases not counted), dead-letter it with a one-line reason.
     pub(super) async fn fail(
         &mut self,
         job: &LoadedJob,
         delivery: &Delivery,
-        attempt: u32,
+        count: &AttemptCount,
         message: &MiniBatchMessage,
         failure: AttemptFailure,
         duration_ms: u64,
     ) {
+        let (attempt, try_number) = (count.attempt, count.try_number());
         let record = FailureRecord {
             kind: failure.kind,
             message: failure.message,
@@ -39,9 +42,9 @@ impl Slot {
         self.summary.batches_failed_attempts += 1;
         let max = job.job.retry.max_deliveries();
         let kind = record.kind.as_str();
-        if attempt >= max {
+        if try_number >= max {
             let reason =
-                one_line(&format!("{kind} on attempt {attempt} of {max}: {}", record.message));
+                one_line(&format!("{kind} on attempt {try_number} of {max}: {}", record.message));
             tracing::error!(kind, message = %record.message, "batch failed on its last attempt");
             self.dead_letter(&delivery.handle, &reason).await;
             self.summary.batches_dead_lettered += 1;
@@ -51,6 +54,50 @@ impl Slot {
                 retry_in_ms = delay.as_millis() as u64, "batch attempt failed");
             self.nack(&delivery.handle, delay).await;
         }
+    }
+
+    /// A batch whose holders lost its lease `budget` times (see `counting`): dead-lettered as
+    /// `lost_lease` once every earlier attempt is provably over, held back until then.
+    pub(super) async fn lost_too_often(
+        &mut self,
+        job: &LoadedJob,
+        delivery: &Delivery,
+        message: &MiniBatchMessage,
+        count: AttemptCount,
+        budget: u32,
+    ) {
+        let wait = wait_for_earlier(count.latest_start_ms, longest_try(job));
+        if !wait.is_zero() {
+            let delay = hold_back(wait);
+            tracing::info!(
+                lost_leases = count.lost,
+                wait_secs = wait.as_secs(),
+                retry_in_ms = delay.as_millis() as u64,
+                "the batch lost its lease too often, but an earlier attempt may still be running; \
+                 holding it back until that attempt is over"
+            );
+            self.nack(&delivery.handle, delay).await;
+            return;
+        }
+        let record = FailureRecord {
+            kind: FailureKind::LostLease,
+            message: format!(
+                "its workers lost the batch {} times (crashed, lost their connection or were \
+                 stopped while running it); the job allows {budget}",
+                count.lost
+            ),
+            detail: None,
+            attempt: count.attempt,
+            worker: self.shared.config.worker_id.clone(),
+            duration_ms: 0,
+        };
+        if let Err(error) = output::write_failure(job, &message.batch_id, &record).await {
+            tracing::warn!(%error, "writing the failure record failed");
+        }
+        let reason = format!("lost_lease: {}", record.message);
+        tracing::error!(%reason, "dead-lettering");
+        self.dead_letter(&delivery.handle, &reason).await;
+        self.summary.batches_dead_lettered += 1;
     }
 
     pub(super) async fn ack(&self, handle: &DeliveryHandle, lease_lost: bool) {

@@ -246,6 +246,8 @@ mod tests {
             outcome: AttemptOutcome::Succeeded,
             error_kind: None,
             error: None,
+            lease_lost: false,
+            lost_before: 0,
         }
     }
 

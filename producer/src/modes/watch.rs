@@ -36,6 +36,7 @@ use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job::lifecycle::JobReport;
+use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{
@@ -79,6 +80,10 @@ pub struct WatchOptions {
     pub datastores: Vec<String>,
     /// `--datastore-map URL`: a `datastores.yaml` in a store, under the one beside a manifest.
     pub datastore_map: Option<String>,
+    /// `--python`: runs the command steps of pipeline manifests; `None`: they are refused.
+    pub python: Option<std::path::PathBuf>,
+    /// `--environment NAME=PYTHON`: the environment map of pipeline manifests.
+    pub environments: Vec<String>,
 }
 
 /// `<manifest>.job.json`: the job a claimed manifest became.
@@ -86,6 +91,9 @@ pub struct WatchOptions {
 struct StartedJob {
     job_id: String,
     job_root: String,
+    /// The manifest is a pipeline: `job_root` is its folder.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pipeline: bool,
 }
 
 /// `<manifest>.result.json`: how the manifest's job ended.
@@ -374,7 +382,16 @@ async fn submitted(
         Err(error) => return Ok(Work::Done(invalid(error))),
     };
     let allowed = allowed(location, options);
-    if let Err(error) = check_places(&text, &spec_path, dir.path(), &allowed, &datastores) {
+    let pipeline = match spec::load_spec_file(&spec_path, &datastores) {
+        Ok(spec::SpecFile::Pipeline(file)) => Some(file),
+        _ => None,
+    };
+    let checked = match &pipeline {
+        Some(file) => pipeline::manifest::places(file)
+            .and_then(|places| check_urls(&places, dir.path(), &allowed)),
+        None => check_places(&text, &spec_path, dir.path(), &allowed, &datastores),
+    };
+    if let Err(error) = checked {
         return Ok(Work::Done(invalid(error)));
     }
     let submit = SubmitOptions {
@@ -390,13 +407,19 @@ async fn submitted(
         detach: false,
         interactive: false,
     };
+    if let Some(file) = pipeline {
+        return submitted_pipeline(&file, &submit, manifest, options, held).await;
+    }
     let published = match publish_job(&submit).await {
         Ok(published) => published,
         Err(error) if error.exit_code() == 2 => return Ok(Work::Done(invalid(error.to_string()))),
         Err(error) => return Err(error),
     };
-    let started =
-        StartedJob { job_id: published.root.job_id.clone(), job_root: published.root.url() };
+    let started = StartedJob {
+        job_id: published.root.job_id.clone(),
+        job_root: published.root.url(),
+        pipeline: false,
+    };
     let recorded = held.write_once(&beside(manifest, ".job.json"), &started).await?;
     if recorded != Written::Written {
         // Another watcher took the manifest over while this one was publishing: its job is the
@@ -414,9 +437,72 @@ async fn submitted(
     Ok(Work::Done(from_report(follow_published(published, false).await?)))
 }
 
+/// Run a pipeline manifest: its folder recorded in `<manifest>.job.json` once it exists, its
+/// parallel steps on the fleet, its command steps here with `--python`.
+async fn submitted_pipeline(
+    file: &spec::PipelineFile,
+    submit: &SubmitOptions,
+    manifest: &Path,
+    options: &WatchOptions,
+    held: &HeldClaim,
+) -> Result<Work, ProducerError> {
+    let python =
+        match &options.python {
+            Some(python) => python.clone(),
+            None if pipeline::manifest::has_command_steps(file) => return Ok(Work::Done(invalid(
+                "the pipeline has command steps, which would run on the watcher's machine; start \
+                 the watcher with --python (the interpreter they run with) to allow them"
+                    .into(),
+            ))),
+            None => "python3".into(),
+        };
+    let fleet = pipeline::Fleet::Remote(submit);
+    let mut environments = spec::Environments::default();
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    if let Err(error) = environments.add_flags(&options.environments, &cwd) {
+        return Ok(Work::Done(invalid(error.to_string())));
+    }
+    let interpreters = pipeline::Interpreters { python, environments };
+    let started = match pipeline::start_pipeline(file, &fleet).await {
+        Ok(started) => started,
+        Err(error) if error.exit_code() == 2 => return Ok(Work::Done(invalid(error.to_string()))),
+        Err(error) => return Err(error),
+    };
+    let record = StartedJob {
+        job_id: started.pipeline_id.clone(),
+        job_root: started.folder.url(),
+        pipeline: true,
+    };
+    if held.write_once(&beside(manifest, ".job.json"), &record).await? != Written::Written {
+        return Ok(Work::StoodDown(format!(
+            "the manifest {manifest} was taken over by another watcher while pipeline {} started",
+            started.pipeline_id
+        )));
+    }
+    let report = pipeline::run_started(&started, &fleet, &interpreters).await?;
+    Ok(Work::Done(pipeline_result(report)))
+}
+
+fn pipeline_result(report: pipeline::PipelineReport) -> ManifestResult {
+    let succeeded = report.succeeded();
+    let text = report.text();
+    let headline = text.lines().next().unwrap_or_default();
+    ManifestResult {
+        status: if succeeded { "succeeded" } else { "failed" }.into(),
+        job_id: Some(report.pipeline_id),
+        job_root: Some(report.folder_url),
+        first_error: (!succeeded)
+            .then(|| headline.strip_prefix("failed: ").unwrap_or(headline).to_string()),
+        ..invalid(String::new())
+    }
+}
+
 /// Finish the job a manifest became (this watcher's before a restart, or another's taken
 /// over): resumed from its job root, or read back when it already finished.
 async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult {
+    if started.pipeline {
+        return resumed_pipeline(started, options).await;
+    }
     if let Some(result) = already_finished(started).await {
         return result;
     }
@@ -431,6 +517,38 @@ async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult
     };
     match resume(&resume_options).await {
         Ok(report) => from_report(report),
+        Err(error) => ManifestResult {
+            status: "failed".into(),
+            job_id: Some(started.job_id.clone()),
+            job_root: Some(started.job_root.clone()),
+            first_error: Some(error.to_string()),
+            ..invalid(String::new())
+        },
+    }
+}
+
+/// Finish a pipeline manifest's pipeline from its first step that did not succeed.
+async fn resumed_pipeline(started: &StartedJob, options: &WatchOptions) -> ManifestResult {
+    let submit = SubmitOptions {
+        spec_path: std::path::PathBuf::new(),
+        store: pipeline::store_of(&started.job_root, None).ok(),
+        broker: options.broker.clone(),
+        pool: options.pool.clone(),
+        datastores: spec::Datastores::default(),
+        rabbitmq: RabbitMqConnect {
+            consumer_timeout: options.consumer_timeout,
+            ..RabbitMqConnect::default()
+        },
+        detach: false,
+        interactive: false,
+    };
+    let interpreters = pipeline::Interpreters {
+        python: options.python.clone().unwrap_or_else(|| "python3".into()),
+        environments: spec::Environments::default(),
+    };
+    let fleet = pipeline::Fleet::Remote(&submit);
+    match pipeline::resume_pipeline(&started.job_root, None, &fleet, &interpreters).await {
+        Ok(report) => pipeline_result(report),
         Err(error) => ManifestResult {
             status: "failed".into(),
             job_id: Some(started.job_id.clone()),
@@ -493,7 +611,6 @@ fn check_places(
 ) -> Result<(), String> {
     let parsed = spec::parse_job_text(text, spec_path, datastores).map_err(|e| e.to_string())?;
     let job = parsed.job;
-    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
     let mut places = vec![("task.code".to_string(), job.task.code.clone())];
     for (name, value) in &job.inputs {
         if let InputValue::Data(input) = value {
@@ -509,7 +626,18 @@ fn check_places(
     if let Some(append) = &job.task.append_row_to {
         places.push(("task.append_row_to".to_string(), append.clone()));
     }
-    for (key, url) in &places {
+    check_urls(&places, dir, allowed)
+}
+
+/// Every place (key, URL) must be under an allowed prefix, and not in the scratch folder `dir`
+/// (where a relative path would land).
+fn check_urls(
+    places: &[(String, String)],
+    dir: &LocalPath,
+    allowed: &[String],
+) -> Result<(), String> {
+    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
+    for (key, url) in places {
         if !scratch.is_empty() && url.starts_with(&scratch) {
             return Err(format!(
                 "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative \

@@ -127,7 +127,7 @@ fn interpreter(python: &str, base_dir: &Path) -> PathBuf {
     if path.is_absolute() || !python.contains('/') {
         path.to_path_buf()
     } else {
-        base_dir.join(path)
+        base_dir.join(path).components().collect()
     }
 }
 

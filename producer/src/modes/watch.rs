@@ -484,13 +484,17 @@ async fn submitted_pipeline(
 }
 
 fn pipeline_result(report: pipeline::PipelineReport) -> ManifestResult {
-    let succeeded = report.succeeded();
-    let text = report.text();
+    pipeline_outcome(&report.text(), report.pipeline_id, report.folder_url)
+}
+
+/// A manifest's result from its pipeline's summary (`pipeline_result.txt`).
+fn pipeline_outcome(text: &str, pipeline_id: String, folder: String) -> ManifestResult {
     let headline = text.lines().next().unwrap_or_default();
+    let succeeded = headline == "succeeded";
     ManifestResult {
         status: if succeeded { "succeeded" } else { "failed" }.into(),
-        job_id: Some(report.pipeline_id),
-        job_root: Some(report.folder_url),
+        job_id: Some(pipeline_id),
+        job_root: Some(folder),
         first_error: (!succeeded)
             .then(|| headline.strip_prefix("failed: ").unwrap_or(headline).to_string()),
         ..invalid(String::new())
@@ -529,6 +533,9 @@ async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult
 
 /// Finish a pipeline manifest's pipeline from its first step that did not succeed.
 async fn resumed_pipeline(started: &StartedJob, options: &WatchOptions) -> ManifestResult {
+    if let Some(text) = pipeline::finished(&started.job_root).await {
+        return pipeline_outcome(&text, started.job_id.clone(), started.job_root.clone());
+    }
     let submit = SubmitOptions {
         spec_path: std::path::PathBuf::new(),
         store: pipeline::store_of(&started.job_root, None).ok(),

@@ -181,6 +181,12 @@ pub async fn is_pipeline_folder(job: &str, store: Option<&str>) -> bool {
     folder.exists(&folder.location.child_key(RESOLVED_FILE)).await.unwrap_or(false)
 }
 
+/// How a pipeline ended, when it did: its `pipeline_result.txt`.
+pub async fn finished(job: &str) -> Option<String> {
+    let folder = locate(job, None).ok()?;
+    folder.read_text(&folder.location.child_key(RESULT_FILE)).await.ok()?
+}
+
 /// The store a pipeline folder is in (where its steps' job roots go).
 pub fn store_of(job: &str, store: Option<&str>) -> Result<String, ProducerError> {
     let folder = locate(job, store)?;

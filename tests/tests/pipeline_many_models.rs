@@ -245,6 +245,21 @@ fn the_many_models_pipeline_runs_embedded_with_only_python_given() {
     assert_trained(&folder, &describe(&output));
     let log = std::fs::read_to_string(folder.join("partition_job/log.txt")).unwrap();
     assert_eq!(log, "6 partitions\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let venv = venv.display();
+    let image = "image `mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04`";
+    for line in [
+        format!(
+            "step `partition_job` (command): python {venv} (--python); its environment {image}, \
+             conda file `./conda.yml` is not built"
+        ),
+        format!(
+            "step `parallel_train` (parallel, after `partition_job`): python {venv} (--python); \
+             its environment {image}, conda file `./src/parallel_train/conda.yml` is not built"
+        ),
+    ] {
+        assert!(stderr.contains(&line), "the summary must say `{line}`:\n{stderr}");
+    }
 }
 
 fn bucket() -> String {

@@ -32,8 +32,8 @@ impl Interpreters {
         }
     }
 
-    /// One line for the start summary: `  step `x` (command): python P (--python); its
-    /// environment image `…`, conda file `…` is not built`.
+    /// One line for the start summary: `  step `x` (command, after `y`): python P (--python);
+    /// its environment image `…`, conda file `…` is not built`.
     pub fn summary(&self, step: &PipelineStep, fleet: &Fleet<'_>) -> String {
         let environment = match &step.kind {
             StepKind::Command(command) => command.environment.as_ref(),
@@ -66,6 +66,12 @@ impl Interpreters {
                 describe(env)
             ),
         };
-        format!("  step `{}` ({}): {runs}{built}", step.name, step.kind.label())
+        let after = if step.after.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = step.after.iter().map(|a| format!("`{a}`")).collect();
+            format!(", after {}", names.join(", "))
+        };
+        format!("  step `{}` ({}{after}): {runs}{built}", step.name, step.kind.label())
     }
 }

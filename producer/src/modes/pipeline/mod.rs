@@ -263,7 +263,7 @@ async fn run_steps(
     eprintln!(
         "pipeline {pipeline_id}: {} steps ({}); folder: {}",
         pipeline.steps.len(),
-        pipeline.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(" → "),
+        pipeline.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "),
         folder.url()
     );
     for step in &pipeline.steps {

@@ -327,7 +327,7 @@ pub const MAX_TIMEOUT_SECONDS: i64 = 30 * 24 * 3600;
 fn limits_timeout(map: &Map<'_>) -> Result<Option<u64>, SpecError> {
     let Some(limits) = map.get("limits") else { return Ok(None) };
     let Some(timeout) = limits.open_map()?.get("timeout") else { return Ok(None) };
-    let seconds = timeout.int_in(1, MAX_TIMEOUT_SECONDS, "seconds")?;
+    let seconds = timeout.int_in(1, MAX_TIMEOUT_SECONDS, " seconds")?;
     Ok(u64::try_from(seconds).ok())
 }
 

@@ -194,9 +194,11 @@ pub enum Command {
         /// a `datastores.yaml` beside a manifest overrides it name by name.
         #[arg(long, value_name = "URL")]
         datastore_map: Option<String>,
-        /// Python interpreter for the command steps of pipeline manifests, which run on this
-        /// machine; without it, a pipeline manifest with a command step is recorded `invalid`.
-        #[arg(long, env = "BATCHFLEET_PYTHON")]
+        /// Python interpreter for the command steps of pipeline manifests. They run on this
+        /// machine, so whoever can drop a manifest can then run commands here as this user;
+        /// without it (no environment variable stands for it), a pipeline manifest with a
+        /// command step is recorded `invalid`.
+        #[arg(long)]
         python: Option<PathBuf>,
         /// Maps a pipeline step's `environment:` to the interpreter that runs its command steps
         /// here, repeatable (an `environments.yaml` beside a manifest is not read).
@@ -357,6 +359,13 @@ pub async fn main(cli: Cli) -> ExitCode {
         }
         Command::Resume { job, store, broker, pool, python, failed_only, no_progress } => {
             if is_pipeline_folder(&job, store.as_deref()).await {
+                if failed_only {
+                    eprintln!(
+                        "error: --failed-only re-runs a job's mini-batches; resuming a pipeline \
+                         already reruns every step that did not succeed: drop --failed-only"
+                    );
+                    return ExitCode::from(2);
+                }
                 let resumed = resume_a_pipeline(&job, store, broker, pool, python, no_progress);
                 return finish_pipeline(resumed.await);
             }

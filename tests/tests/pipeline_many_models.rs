@@ -4,7 +4,8 @@
 //! own files of that shape; the command step's `environment` (an image and a conda file) is
 //! not built: the interpreter given with `--python` (a venv holding a small `mltable` of ours)
 //! runs it. It runs unchanged embedded (`batchfleet run`) and dropped as a manifest under
-//! `batchfleet watch`; a watcher without `--python` records such a manifest `invalid`.
+//! `batchfleet watch`; a watcher without `--python` records such a manifest `invalid`; a
+//! watcher restarted while a pipeline manifest ran resumes the pipeline.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -283,15 +284,18 @@ async fn get_json(location: &StoreLocation, rel: &str) -> serde_json::Value {
     serde_json::from_slice(&bytes.bytes().await.unwrap()).unwrap()
 }
 
-/// `batchfleet watch --once` of `prefix` holding `pipeline.yaml`; its result.
-fn watch_once(pool: &Pool, dir: &Path, prefix: &str, extra: &[&str]) -> serde_json::Value {
+/// Put `text` as `<prefix>pipeline.yaml`.
+fn drop_manifest(prefix: &str, text: &str) {
     let manifests = open_str(prefix).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let text = pipeline(&format!("{}/", dir.display()));
     runtime.block_on(async {
         let key = manifests.child_key("pipeline.yaml");
-        manifests.store.put(&key, PutPayload::from(text.into_bytes())).await.unwrap();
+        manifests.store.put(&key, PutPayload::from(text.as_bytes().to_vec())).await.unwrap();
     });
+}
+
+/// `batchfleet watch --once` of `prefix` as watcher `w1`, with job roots under `<dir>/jobs`.
+fn watcher(pool: &Pool, dir: &Path, prefix: &str, extra: &[&str]) -> std::process::Command {
     let mut command = std::process::Command::new(binary("batchfleet"));
     command
         .args(["watch", prefix, "--once", "--watcher-id", "w1", "--pool", &pool.name])
@@ -304,9 +308,21 @@ fn watch_once(pool: &Pool, dir: &Path, prefix: &str, extra: &[&str]) -> serde_js
         .args(extra)
         .env_remove("BATCHFLEET_STORE")
         .env_remove("BATCHFLEET_PYTHON");
-    let output = finish_bounded(spawn_captured(&mut command), LIMIT);
-    assert!(output.status.success(), "the watcher failed: {}", describe(&output));
+    command
+}
+
+fn manifest_result(prefix: &str) -> serde_json::Value {
+    let manifests = open_str(prefix).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(get_json(&manifests, "pipeline.yaml.result.json"))
+}
+
+/// The many-models pipeline dropped under `prefix` and watched once; its result.
+fn watch_once(pool: &Pool, dir: &Path, prefix: &str, extra: &[&str]) -> serde_json::Value {
+    drop_manifest(prefix, &pipeline(&format!("{}/", dir.display())));
+    let output = finish_bounded(spawn_captured(&mut watcher(pool, dir, prefix, extra)), LIMIT);
+    assert!(output.status.success(), "the watcher failed: {}", describe(&output));
+    manifest_result(prefix)
 }
 
 #[test]
@@ -336,4 +352,50 @@ fn a_watcher_without_python_records_a_pipeline_with_command_steps_invalid() {
     let error = result["first_error"].as_str().unwrap_or_default();
     assert!(error.contains("start the watcher with --python"), "{result}");
     assert!(!dir.path().join("jobs").exists(), "nothing ran");
+}
+
+/// A watcher killed while a pipeline manifest's second step runs, restarted under its id,
+/// resumes the pipeline: the first step, which succeeded, is not run again.
+#[test]
+fn a_restarted_watcher_resumes_a_pipeline_manifest_from_its_unfinished_step() {
+    let pool = Pool::new("watch-pipeline-resume");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let text = format!(
+        "type: pipeline\njobs:\n  first:\n    type: command\n    outputs: {{out: {{type: uri_folder}}}}\n    \
+         command: echo run >> {d}/first-runs && echo data > ${{{{outputs.out}}}}/data.txt\n  \
+         second:\n    type: command\n    inputs:\n      got: ${{{{parent.jobs.first.outputs.out}}}}\n    \
+         command: >-\n      echo started >> {d}/second-runs; for i in $(seq 1 600); do test -e {d}/go && break;\n      \
+         sleep 0.1; done; test -e {d}/go && cat ${{{{inputs.got}}}}/data.txt > {d}/second.txt\n"
+    );
+    let prefix = unique_prefix("watch-pipeline-resume");
+    drop_manifest(&prefix, &text);
+    let python = batchfleet_tests::python().display().to_string();
+    let mut first =
+        spawn_captured(&mut watcher(&pool, dir.path(), &prefix, &["--python", &python]));
+    let second_runs = dir.path().join("second-runs");
+    batchfleet_tests::fleet::eventually(LIMIT, "the second step to start", || {
+        second_runs.exists().then_some(())
+    });
+    first.kill().expect("kill the first watcher");
+    let killed = first.wait_with_output().expect("the killed watcher's output");
+    std::fs::write(dir.path().join("go"), "").unwrap();
+
+    let mut again = watcher(&pool, dir.path(), &prefix, &["--python", &python]);
+    let output = finish_bounded(spawn_captured(&mut again), LIMIT);
+    assert!(output.status.success(), "the restarted watcher failed: {}", describe(&output));
+    let result = manifest_result(&prefix);
+    assert_eq!(result["status"], "succeeded", "{result}\n{}", describe(&output));
+    assert_eq!(result["generation"], 1, "taken over by its restarted watcher: {result}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("1 of 2 steps already succeeded"),
+        "{}\n{}",
+        describe(&output),
+        describe(&killed)
+    );
+    let runs = std::fs::read_to_string(dir.path().join("first-runs")).unwrap();
+    assert_eq!(runs, "run\n", "the first step ran once");
+    let second = std::fs::read_to_string(dir.path().join("second.txt")).unwrap();
+    assert_eq!(second, "data\n");
 }

@@ -6,9 +6,11 @@
 //! Python runs each step is [`interpreters`]' choice.
 //!
 //! The pipeline folder `<store>/<pipeline id>/` sits beside the job roots and holds the pipeline
-//! as written (`pipeline.yaml`), each command step's log (`<step>/log.txt`), the pathless
-//! outputs of every step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`),
-//! and `pipeline_result.txt`. The first step that fails stops the pipeline.
+//! as written (`pipeline.yaml`) and resolved (`pipeline.json`), each command step's log
+//! (`<step>/log.txt`), how each step ended (`<step>/step.json`), the pathless outputs of every
+//! step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`), and
+//! `pipeline_result.txt`. The first step that fails stops the pipeline; `resume` runs it again
+//! from the steps that did not succeed. [`manifest`] is what `watch` checks of a pipeline.
 
 mod command;
 mod interpreters;
@@ -145,8 +147,9 @@ pub async fn start_pipeline(
     if let Fleet::Remote(options) = fleet {
         if options.detach {
             return Err(ProducerError::Unsupported(format!(
-                "{}: a pipeline runs its steps one after another, so `submit --detach` cannot \
-                 leave it to the fleet; submit it without --detach",
+                "{}: the producer starts each step of a pipeline when the steps it reads from \
+                 end, so `submit --detach` cannot leave it to the fleet; submit it without \
+                 --detach",
                 file.spec_file.display()
             )));
         }

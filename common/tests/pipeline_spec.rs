@@ -243,3 +243,40 @@ fn a_steps_pathless_uri_file_output_that_append_row_to_binds_is_parallel_run_ste
     let report = score.outputs["report"].url.as_deref();
     assert_eq!(report, Some("file:///store/p-1/score/outputs/report"), "not append_row_to's");
 }
+
+#[test]
+fn a_command_step_keeps_its_limits_timeout_and_refuses_one_out_of_range() {
+    let step = |limits: &str| {
+        format!("type: pipeline\njobs:\n  slow:\n    type: command\n{limits}    command: sleep 5\n")
+    };
+    let (dir, path) = files(&[("pipeline.yml", &step("    limits:\n      timeout: 90\n"))]);
+    let resolved = pipeline(&path).unwrap();
+    let StepKind::Command(command) = &resolved.steps[0].kind else { panic!("a command step") };
+    assert_eq!(command.timeout, Some(90));
+
+    std::fs::write(&path, step("")).unwrap();
+    let resolved = pipeline(&path).unwrap();
+    let StepKind::Command(command) = &resolved.steps[0].kind else { panic!("a command step") };
+    assert_eq!(command.timeout, None, "no limits: the producer's default");
+
+    std::fs::write(&path, step("    limits:\n      timeout: 0\n")).unwrap();
+    let error = pipeline(&path).unwrap_err().to_string();
+    assert!(
+        error.contains("pipeline.yml:6:16:") && error.contains("jobs.slow.limits.timeout"),
+        "{error}"
+    );
+    assert!(error.contains("0 is out of range; allowed: 1 to 2592000 seconds"), "{error}");
+    drop(dir);
+}
+
+#[test]
+fn a_resolved_pipeline_reads_back_from_its_json() {
+    let (dir, path) = files(&[("pipeline.yml", PIPELINE), ("prep.yml", PREP)]);
+    let resolved = pipeline(&path).unwrap();
+    let json = serde_json::to_string(&resolved).unwrap();
+    let back: ParsedPipeline = serde_json::from_str(&json).unwrap();
+    assert_eq!(serde_json::to_string(&back).unwrap(), json, "what resume runs is what ran");
+    let names: Vec<&str> = back.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["prep", "score"]);
+    drop(dir);
+}

@@ -11,7 +11,10 @@ use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
 
 use crate::error::ProducerError;
 use crate::job::lifecycle::JobReport;
-use crate::modes::pipeline::{run_pipeline, Fleet, PipelineReport};
+use crate::modes::pipeline::{
+    is_pipeline_folder, resume_pipeline, run_pipeline, store_of, Fleet, Interpreters,
+    PipelineReport,
+};
 use crate::modes::profile::ProfileOptions;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::run::{run_embedded, RunOptions};
@@ -95,6 +98,11 @@ pub enum Command {
         /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
         #[arg(long)]
         profile: bool,
+        /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
+        /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
+        /// `environments.yaml` (docs/pipelines.md, "Environments").
+        #[arg(long = "environment", value_name = "NAME=PYTHON")]
+        environments: Vec<String>,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -136,6 +144,15 @@ pub enum Command {
         /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
         #[arg(long)]
         profile: bool,
+        /// Python interpreter for a pipeline's command steps (they run on this machine; the
+        /// parallel steps run with each worker's own).
+        #[arg(long, env = "BATCHFLEET_PYTHON", default_value = "python3")]
+        python: PathBuf,
+        /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
+        /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
+        /// `environments.yaml` (docs/pipelines.md, "Environments").
+        #[arg(long = "environment", value_name = "NAME=PYTHON")]
+        environments: Vec<String>,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -227,6 +244,16 @@ pub enum Command {
         /// a `datastores.yaml` beside a manifest overrides it name by name.
         #[arg(long, value_name = "URL")]
         datastore_map: Option<String>,
+        /// Python interpreter for the command steps of pipeline manifests. They run on this
+        /// machine, so whoever can drop a manifest can then run commands here as this user;
+        /// without it (no environment variable stands for it), a pipeline manifest with a
+        /// command step is recorded `invalid`.
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// Maps a pipeline step's `environment:` to the interpreter that runs its command steps
+        /// here, repeatable (an `environments.yaml` beside a manifest is not read).
+        #[arg(long = "environment", value_name = "NAME=PYTHON")]
+        environments: Vec<String>,
     },
     /// Size a fleet of worker containers on this Docker engine to the pool's outstanding work
     /// (ready + in flight), from --min (0 allowed) to --max; idle workers are drained first.
@@ -287,7 +314,16 @@ fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
 /// records, 2 no such job or it could not be read or written.
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, no_progress, datastores, metrics_addr, profile } => {
+        Command::Run {
+            job,
+            store,
+            python,
+            no_progress,
+            datastores,
+            metrics_addr,
+            profile,
+            environments,
+        } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
             }
@@ -304,7 +340,13 @@ pub async fn main(cli: Cli) -> ExitCode {
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
-                    return finish_pipeline(run_pipeline(&file, Fleet::Local(&options)).await)
+                    let interpreters =
+                        match interpreters(&options.spec_path, &options.python, &environments) {
+                            Ok(interpreters) => interpreters,
+                            Err(error) => return failed_to_start(&error),
+                        };
+                    let run = run_pipeline(&file, Fleet::Local(&options), &interpreters);
+                    return finish_pipeline(run.await);
                 }
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
@@ -329,6 +371,8 @@ pub async fn main(cli: Cli) -> ExitCode {
             datastores,
             metrics_addr,
             profile,
+            python,
+            environments,
         } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
@@ -353,7 +397,13 @@ pub async fn main(cli: Cli) -> ExitCode {
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
-                    return finish_pipeline(run_pipeline(&file, Fleet::Remote(&options)).await)
+                    let interpreters =
+                        match interpreters(&options.spec_path, &python, &environments) {
+                            Ok(interpreters) => interpreters,
+                            Err(error) => return failed_to_start(&error),
+                        };
+                    let run = run_pipeline(&file, Fleet::Remote(&options), &interpreters);
+                    return finish_pipeline(run.await);
                 }
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
@@ -389,6 +439,17 @@ pub async fn main(cli: Cli) -> ExitCode {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
             }
+            if is_pipeline_folder(&job, store.as_deref()).await {
+                if failed_only {
+                    eprintln!(
+                        "error: --failed-only re-runs a job's mini-batches; resuming a pipeline \
+                         already reruns every step that did not succeed: drop --failed-only"
+                    );
+                    return ExitCode::from(2);
+                }
+                let resumed = resume_a_pipeline(&job, store, broker, pool, python, no_progress);
+                return finish_pipeline(resumed.await);
+            }
             let options = ResumeOptions {
                 job,
                 store,
@@ -418,6 +479,8 @@ pub async fn main(cli: Cli) -> ExitCode {
             allow,
             datastores,
             datastore_map,
+            python,
+            environments,
         } => {
             let options = WatchOptions {
                 prefix,
@@ -435,6 +498,8 @@ pub async fn main(cli: Cli) -> ExitCode {
                 allow,
                 datastores,
                 datastore_map,
+                python,
+                environments,
             };
             match watch(&options).await {
                 Ok(summary) => {
@@ -524,6 +589,57 @@ fn pipeline_file(
         SpecFile::Pipeline(file) => Ok(Some(file)),
         SpecFile::Job(_) => Ok(None),
     }
+}
+
+/// `batchfleet resume` of a pipeline folder: on this machine, or on the fleet with `--broker`.
+async fn resume_a_pipeline(
+    job: &str,
+    store: Option<String>,
+    broker: Option<String>,
+    pool: String,
+    python: PathBuf,
+    no_progress: bool,
+) -> Result<PipelineReport, ProducerError> {
+    let store = Some(store_of(job, store.as_deref())?);
+    let interpreters = Interpreters { python: python.clone(), environments: Default::default() };
+    let interactive = interactive(no_progress);
+    match broker {
+        None => {
+            let options = RunOptions {
+                spec_path: PathBuf::new(),
+                store: store.clone(),
+                python,
+                datastores: Datastores::default(),
+                interactive,
+            };
+            resume_pipeline(job, store.as_deref(), &Fleet::Local(&options), &interpreters).await
+        }
+        Some(broker) => {
+            let options = SubmitOptions {
+                spec_path: PathBuf::new(),
+                store: store.clone(),
+                broker,
+                pool,
+                datastores: Datastores::default(),
+                rabbitmq: RabbitMqConnect::default(),
+                detach: false,
+                interactive,
+            };
+            resume_pipeline(job, store.as_deref(), &Fleet::Remote(&options), &interpreters).await
+        }
+    }
+}
+
+/// `--python` and the environment map of a pipeline file (its `environments.yaml`, then the
+/// `--environment` flags).
+fn interpreters(
+    spec: &std::path::Path,
+    python: &std::path::Path,
+    flags: &[String],
+) -> Result<Interpreters, ProducerError> {
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    let environments = spec::Environments::for_pipeline_file(spec, flags, &cwd)?;
+    Ok(Interpreters { python: python.to_path_buf(), environments })
 }
 
 /// The datastore map of a job file: its `datastores.yaml`, `BATCHFLEET_DATASTORES`, the

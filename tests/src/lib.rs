@@ -10,6 +10,7 @@ pub mod bench;
 pub mod chaos;
 pub mod fleet;
 pub mod proxy;
+pub mod venv;
 
 /// The repository's root folder.
 pub fn repo_root() -> PathBuf {

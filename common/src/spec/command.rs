@@ -18,7 +18,7 @@ use super::suggest::did_you_mean;
 use super::yaml::{self, Node, Pos, Scalar};
 
 /// A command step, resolved: what the producer runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CommandStep {
     /// The component file, when the step named one.
     pub component: Option<String>,
@@ -34,6 +34,9 @@ pub struct CommandStep {
     pub environment_variables: BTreeMap<String, String>,
     /// `compute`, recorded (command steps run on the producer's machine).
     pub compute: Option<String>,
+    /// `limits.timeout` in seconds, when the step gives one.
+    #[serde(default)]
+    pub timeout: Option<u64>,
     /// The step's inputs: values given by the step, or a component input's `default`.
     pub inputs: BTreeMap<String, InputValue>,
     /// Every output, with its location.
@@ -41,7 +44,7 @@ pub struct CommandStep {
 }
 
 /// A piece of a command: text as written, or a binding the producer replaces by a local path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum CommandPiece {
     Text(String),
     /// `${{inputs.NAME}}` of a data input.
@@ -257,6 +260,7 @@ pub(crate) fn parse_step(
     let outputs = step_outputs(&map, component, base_dir, parent, output_base)?;
     let given = io::parse_inputs(map.get("inputs"), base_dir, Some(parent))?;
     let compute = optional_string(&map, "compute")?;
+    let timeout = limits_timeout(&map)?;
     let Some(component) = component else {
         let scope = Scope { inputs: given, outputs, ..Scope::default() };
         let command = map.require("command", "the shell command the step runs")?;
@@ -269,6 +273,7 @@ pub(crate) fn parse_step(
             environment: map.get("environment").map(|f| io::to_json(f.node)),
             environment_variables: env_vars(&map)?,
             compute,
+            timeout,
             inputs: scope.inputs,
             outputs: scope.outputs,
         });
@@ -309,9 +314,21 @@ pub(crate) fn parse_step(
             .map(|f| io::to_json(f.node)),
         environment_variables,
         compute,
+        timeout,
         inputs: scope.inputs,
         outputs: scope.outputs,
     })
+}
+
+/// The longest a command step may run: 30 days, Azure's own limit for a job.
+pub const MAX_TIMEOUT_SECONDS: i64 = 30 * 24 * 3600;
+
+/// `limits: {timeout: SECONDS}` of a step (Azure's command job limits).
+fn limits_timeout(map: &Map<'_>) -> Result<Option<u64>, SpecError> {
+    let Some(limits) = map.get("limits") else { return Ok(None) };
+    let Some(timeout) = limits.open_map()?.get("timeout") else { return Ok(None) };
+    let seconds = timeout.int_in(1, MAX_TIMEOUT_SECONDS, " seconds")?;
+    Ok(u64::try_from(seconds).ok())
 }
 
 fn env_vars(map: &Map<'_>) -> Result<BTreeMap<String, String>, SpecError> {

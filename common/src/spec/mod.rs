@@ -22,6 +22,7 @@
 mod bindings;
 mod command;
 pub mod datastores;
+pub mod environments;
 mod error;
 mod expressions;
 pub(crate) mod fields;
@@ -40,6 +41,7 @@ use crate::job::ResolvedJob;
 
 pub use command::{CommandPiece, CommandStep};
 pub use datastores::Datastores;
+pub use environments::Environments;
 pub use error::{SpecError, SpecWarning};
 pub use mini_batch::parse_mini_batch_size;
 pub use steps::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};

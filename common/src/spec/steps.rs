@@ -36,8 +36,9 @@ pub struct PipelineFile {
     pub datastores: super::Datastores,
 }
 
-/// A pipeline whose every step, binding and output location is resolved.
-#[derive(Debug, Clone)]
+/// A pipeline whose every step, binding and output location is resolved (the producer keeps
+/// it as `pipeline.json` in the pipeline's folder, for `resume`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ParsedPipeline {
     pub name: String,
     pub spec_file: String,
@@ -51,10 +52,11 @@ pub struct ParsedPipeline {
     pub outputs: BTreeMap<String, OutputSpec>,
     /// In the order they run: every step after the steps it reads from.
     pub steps: Vec<PipelineStep>,
+    #[serde(skip)]
     pub warnings: Vec<SpecWarning>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PipelineStep {
     pub name: String,
     /// The line of the step's key in the pipeline file.
@@ -64,7 +66,8 @@ pub struct PipelineStep {
     pub kind: StepKind,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StepKind {
     /// Runs as a subprocess on the producer's machine.
     Command(Box<CommandStep>),

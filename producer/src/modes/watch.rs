@@ -36,6 +36,7 @@ use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job::lifecycle::JobReport;
+use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{
@@ -44,6 +45,7 @@ use crate::modes::submit::{
 
 pub mod claims;
 pub mod datastores;
+mod pipelines;
 pub mod store_check;
 
 pub use claims::DEFAULT_CLAIM_LEASE;
@@ -79,6 +81,10 @@ pub struct WatchOptions {
     pub datastores: Vec<String>,
     /// `--datastore-map URL`: a `datastores.yaml` in a store, under the one beside a manifest.
     pub datastore_map: Option<String>,
+    /// `--python`: runs the command steps of pipeline manifests; `None`: they are refused.
+    pub python: Option<std::path::PathBuf>,
+    /// `--environment NAME=PYTHON`: the environment map of pipeline manifests.
+    pub environments: Vec<String>,
 }
 
 /// `<manifest>.job.json`: the job a claimed manifest became.
@@ -86,6 +92,9 @@ pub struct WatchOptions {
 struct StartedJob {
     job_id: String,
     job_root: String,
+    /// The manifest is a pipeline: `job_root` is its folder.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pipeline: bool,
 }
 
 /// `<manifest>.result.json`: how the manifest's job ended.
@@ -374,7 +383,16 @@ async fn submitted(
         Err(error) => return Ok(Work::Done(invalid(error))),
     };
     let allowed = allowed(location, options);
-    if let Err(error) = check_places(&text, &spec_path, dir.path(), &allowed, &datastores) {
+    let pipeline = match spec::load_spec_file(&spec_path, &datastores) {
+        Ok(spec::SpecFile::Pipeline(file)) => Some(file),
+        _ => None,
+    };
+    let checked = match &pipeline {
+        Some(file) => pipeline::manifest::places(file)
+            .and_then(|places| check_urls(&places, dir.path(), &allowed)),
+        None => check_places(&text, &spec_path, dir.path(), &allowed, &datastores),
+    };
+    if let Err(error) = checked {
         return Ok(Work::Done(invalid(error)));
     }
     let submit = SubmitOptions {
@@ -390,13 +408,19 @@ async fn submitted(
         detach: false,
         interactive: false,
     };
+    if let Some(file) = pipeline {
+        return pipelines::submitted(&file, &submit, manifest, options, held).await;
+    }
     let published = match publish_job(&submit).await {
         Ok(published) => published,
         Err(error) if error.exit_code() == 2 => return Ok(Work::Done(invalid(error.to_string()))),
         Err(error) => return Err(error),
     };
-    let started =
-        StartedJob { job_id: published.root.job_id.clone(), job_root: published.root.url() };
+    let started = StartedJob {
+        job_id: published.root.job_id.clone(),
+        job_root: published.root.url(),
+        pipeline: false,
+    };
     let recorded = held.write_once(&beside(manifest, ".job.json"), &started).await?;
     if recorded != Written::Written {
         // Another watcher took the manifest over while this one was publishing: its job is the
@@ -417,6 +441,9 @@ async fn submitted(
 /// Finish the job a manifest became (this watcher's before a restart, or another's taken
 /// over): resumed from its job root, or read back when it already finished.
 async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult {
+    if started.pipeline {
+        return pipelines::resumed(started, options).await;
+    }
     if let Some(result) = already_finished(started).await {
         return result;
     }
@@ -493,7 +520,6 @@ fn check_places(
 ) -> Result<(), String> {
     let parsed = spec::parse_job_text(text, spec_path, datastores).map_err(|e| e.to_string())?;
     let job = parsed.job;
-    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
     let mut places = vec![("task.code".to_string(), job.task.code.clone())];
     for (name, value) in &job.inputs {
         if let InputValue::Data(input) = value {
@@ -509,7 +535,18 @@ fn check_places(
     if let Some(append) = &job.task.append_row_to {
         places.push(("task.append_row_to".to_string(), append.clone()));
     }
-    for (key, url) in &places {
+    check_urls(&places, dir, allowed)
+}
+
+/// Every place (key, URL) must be under an allowed prefix, and not in the scratch folder `dir`
+/// (where a relative path would land).
+fn check_urls(
+    places: &[(String, String)],
+    dir: &LocalPath,
+    allowed: &[String],
+) -> Result<(), String> {
+    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
+    for (key, url) in places {
         if !scratch.is_empty() && url.starts_with(&scratch) {
             return Err(format!(
                 "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative \

@@ -4,10 +4,18 @@
 //! object-store inputs downloaded into a temporary folder first, object-store outputs written
 //! to a temporary folder and uploaded once the command succeeded. Its stdout and stderr go to
 //! `<pipeline folder>/<step>/log.txt`.
+//!
+//! The step runs in the job's Python environment: `python` and `python3` in its command are
+//! the step's interpreter (`--python`, or the one the environment map gives its
+//! `environment:`) — small scripts that `exec` it, in a folder first on the step's `PATH`,
+//! followed by the interpreter's own `bin` folder (a venv's `pip` and tools). It gets
+//! `limits.timeout` seconds, [`DEFAULT_TIMEOUT`] when it gives none; then its whole process
+//! group is killed and the step fails.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 use bytes::Bytes;
 use url::Url;
@@ -21,6 +29,14 @@ use crate::job_root::JobRoot;
 
 /// How many lines of a failed command's log go into its verdict.
 const LOG_TAIL_LINES: usize = 5;
+
+/// How long a command step may run when its `limits.timeout` says nothing: one day.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// What runs a command step: its interpreter (an absolute path, or a name found on `PATH`).
+pub struct StepPython<'a> {
+    pub python: &'a Path,
+}
 
 /// The folder the command runs in: its `code`, else the folder of the file that holds it.
 pub fn working_dir(step: &CommandStep) -> Result<PathBuf, String> {
@@ -41,7 +57,12 @@ pub fn working_dir(step: &CommandStep) -> Result<PathBuf, String> {
 }
 
 /// Run the step; returns its verdict and the URL of its log.
-pub async fn run_step(name: &str, step: &CommandStep, folder: &JobRoot) -> (StepVerdict, String) {
+pub async fn run_step(
+    name: &str,
+    step: &CommandStep,
+    folder: &JobRoot,
+    python: StepPython<'_>,
+) -> (StepVerdict, String) {
     let log_key = folder.location.child_key(&format!("{name}/log.txt"));
     let log_url = folder.key_url(&log_key);
     let staging = match tempfile::Builder::new().prefix("batchfleet-step-").tempdir() {
@@ -51,7 +72,7 @@ pub async fn run_step(name: &str, step: &CommandStep, folder: &JobRoot) -> (Step
         }
     };
     let local_log = local_path_of(&log_url).unwrap_or_else(|| staging.path().join("log.txt"));
-    let verdict = run(step, staging.path(), &local_log).await;
+    let verdict = run(step, staging.path(), &local_log, python.python).await;
     if local_path_of(&log_url).is_none() {
         let uploaded = match std::fs::read(&local_log) {
             Ok(bytes) => folder.put(&log_key, Bytes::from(bytes)).await.map_err(|e| e.to_string()),
@@ -72,8 +93,9 @@ fn local_path_of(url: &str) -> Option<PathBuf> {
     Url::parse(url).ok().as_ref().and_then(local_path)
 }
 
-async fn run(step: &CommandStep, staging: &Path, log: &Path) -> Result<(), String> {
+async fn run(step: &CommandStep, staging: &Path, log: &Path, python: &Path) -> Result<(), String> {
     let cwd = working_dir(step)?;
+    let path = search_path(step, staging, python)?;
     let mut inputs = BTreeMap::new();
     for (name, value) in &step.inputs {
         let InputValue::Data(spec) = value else { continue };
@@ -124,12 +146,26 @@ async fn run(step: &CommandStep, staging: &Path, log: &Path) -> Result<(), Strin
     let mut child = shell(&line)
         .current_dir(&cwd)
         .envs(&step.environment_variables)
+        .env("PATH", &path)
         .stdin(Stdio::null())
         .stdout(Stdio::from(log_file))
         .stderr(Stdio::from(stderr))
+        .process_group(0)
         .spawn()
         .map_err(|e| format!("cannot start the command: {e}"))?;
-    let status = child.wait().await.map_err(|e| format!("waiting for the command: {e}"))?;
+    let timeout = step.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
+    let status = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(waited) => waited.map_err(|e| format!("waiting for the command: {e}"))?,
+        Err(_) => {
+            kill_group(&mut child).await;
+            return Err(format!(
+                "the command ran past its timeout of {} (limits.timeout) and was killed; last \
+                 lines of its log:{}",
+                humantime::format_duration(timeout),
+                tail(log)
+            ));
+        }
+    };
     if !status.success() {
         let code =
             status.code().map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
@@ -142,6 +178,61 @@ async fn run(step: &CommandStep, staging: &Path, log: &Path) -> Result<(), Strin
         tracing::info!(files, url, "command step output uploaded");
     }
     Ok(())
+}
+
+/// The step's `PATH`: a folder whose `python` and `python3` run the step's interpreter, the
+/// interpreter's own folder, then the `PATH` the step would have had (its
+/// `environment_variables`' `PATH`, else the producer's).
+fn search_path(step: &CommandStep, staging: &Path, python: &Path) -> Result<String, String> {
+    let inherited: Vec<PathBuf> = step
+        .environment_variables
+        .get("PATH")
+        .map(std::ffi::OsString::from)
+        .or_else(|| std::env::var_os("PATH"))
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    let mut folders = Vec::new();
+    // A bare name (`python3`) is the one the step's `PATH` finds.
+    let found = if python.is_absolute() || python.components().count() > 1 {
+        Some(std::path::absolute(python).unwrap_or_else(|_| python.to_path_buf()))
+    } else {
+        inherited.iter().map(|dir| dir.join(python)).find(|p| p.is_file())
+    };
+    if let Some(python) = found {
+        let shims = staging.join("python-bin");
+        std::fs::create_dir_all(&shims)
+            .map_err(|e| format!("creating `{}`: {e}", shims.display()))?;
+        let quoted = python.display().to_string().replace('\'', "'\\''");
+        let script = format!("#!/bin/sh\nexec '{quoted}' \"$@\"\n");
+        for name in ["python", "python3"] {
+            let shim = shims.join(name);
+            std::fs::write(&shim, &script)
+                .map_err(|e| format!("writing `{}`: {e}", shim.display()))?;
+            std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .map_err(|e| format!("making `{}` executable: {e}", shim.display()))?;
+        }
+        folders.push(shims);
+        if let Some(bin) = python.parent() {
+            folders.push(bin.to_path_buf());
+        }
+    }
+    folders.extend(inherited);
+    let joined = std::env::join_paths(folders)
+        .map_err(|e| format!("a folder of the interpreter's cannot be on PATH: {e}"))?;
+    Ok(joined.to_string_lossy().into_owned())
+}
+
+/// Kill the command and everything it started in its process group, and reap it.
+async fn kill_group(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let group = nix::unistd::Pid::from_raw(pid);
+        if let Err(error) = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL) {
+            tracing::warn!(%error, "could not kill the command's process group");
+        }
+    }
+    if let Err(error) = child.kill().await {
+        tracing::debug!(%error, "killing the command");
+    }
 }
 
 fn display(path: Option<&PathBuf>) -> String {

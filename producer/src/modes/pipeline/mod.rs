@@ -1,28 +1,52 @@
 //! Whole pipeline files: `batchfleet run pipeline.yml` / `batchfleet submit pipeline.yml` run
 //! every step in dependency order. Command steps run as subprocesses on this machine
 //! ([`command`]); each parallel step runs as a parallel job with its own job root, through the
-//! same lifecycle as a job file (in-process workers for `run`, the fleet for `submit`).
+//! same lifecycle as a job file (in-process workers for `run`, the fleet for `submit`). A step
+//! starts once the steps it reads from have succeeded: independent steps run at once. Which
+//! Python runs each step is [`interpreters`]' choice.
 //!
 //! The pipeline folder `<store>/<pipeline id>/` sits beside the job roots and holds the pipeline
-//! as written (`pipeline.yaml`), each command step's log (`<step>/log.txt`), the pathless
-//! outputs of every step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`),
-//! and `pipeline_result.txt`. The first step that fails stops the pipeline.
+//! as written (`pipeline.yaml`) and resolved (`pipeline.json`), each command step's log
+//! (`<step>/log.txt`), how each step ended (`<step>/step.json`), the pathless outputs of every
+//! step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`), and
+//! `pipeline_result.txt`. The first step that fails stops the pipeline; `resume` runs it again
+//! from the steps that did not succeed. [`manifest`] is what `watch` checks of a pipeline.
 
 mod command;
+mod interpreters;
+pub mod manifest;
 mod staging;
 
-use bytes::Bytes;
+use std::collections::BTreeMap;
 
-use batchfleet_common::spec::{ParsedPipeline, PipelineFile, StepKind};
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+
+use batchfleet_common::spec::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};
+
+pub use command::DEFAULT_TIMEOUT;
+pub use interpreters::Interpreters;
 
 use crate::error::ProducerError;
 use crate::job::lifecycle::{check_entry_script, store_url, JobReport};
 use crate::job_root::{new_job_id, JobRoot};
 use crate::modes::run::{run_job, RunOptions};
+use crate::modes::status::locate;
 use crate::modes::submit::{follow_published, publish_loaded, SubmitOptions};
 
 /// The file in the pipeline folder that records how the pipeline ended.
 pub const RESULT_FILE: &str = "pipeline_result.txt";
+/// The resolved pipeline, in its folder (what `resume` runs).
+const RESOLVED_FILE: &str = "pipeline.json";
+/// `<step>/step.json`: how a step ended (`{"succeeded": true, "location": …}`).
+const STEP_FILE: &str = "step.json";
+
+/// `<step>/step.json`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StepRecord {
+    succeeded: bool,
+    location: String,
+}
 
 /// Where the parallel steps run.
 pub enum Fleet<'a> {
@@ -91,21 +115,41 @@ impl PipelineReport {
     }
 }
 
+/// A pipeline whose folder exists and whose steps are resolved and checked, not yet run.
+pub struct StartedPipeline {
+    pub pipeline_id: String,
+    pub folder: JobRoot,
+    pub pipeline: ParsedPipeline,
+    /// The pipeline file as written (each parallel step's `job.yaml`).
+    pub text: String,
+}
+
 /// Resolve the pipeline against a new folder under the store, check what can be checked
-/// before anything runs (exit 2 when it fails), then run every step in order.
+/// before anything runs (exit 2 when it fails), then run its steps.
 pub async fn run_pipeline(
     file: &PipelineFile,
     fleet: Fleet<'_>,
+    interpreters: &Interpreters,
 ) -> Result<PipelineReport, ProducerError> {
-    let store = match &fleet {
+    let started = start_pipeline(file, &fleet).await?;
+    run_started(&started, &fleet, interpreters).await
+}
+
+/// Make the pipeline's folder, resolve and check the pipeline, and write `pipeline.yaml`.
+pub async fn start_pipeline(
+    file: &PipelineFile,
+    fleet: &Fleet<'_>,
+) -> Result<StartedPipeline, ProducerError> {
+    let store = match fleet {
         Fleet::Local(options) => options.store.as_deref(),
         Fleet::Remote(options) => options.store.as_deref(),
     };
-    if let Fleet::Remote(options) = &fleet {
+    if let Fleet::Remote(options) = fleet {
         if options.detach {
             return Err(ProducerError::Unsupported(format!(
-                "{}: a pipeline runs its steps one after another, so `submit --detach` cannot \
-                 leave it to the fleet; submit it without --detach",
+                "{}: the producer starts each step of a pipeline when the steps it reads from \
+                 end, so `submit --detach` cannot leave it to the fleet; submit it without \
+                 --detach",
                 file.spec_file.display()
             )));
         }
@@ -118,39 +162,151 @@ pub async fn run_pipeline(
     }
     check(&pipeline)?;
     folder.put(&folder.location.child_key("pipeline.yaml"), Bytes::from(file.text.clone())).await?;
+    let resolved = serde_json::to_vec_pretty(&pipeline).map_err(ProducerError::internal)?;
+    folder.put(&folder.location.child_key(RESOLVED_FILE), Bytes::from(resolved)).await?;
+    Ok(StartedPipeline { pipeline_id, folder, pipeline, text: file.text.clone() })
+}
+
+/// Run every step of a started pipeline: a step starts once every step it reads from has
+/// succeeded, so steps that do not depend on each other run at once. The first step that
+/// fails stops the pipeline: the steps running then finish, no other starts.
+pub async fn run_started(
+    started: &StartedPipeline,
+    fleet: &Fleet<'_>,
+    interpreters: &Interpreters,
+) -> Result<PipelineReport, ProducerError> {
+    run_steps(started, fleet, interpreters, &BTreeMap::new()).await
+}
+
+/// Whether `job` (an id under `store`, or a folder) is a pipeline's folder.
+pub async fn is_pipeline_folder(job: &str, store: Option<&str>) -> bool {
+    let Ok(folder) = locate(job, store) else { return false };
+    folder.exists(&folder.location.child_key(RESOLVED_FILE)).await.unwrap_or(false)
+}
+
+/// How a pipeline ended, when it did: its `pipeline_result.txt`.
+pub async fn finished(job: &str) -> Option<String> {
+    let folder = locate(job, None).ok()?;
+    folder.read_text(&folder.location.child_key(RESULT_FILE)).await.ok()?
+}
+
+/// The store a pipeline folder is in (where its steps' job roots go).
+pub fn store_of(job: &str, store: Option<&str>) -> Result<String, ProducerError> {
+    let folder = locate(job, store)?;
+    let url = folder.url();
+    let trimmed = url.trim_end_matches('/');
+    Ok(trimmed.strip_suffix(folder.job_id.as_str()).unwrap_or(trimmed).to_string())
+}
+
+/// `batchfleet resume` of a pipeline: the steps that succeeded stand (their outputs are in
+/// place), every other step runs again from its start, in order, from the first unfinished
+/// one.
+pub async fn resume_pipeline(
+    job: &str,
+    store: Option<&str>,
+    fleet: &Fleet<'_>,
+    interpreters: &Interpreters,
+) -> Result<PipelineReport, ProducerError> {
+    let folder = locate(job, store)?;
+    let key = folder.location.child_key(RESOLVED_FILE);
+    let resolved = folder.read_text(&key).await?.ok_or_else(|| {
+        ProducerError::Unsupported(format!(
+            "{}: not a pipeline folder (no {RESOLVED_FILE})",
+            folder.url()
+        ))
+    })?;
+    let pipeline: ParsedPipeline = serde_json::from_str(&resolved).map_err(|e| {
+        ProducerError::Unsupported(format!(
+            "{}: not a resolved pipeline: {e}",
+            folder.key_url(&key)
+        ))
+    })?;
+    if let Some(result) = folder.read_text(&folder.location.child_key(RESULT_FILE)).await? {
+        if result.starts_with("succeeded") {
+            return Err(ProducerError::Unsupported(format!(
+                "pipeline {} already succeeded; nothing to resume",
+                folder.job_id
+            )));
+        }
+    }
+    let text =
+        folder.read_text(&folder.location.child_key("pipeline.yaml")).await?.unwrap_or_default();
+    let mut done = BTreeMap::new();
+    for step in &pipeline.steps {
+        let key = folder.location.child_key(&format!("{}/{STEP_FILE}", step.name));
+        let Some(record) = folder.read_text(&key).await? else { continue };
+        match serde_json::from_str::<StepRecord>(&record) {
+            Ok(record) if record.succeeded => {
+                done.insert(step.name.clone(), record.location);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, step = %step.name, "unreadable step record; the step runs again")
+            }
+        }
+    }
+    eprintln!(
+        "resuming pipeline {} ({} of {} steps already succeeded)",
+        folder.job_id,
+        done.len(),
+        pipeline.steps.len()
+    );
+    let started = StartedPipeline { pipeline_id: folder.job_id.clone(), folder, pipeline, text };
+    run_steps(&started, fleet, interpreters, &done).await
+}
+
+/// Run the steps not in `done` (step name → location of a step that succeeded before).
+async fn run_steps(
+    started: &StartedPipeline,
+    fleet: &Fleet<'_>,
+    interpreters: &Interpreters,
+    done: &BTreeMap<String, String>,
+) -> Result<PipelineReport, ProducerError> {
+    let StartedPipeline { pipeline_id, folder, pipeline, text } = started;
     eprintln!(
         "pipeline {pipeline_id}: {} steps ({}); folder: {}",
         pipeline.steps.len(),
-        pipeline.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(" → "),
+        pipeline.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "),
         folder.url()
     );
-
-    let mut outcomes = Vec::new();
-    let mut failed = false;
     for step in &pipeline.steps {
-        let kind = step.kind.label();
-        if failed {
-            outcomes.push(StepOutcome {
+        eprintln!("{}", interpreters.summary(step, fleet));
+    }
+
+    let steps = &pipeline.steps;
+    let mut ended: Vec<Option<StepOutcome>> = steps
+        .iter()
+        .map(|step| {
+            let location = done.get(&step.name)?;
+            eprintln!(
+                "step `{}` ({}) succeeded before; not run again",
+                step.name,
+                step.kind.label()
+            );
+            Some(StepOutcome {
                 name: step.name.clone(),
-                kind,
-                verdict: StepVerdict::NotRun,
-                location: String::new(),
-            });
-            continue;
-        }
-        eprintln!("step `{}` ({kind}) starts", step.name);
-        let (verdict, location) = match &step.kind {
-            StepKind::Command(command) => command::run_step(&step.name, command, &folder).await,
-            StepKind::Parallel(job) => {
-                let job = job.as_ref().clone();
-                match run_parallel(job, &file.text, &fleet).await {
-                    Ok(report) => (step_verdict(&report), report.root_url),
-                    Err(error) => {
-                        (StepVerdict::Failed(format!("could not start: {error}")), String::new())
-                    }
-                }
+                kind: step.kind.label(),
+                verdict: StepVerdict::Succeeded,
+                location: location.clone(),
+            })
+        })
+        .collect();
+    let mut launched: Vec<bool> = ended.iter().map(Option::is_some).collect();
+    let mut running = FuturesUnordered::new();
+    let mut failed = false;
+    loop {
+        for (i, step) in steps.iter().enumerate() {
+            if failed || launched[i] || !ready(step, steps, &ended) {
+                continue;
             }
-        };
+            launched[i] = true;
+            eprintln!("step `{}` ({}) starts", step.name, step.kind.label());
+            running
+                .push(async move { (i, run_step(step, folder, text, fleet, interpreters).await) });
+        }
+        let Some((i, (verdict, location))) = running.next().await else { break };
+        let step = &steps[i];
+        let kind = step.kind.label();
         match &verdict {
             StepVerdict::Failed(why) => {
                 eprintln!("step `{}` ({kind}) failed: {why}", step.name);
@@ -158,17 +314,68 @@ pub async fn run_pipeline(
             }
             _ => eprintln!("step `{}` ({kind}) succeeded", step.name),
         }
-        outcomes.push(StepOutcome { name: step.name.clone(), kind, verdict, location });
+        let record =
+            StepRecord { succeeded: verdict == StepVerdict::Succeeded, location: location.clone() };
+        let key = folder.location.child_key(&format!("{}/{STEP_FILE}", step.name));
+        let record = serde_json::to_vec(&record).map_err(ProducerError::internal)?;
+        folder.put(&key, Bytes::from(record)).await?;
+        ended[i] = Some(StepOutcome { name: step.name.clone(), kind, verdict, location });
     }
+    let outcomes = steps
+        .iter()
+        .zip(ended)
+        .map(|(step, ended)| {
+            ended.unwrap_or_else(|| StepOutcome {
+                name: step.name.clone(),
+                kind: step.kind.label(),
+                verdict: StepVerdict::NotRun,
+                location: String::new(),
+            })
+        })
+        .collect();
     let result_key = folder.location.child_key(RESULT_FILE);
     let report = PipelineReport {
-        pipeline_id,
+        pipeline_id: pipeline_id.clone(),
         folder_url: folder.url(),
         result_url: folder.key_url(&result_key),
         steps: outcomes,
     };
     folder.put(&result_key, Bytes::from(report.text())).await?;
     Ok(report)
+}
+
+/// Whether every step `step` reads from has succeeded.
+fn ready(step: &PipelineStep, steps: &[PipelineStep], ended: &[Option<StepOutcome>]) -> bool {
+    step.after.iter().all(|name| {
+        let Some(j) = steps.iter().position(|s| &s.name == name) else { return true };
+        ended[j].as_ref().is_some_and(|o| o.verdict == StepVerdict::Succeeded)
+    })
+}
+
+async fn run_step(
+    step: &PipelineStep,
+    folder: &JobRoot,
+    text: &str,
+    fleet: &Fleet<'_>,
+    interpreters: &Interpreters,
+) -> (StepVerdict, String) {
+    match &step.kind {
+        StepKind::Command(command) => {
+            let (python, _) = interpreters.for_environment(command.environment.as_ref());
+            let python = command::StepPython { python };
+            command::run_step(&step.name, command, folder, python).await
+        }
+        StepKind::Parallel(job) => {
+            let (python, _) = interpreters.for_environment(job.task.environment.as_ref());
+            let job = job.as_ref().clone();
+            match run_parallel(job, text, fleet, python).await {
+                Ok(report) => (step_verdict(&report), report.root_url),
+                Err(error) => {
+                    (StepVerdict::Failed(format!("could not start: {error}")), String::new())
+                }
+            }
+        }
+    }
 }
 
 fn step_verdict(report: &JobReport) -> StepVerdict {
@@ -187,9 +394,13 @@ async fn run_parallel(
     job: batchfleet_common::job::ResolvedJob,
     text: &str,
     fleet: &Fleet<'_>,
+    python: &std::path::Path,
 ) -> Result<JobReport, ProducerError> {
     match fleet {
-        Fleet::Local(options) => run_job(job, text, options).await,
+        Fleet::Local(options) => {
+            let options = RunOptions { python: python.to_path_buf(), ..(*options).clone() };
+            run_job(job, text, &options).await
+        }
         Fleet::Remote(options) => {
             let published = publish_loaded(job, text, options).await?;
             follow_published(published, options.interactive).await

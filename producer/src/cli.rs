@@ -59,6 +59,12 @@ pub enum Command {
         /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
         #[arg(long)]
         profile: bool,
+        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
+        /// given once or more, every place the job names (inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
+        /// (docs/security.md). Without it the job is not confined.
+        #[arg(long = "allow", value_name = "PREFIX")]
+        allow: Vec<String>,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -99,6 +105,12 @@ pub enum Command {
         /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
         #[arg(long)]
         profile: bool,
+        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
+        /// given once or more, every place the job names (inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
+        /// (docs/security.md). Without it the job is not confined.
+        #[arg(long = "allow", value_name = "PREFIX")]
+        allow: Vec<String>,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -221,7 +233,16 @@ fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
 /// records, 2 no such job or it could not be read or written.
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, no_progress, datastores, metrics_addr, profile } => {
+        Command::Run {
+            job,
+            store,
+            python,
+            no_progress,
+            datastores,
+            metrics_addr,
+            profile,
+            allow,
+        } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
             }
@@ -235,6 +256,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 python,
                 datastores,
                 interactive: interactive(no_progress),
+                allow: allow_list(&allow),
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
@@ -263,6 +285,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             datastores,
             metrics_addr,
             profile,
+            allow,
         } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
@@ -284,6 +307,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 },
                 detach,
                 interactive: interactive(no_progress),
+                allow: allow_list(&allow),
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
@@ -459,4 +483,9 @@ fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
 fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
     eprintln!("error: {error}");
     ExitCode::from(error.exit_code())
+}
+
+/// `--allow` of `run` and `submit`: none given, the job is not confined.
+fn allow_list(allow: &[String]) -> Option<crate::job::confine::AllowList> {
+    (!allow.is_empty()).then(|| crate::job::confine::AllowList::new(allow))
 }

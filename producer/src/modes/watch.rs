@@ -19,7 +19,6 @@
 //! Manifests are read from a store, so their paths must be URLs or absolute paths: a relative
 //! path has no folder to be relative to and is refused by name.
 
-use std::path::Path as LocalPath;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,11 +29,10 @@ use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
-use batchfleet_common::job::InputValue;
-use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::job::confine::AllowList;
 use crate::job::lifecycle::JobReport;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
@@ -373,10 +371,9 @@ async fn submitted(
         Ok(map) => map,
         Err(error) => return Ok(Work::Done(invalid(error))),
     };
-    let allowed = allowed(location, options);
-    if let Err(error) = check_places(&text, &spec_path, dir.path(), &allowed, &datastores) {
-        return Ok(Work::Done(invalid(error)));
-    }
+    // Anyone who can drop a manifest must not reach the watcher's file system or other
+    // buckets: the job is confined to the allow-list (a place outside: `invalid`).
+    let allow = AllowList::new(&allowed(location, options)).with_scratch(dir.path());
     let submit = SubmitOptions {
         spec_path,
         store: options.store.clone(),
@@ -389,6 +386,7 @@ async fn submitted(
         },
         detach: false,
         interactive: false,
+        allow: Some(allow),
     };
     let published = match publish_job(&submit).await {
         Ok(published) => published,
@@ -462,70 +460,12 @@ async fn already_finished(started: &StartedJob) -> Option<ManifestResult> {
 /// The prefixes a manifest's job may reach: `--allow`, or the watched bucket (container).
 fn allowed(location: &StoreLocation, options: &WatchOptions) -> Vec<String> {
     if !options.allow.is_empty() {
-        return options.allow.iter().map(|a| with_slash(a)).collect();
+        return options.allow.clone();
     }
     match (location.url.scheme(), location.url.host_str()) {
         ("file", _) | (_, None) => Vec::new(),
         (scheme, Some(bucket)) => vec![format!("{scheme}://{bucket}/")],
     }
-}
-
-fn with_slash(prefix: &str) -> String {
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let url =
-        store::resolve_location(prefix, &cwd).map(String::from).unwrap_or_else(|_| prefix.into());
-    if url.ends_with('/') {
-        url
-    } else {
-        format!("{url}/")
-    }
-}
-
-/// Anyone who can drop a manifest must not reach the watcher's file system or other buckets:
-/// every place the job reads or writes (its inputs, code, outputs and `append_row_to`) must be
-/// under an allowed prefix; a relative path has no folder to be relative to.
-fn check_places(
-    text: &str,
-    spec_path: &LocalPath,
-    dir: &LocalPath,
-    allowed: &[String],
-    datastores: &spec::Datastores,
-) -> Result<(), String> {
-    let parsed = spec::parse_job_text(text, spec_path, datastores).map_err(|e| e.to_string())?;
-    let job = parsed.job;
-    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
-    let mut places = vec![("task.code".to_string(), job.task.code.clone())];
-    for (name, value) in &job.inputs {
-        if let InputValue::Data(input) = value {
-            places.push((format!("inputs.{name}"), input.url.clone()));
-        }
-    }
-    places.push(("input_data".to_string(), job.input.url.clone()));
-    for (name, output) in &job.outputs {
-        if let Some(url) = &output.url {
-            places.push((format!("outputs.{name}"), url.clone()));
-        }
-    }
-    if let Some(append) = &job.task.append_row_to {
-        places.push(("task.append_row_to".to_string(), append.clone()));
-    }
-    for (key, url) in &places {
-        if !scratch.is_empty() && url.starts_with(&scratch) {
-            return Err(format!(
-                "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative \
-                 path has no folder to be relative to"
-            ));
-        }
-        if !allowed.iter().any(|prefix| url.starts_with(prefix.as_str())) {
-            let allowed =
-                if allowed.is_empty() { "nothing".to_string() } else { allowed.join(", ") };
-            return Err(format!(
-                "{key}: `{url}` is outside what this watcher lets a manifest reach ({allowed}); \
-                 start the watcher with --allow PREFIX to allow it"
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn invalid(error: String) -> ManifestResult {

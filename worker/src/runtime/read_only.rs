@@ -176,8 +176,12 @@ impl ReadOnlyView {
         for folder in &self.folders {
             let path = folder.as_ptr();
             check(libc::mount(path, path, none, libc::MS_BIND | libc::MS_REC, no_data))?;
-            let attr =
-                MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+            let attr = MountAttr {
+                attr_set: MOUNT_ATTR_RDONLY,
+                attr_clr: 0,
+                propagation: 0,
+                userns_fd: 0,
+            };
             let done = libc::syscall(
                 libc::SYS_mount_setattr,
                 libc::AT_FDCWD,

@@ -82,6 +82,16 @@ impl Ground {
             .arg(self.path("allowed")))
     }
 
+    /// `batchfleet run` on `spec`, not confined.
+    fn run_plain(&self, spec: &str) -> Output {
+        std::fs::write(self.path("allowed/job.yaml"), spec).unwrap();
+        run(batchfleet()
+            .arg("run")
+            .arg(self.path("allowed/job.yaml"))
+            .arg("--store")
+            .arg(self.path("jobs")))
+    }
+
     /// The job was refused before it started, naming `place`; nothing was made.
     fn assert_refused(&self, output: &Output, place: &str) {
         assert_eq!(output.status.code(), Some(2), "{}", describe(output));
@@ -226,13 +236,7 @@ fn a_ro_mount_input_cannot_be_written_through_another_process_or_a_remount() {
     std::fs::write(ground.path("allowed/code/entry.py"), BREAK_OUT).unwrap();
     let data = ground.show("allowed/data");
     let input = format!("{{type: uri_folder, path: {data}, mode: ro_mount}}");
-    let spec = ground.job(&input, &ground.show("allowed/out/rows.txt"));
-    std::fs::write(ground.path("allowed/job.yaml"), spec).unwrap();
-    let output = run(batchfleet()
-        .arg("run")
-        .arg(ground.path("allowed/job.yaml"))
-        .arg("--store")
-        .arg(ground.path("jobs")));
+    let output = ground.run_plain(&ground.job(&input, &ground.show("allowed/out/rows.txt")));
     assert!(output.status.success(), "{}", describe(&output));
     let rows = std::fs::read_to_string(ground.path("allowed/out/rows.txt")).unwrap();
     assert_eq!(std::fs::read_to_string(ground.path("allowed/data/a.txt")).unwrap(), "a", "{rows}");
@@ -240,4 +244,68 @@ fn a_ro_mount_input_cannot_be_written_through_another_process_or_a_remount() {
         assert!(rows.lines().any(|line| line == row), "`{row}` in:\n{rows}");
     }
     assert!(!Path::new(&data).join("overwritten").exists());
+}
+
+/// `run()` that overwrites every file it is given; one row per file.
+const OVERWRITE: &str = r#"
+def init(): pass
+def run(mini_batch):
+    rows = []
+    for p in mini_batch:
+        try:
+            with open(p, "w") as f:
+                f.write("overwritten")
+            rows.append("written %s" % p)
+        except OSError as e:
+            rows.append("refused %s %d" % (p, e.errno))
+    return rows
+"#;
+
+/// A file-list MLTable (no read transformation) in `allowed/tables/` naming `d.csv` beside it
+/// and `allowed/elsewhere/e.csv` outside its folder, read with `mode`: the rows the overwriting
+/// script returned, after checking both originals are untouched.
+fn overwrite_table_files(mode: &str) -> (Ground, Vec<String>) {
+    let ground = Ground::new();
+    std::fs::create_dir_all(ground.path("allowed/elsewhere")).unwrap();
+    std::fs::write(ground.path("allowed/tables/d.csv"), "d").unwrap();
+    std::fs::write(ground.path("allowed/elsewhere/e.csv"), "e").unwrap();
+    let listed = format!(
+        "paths:\n  - file: ./d.csv\n  - file: {}\n",
+        ground.show("allowed/elsewhere/e.csv")
+    );
+    std::fs::write(ground.path("allowed/tables/MLTable"), listed).unwrap();
+    std::fs::write(ground.path("allowed/code/entry.py"), OVERWRITE).unwrap();
+    let input = format!("{{type: mltable, path: {}, mode: {mode}}}", ground.show("allowed/tables"));
+    let spec = ground.job(&input, &ground.show("allowed/out/rows.txt"));
+    let output = ground.run_plain(&spec);
+    assert!(output.status.success(), "{}", describe(&output));
+    let rows = std::fs::read_to_string(ground.path("allowed/out/rows.txt")).unwrap();
+    for (file, text) in [("allowed/tables/d.csv", "d"), ("allowed/elsewhere/e.csv", "e")] {
+        let kept = std::fs::read_to_string(ground.path(file)).unwrap();
+        assert_eq!(kept, text, "{file} untouched with mode {mode}; rows:\n{rows}");
+    }
+    let rows = rows.lines().map(str::to_string).collect();
+    (ground, rows)
+}
+
+#[test]
+fn a_downloaded_table_s_files_are_copies() {
+    let (ground, rows) = overwrite_table_files("download");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for original in ["allowed/tables/d.csv", "allowed/elsewhere/e.csv"] {
+        let original = ground.show(original);
+        assert!(
+            rows.iter().all(|row| !row.contains(&original)),
+            "a copy, not {original}: {rows:?}"
+        );
+    }
+}
+
+#[test]
+fn a_ro_mount_table_s_files_are_read_only_or_copies_even_outside_its_folder() {
+    let (ground, rows) = overwrite_table_files("ro_mount");
+    // The file in the MLTable's folder is seen read-only at its own path.
+    let beside = format!("refused {} 30", ground.show("allowed/tables/d.csv"));
+    assert!(rows.contains(&beside), "`{beside}` in {rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
 }

@@ -235,6 +235,12 @@ pub fn can_view(folder: &Path, writes: &[&Path]) -> bool {
     !writes.iter().any(|write| resolved(write).starts_with(&folder))
 }
 
+/// Whether a runtime with a read-only view of `folder` sees `path` through it (both as the file
+/// system resolves them: a link in the folder that leads out of it is not seen through it).
+pub fn sees(folder: &Path, path: &Path) -> bool {
+    resolved(path).starts_with(resolved(folder))
+}
+
 /// `path` with its links resolved as far as it exists (the rest appended as it is).
 fn resolved(path: &Path) -> PathBuf {
     let mut existing = path;

@@ -309,3 +309,52 @@ fn a_ro_mount_table_s_files_are_read_only_or_copies_even_outside_its_folder() {
     assert!(rows.contains(&beside), "`{beside}` in {rows:?}");
     assert_eq!(rows.len(), 2, "{rows:?}");
 }
+
+/// Where the machine refuses namespaces (here: a user namespace whose limit of nested ones is
+/// 0, which the view needs), `ro_mount` inputs are copied, and the job's log says so once.
+#[test]
+fn without_namespaces_ro_mount_copies_and_the_job_log_says_so_once() {
+    let ground = Ground::new();
+    for name in ["b.txt", "c.txt", "d.txt"] {
+        std::fs::write(ground.path("allowed/data").join(name), name).unwrap();
+    }
+    std::fs::write(ground.path("allowed/code/entry.py"), OVERWRITE).unwrap();
+    let input =
+        format!("{{type: uri_folder, path: {}, mode: ro_mount}}", ground.show("allowed/data"));
+    let spec = ground
+        .job(&input, &ground.show("allowed/out/rows.txt"))
+        .replace("mini_batch_size: 1\n", "mini_batch_size: 1\nmax_concurrency_per_instance: 2\n");
+    std::fs::write(ground.path("allowed/job.yaml"), spec).unwrap();
+    let limited = "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"";
+    let mut command = std::process::Command::new("unshare");
+    command
+        .args(["--user", "--map-root-user", "sh", "-c", limited, "sh"])
+        .arg(binary("batchfleet"))
+        .arg("run")
+        .arg(ground.path("allowed/job.yaml"))
+        .arg("--store")
+        .arg(ground.path("jobs"))
+        .env("BATCHFLEET_PYTHON", batchfleet_tests::python())
+        .env_remove("BATCHFLEET_STORE");
+    let output = run(&mut command);
+    assert!(output.status.success(), "{}", describe(&output));
+    let rows = std::fs::read_to_string(ground.path("allowed/out/rows.txt")).unwrap();
+    assert_eq!(rows.lines().filter(|row| row.starts_with("written ")).count(), 4, "{rows}");
+    for name in ["a.txt", "b.txt", "c.txt", "d.txt"] {
+        let path = ground.path("allowed/data").join(name);
+        let kept = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(kept, if name == "a.txt" { "a" } else { name }, "{name} untouched: {rows}");
+        assert!(!rows.contains(&path.display().to_string()), "a copy, not {name}: {rows}");
+    }
+    let jobs: Vec<PathBuf> =
+        std::fs::read_dir(ground.path("jobs")).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut logs = String::new();
+    for entry in std::fs::read_dir(jobs[0].join("logs/sys")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            logs.push_str(&std::fs::read_to_string(path).unwrap_or_default());
+        }
+    }
+    let told = logs.matches("cannot give run() a read-only view").count();
+    assert_eq!(told, 1, "said once in the job's log:\n{logs}");
+}

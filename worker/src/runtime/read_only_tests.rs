@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use super::{can_view, refuses_for_good};
+use super::{can_view, refuses_for_good, sees};
 
 #[test]
 fn a_folder_is_viewed_when_nothing_written_lies_in_it() {
@@ -37,6 +37,21 @@ fn links_are_followed_both_ways() {
     std::os::unix::fs::symlink(&data, dir.path().join("data-link")).unwrap();
     assert!(!can_view(&dir.path().join("data-link"), &[&data.join("jobs")]));
     assert!(can_view(&dir.path().join("data-link"), &[&elsewhere]));
+}
+
+#[test]
+fn a_file_is_seen_through_the_view_only_where_it_resolves_into_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, elsewhere) = (dir.path().join("data"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(data.join("in.csv"), "x").unwrap();
+    std::fs::write(elsewhere.join("out.csv"), "x").unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("out.csv"), data.join("link.csv")).unwrap();
+    assert!(sees(&data, &data.join("in.csv")));
+    assert!(!sees(&data, &elsewhere.join("out.csv")), "a file outside the folder");
+    assert!(!sees(&data, &data.join("link.csv")), "a link in it that leads out");
+    assert!(!sees(&data, &dir.path().join("data-2/in.csv")), "a sibling sharing its name");
 }
 
 /// The user-namespace path, which a worker that is not root takes: a root test process runs

@@ -175,9 +175,10 @@ pub enum Command {
         /// depends on it.
         #[arg(long, env = "BATCHFLEET_SKIP_STORE_CHECK")]
         skip_store_check: bool,
-        /// A prefix a manifest's job may read and write (its inputs, code, outputs,
-        /// append_row_to), repeatable: `s3://data-bucket/`, `/srv/batch/`. Default: the watched
-        /// bucket only, and no local path; a manifest reaching elsewhere is recorded `invalid`.
+        /// A prefix a manifest's job may read and write (its inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to; links resolved), repeatable:
+        /// `s3://data-bucket/`, `/srv/batch/`. Default: the watched bucket only, and no local
+        /// path; a manifest reaching elsewhere is recorded `invalid` (docs/security.md).
         #[arg(long = "allow", value_name = "PREFIX")]
         allow: Vec<String>,
         /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →

@@ -20,7 +20,7 @@ use futures::TryStreamExt;
 use url::Url;
 
 use batchfleet_common::job::{InputKind, InputSpec, InputValue, ResolvedJob};
-use batchfleet_common::store::{self, StoreError};
+use batchfleet_common::store::{self, resolved_path, StoreError};
 
 use crate::error::ProducerError;
 use crate::job::plan_table::{table_files, table_paths};
@@ -76,7 +76,7 @@ impl AllowList {
             let url = store::resolve_location(prefix, &cwd).ok();
             let local = url.as_ref().and_then(store::local_path);
             let allowed = match (local, url) {
-                (Some(path), _) => Allowed::Local(canonical(&path)),
+                (Some(path), _) => Allowed::Local(resolved_path(&path)),
                 (None, Some(url)) => Allowed::Url(with_slash(url.as_str())),
                 (None, None) => Allowed::Url(with_slash(prefix)),
             };
@@ -91,7 +91,7 @@ impl AllowList {
 
     /// Refuse places under `scratch` as relative paths of a manifest.
     pub fn with_scratch(mut self, scratch: &Path) -> AllowList {
-        self.scratch = Some(canonical(scratch));
+        self.scratch = Some(resolved_path(scratch));
         self
     }
 
@@ -117,7 +117,7 @@ impl AllowList {
     }
 
     fn check_path(&self, key: &str, place: &str, path: &Path) -> Result<(), ConfineError> {
-        let real = canonical(path);
+        let real = resolved_path(path);
         if self.scratch.as_ref().is_some_and(|scratch| real.starts_with(scratch)) {
             return Err(ConfineError::Relative { key: key.to_string() });
         }
@@ -202,24 +202,6 @@ pub async fn check_job(job: &ResolvedJob, allow: &AllowList) -> Result<(), Produ
         }
     }
     Ok(())
-}
-
-/// `path` with its links resolved as far as it exists (the rest appended as it is).
-fn canonical(path: &Path) -> PathBuf {
-    let mut existing = path;
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = existing.canonicalize() {
-            return rest.iter().rev().fold(real, |path, part| path.join(part));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_owned());
-                existing = parent;
-            }
-            _ => return path.to_path_buf(),
-        }
-    }
 }
 
 fn with_slash(prefix: &str) -> String {

@@ -31,6 +31,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use batchfleet_common::store::resolved_path;
+
 /// Set once a view could not be made in this process: later runtimes do not try.
 static REFUSED: AtomicBool = AtomicBool::new(false);
 
@@ -228,35 +230,17 @@ unsafe fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
 /// folder or the temporary folder under the input would turn read-only too). Paths are
 /// compared as the file system resolves them, where they exist.
 pub fn can_view(folder: &Path, writes: &[&Path]) -> bool {
-    let folder = resolved(folder);
+    let folder = resolved_path(folder);
     if folder.parent().is_none() {
         return false;
     }
-    !writes.iter().any(|write| resolved(write).starts_with(&folder))
+    !writes.iter().any(|write| resolved_path(write).starts_with(&folder))
 }
 
 /// Whether a runtime with a read-only view of `folder` sees `path` through it (both as the file
 /// system resolves them: a link in the folder that leads out of it is not seen through it).
 pub fn sees(folder: &Path, path: &Path) -> bool {
-    resolved(path).starts_with(resolved(folder))
-}
-
-/// `path` with its links resolved as far as it exists (the rest appended as it is).
-fn resolved(path: &Path) -> PathBuf {
-    let mut existing = path;
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = existing.canonicalize() {
-            return rest.iter().rev().fold(real, |path, part| path.join(part));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_owned());
-                existing = parent;
-            }
-            _ => return path.to_path_buf(),
-        }
-    }
+    resolved_path(path).starts_with(resolved_path(folder))
 }
 
 #[cfg(test)]

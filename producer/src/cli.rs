@@ -103,6 +103,12 @@ pub enum Command {
         /// `environments.yaml` (docs/pipelines.md, "Environments").
         #[arg(long = "environment", value_name = "NAME=PYTHON")]
         environments: Vec<String>,
+        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
+        /// given once or more, every place the job names (inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
+        /// (docs/security.md). Without it the job is not confined.
+        #[arg(long = "allow", value_name = "PREFIX")]
+        allow: Vec<String>,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -153,6 +159,12 @@ pub enum Command {
         /// `environments.yaml` (docs/pipelines.md, "Environments").
         #[arg(long = "environment", value_name = "NAME=PYTHON")]
         environments: Vec<String>,
+        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
+        /// given once or more, every place the job names (inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
+        /// (docs/security.md). Without it the job is not confined.
+        #[arg(long = "allow", value_name = "PREFIX")]
+        allow: Vec<String>,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -230,9 +242,10 @@ pub enum Command {
         /// depends on it.
         #[arg(long, env = "BATCHFLEET_SKIP_STORE_CHECK")]
         skip_store_check: bool,
-        /// A prefix a manifest's job may read and write (its inputs, code, outputs,
-        /// append_row_to), repeatable: `s3://data-bucket/`, `/srv/batch/`. Default: the watched
-        /// bucket only, and no local path; a manifest reaching elsewhere is recorded `invalid`.
+        /// A prefix a manifest's job may read and write (its inputs and the files they list,
+        /// MLTable paths, code, outputs, append_row_to; links resolved), repeatable:
+        /// `s3://data-bucket/`, `/srv/batch/`. Default: the watched bucket only, and no local
+        /// path; a manifest reaching elsewhere is recorded `invalid` (docs/security.md).
         #[arg(long = "allow", value_name = "PREFIX")]
         allow: Vec<String>,
         /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
@@ -323,6 +336,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             metrics_addr,
             profile,
             environments,
+            allow,
         } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
@@ -337,6 +351,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 python,
                 datastores,
                 interactive: interactive(no_progress),
+                allow: allow_list(&allow),
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
@@ -373,6 +388,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             profile,
             python,
             environments,
+            allow,
         } => {
             if let Err(code) = serve_metrics(metrics_addr) {
                 return code;
@@ -394,6 +410,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 },
                 detach,
                 interactive: interactive(no_progress),
+                allow: allow_list(&allow),
             };
             match pipeline_file(&options.spec_path, &options.datastores) {
                 Ok(Some(file)) => {
@@ -611,6 +628,8 @@ async fn resume_a_pipeline(
                 python,
                 datastores: Datastores::default(),
                 interactive,
+                // Its places were checked, where an allow-list was given, when it first ran.
+                allow: None,
             };
             resume_pipeline(job, store.as_deref(), &Fleet::Local(&options), &interpreters).await
         }
@@ -624,6 +643,7 @@ async fn resume_a_pipeline(
                 rabbitmq: RabbitMqConnect::default(),
                 detach: false,
                 interactive,
+                allow: None,
             };
             resume_pipeline(job, store.as_deref(), &Fleet::Remote(&options), &interpreters).await
         }
@@ -670,6 +690,11 @@ fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
 fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
     eprintln!("error: {error}");
     ExitCode::from(error.exit_code())
+}
+
+/// `--allow` of `run` and `submit`: none given, the job is not confined.
+fn allow_list(allow: &[String]) -> Option<crate::job::confine::AllowList> {
+    (!allow.is_empty()).then(|| crate::job::confine::AllowList::new(allow))
 }
 
 #[cfg(test)]

@@ -16,6 +16,9 @@ pub enum ProducerError {
     Broker(#[from] BrokerError),
     #[error(transparent)]
     JobRoot(#[from] JobRootError),
+    /// A place the job names is outside the allow-list (`--allow`, `watch`).
+    #[error(transparent)]
+    Confined(#[from] crate::job::confine::ConfineError),
     #[error("input `{input}` ({url}) holds no files: there is nothing to run")]
     EmptyInput { input: String, url: String },
     #[error("input `{input}` ({url}) does not exist")]
@@ -72,7 +75,8 @@ impl ProducerError {
             ProducerError::Spec(_)
             | ProducerError::Unsupported(_)
             | ProducerError::MissingEntryScript { .. }
-            | ProducerError::MissingCode { .. } => ErrorKind::Config,
+            | ProducerError::MissingCode { .. }
+            | ProducerError::Confined(_) => ErrorKind::Config,
             ProducerError::Store(e) => e.kind(),
             ProducerError::Listing { source, .. } => source.kind(),
             ProducerError::Broker(e) => e.kind(),

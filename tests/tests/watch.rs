@@ -145,7 +145,7 @@ fn two_watchers_run_each_of_five_manifests_exactly_once_and_name_an_invalid_one(
     let (_, reaching) = &results[7];
     assert_eq!(reaching["status"], "invalid", "{reaching}");
     let error = reaching["first_error"].as_str().unwrap_or_default();
-    assert!(error.contains("is outside what this watcher lets a manifest reach"), "{reaching}");
+    assert!(error.contains("is outside the allow-list"), "{reaching}");
 
     // Each manifest ran once: five job roots, and every job's output holds its three files once.
     let roots = std::fs::read_dir(dir.path().join("jobs")).unwrap().count();

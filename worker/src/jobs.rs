@@ -37,6 +37,9 @@ pub(crate) struct LoadedJob {
     pub mounts: JobMounts,
     /// Seen the cancel marker (final once true).
     cancelled: AtomicBool,
+    /// The job's log was told that its `ro_mount` input is copied here (see
+    /// [`LoadedJob::first_copies`]).
+    copies_told: AtomicBool,
     /// When the cancel marker was last looked for.
     cancel_checked: std::sync::Mutex<Option<Instant>>,
     /// When this worker loaded the job (ms since the epoch): its `logs/sys/<worker>.log` holds
@@ -50,6 +53,12 @@ impl LoadedJob {
     /// What binding the job's inputs for a runtime needs.
     pub fn mounted(&self) -> MountedJob<'_> {
         MountedJob { job: &self.job, job_id: &self.job_id, mounts: &self.mounts }
+    }
+
+    /// True the first time a runtime of this job on this worker gets copies of an input it
+    /// should have seen read-only (the view refused): the job's log says so once.
+    pub fn first_copies(&self) -> bool {
+        !self.copies_told.swap(true, Ordering::Relaxed)
     }
 
     pub fn run_timeout(&self) -> Duration {
@@ -162,6 +171,7 @@ async fn load(job_id: &str, root_url: &str) -> Result<LoadedJob, JobLoadError> {
         input,
         mounts,
         cancelled: AtomicBool::new(false),
+        copies_told: AtomicBool::new(false),
         cancel_checked: std::sync::Mutex::new(None),
         loaded_ms: batchfleet_common::status::now_ms(),
         _debug_lines: debug_lines,

@@ -56,6 +56,29 @@ impl TableReaders {
     }
 }
 
+/// Which local files of a table (a file list's, Parquet files) `run()` gets at their own paths;
+/// the others are copied into the batch's folder, as a `uri_folder`'s files are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InPlace<'a> {
+    /// `mode: direct`: every local file.
+    All,
+    /// `ro_mount` with the runtime's read-only view of this folder: the files in it (as the
+    /// file system resolves them); a file the MLTable names outside it is copied.
+    Viewed(&'a Path),
+    /// `download`, and `ro_mount` without a view: none.
+    None,
+}
+
+impl InPlace<'_> {
+    fn keeps(&self, path: &Path) -> bool {
+        match self {
+            InPlace::All => true,
+            InPlace::Viewed(folder) => crate::runtime::read_only::sees(folder, path),
+            InPlace::None => false,
+        }
+    }
+}
+
 /// Make a tabular batch's pieces local files in a fresh folder under `scratch` (removed when
 /// the returned value is dropped). An MLTable with no read transformation is a file list: its
 /// files are passed as paths, like a `uri_folder`'s.
@@ -63,6 +86,7 @@ pub(crate) async fn prepare(
     batch: &TableBatch,
     readers: &TableReaders,
     scratch: &Path,
+    in_place: InPlace<'_>,
 ) -> Result<Materialized, InfraError> {
     let folder = batch_folder(scratch, "table-")?;
     let mut paths = Vec::new();
@@ -70,12 +94,8 @@ pub(crate) async fn prepare(
     for (i, piece) in batch.pieces.iter().enumerate() {
         let local = match &batch.read.format {
             TableFormat::FileList | TableFormat::Parquet => {
-                whole_file(
-                    readers,
-                    piece,
-                    &folder.path().join(format!("{i}-{}", file_name(&piece.url))),
-                )
-                .await?
+                let local = folder.path().join(format!("{i}-{}", file_name(&piece.url)));
+                whole_file(readers, piece, &local, in_place).await?
             }
             _ => {
                 records_file(batch, readers, piece, &folder.path().join(format!("piece-{i}")))
@@ -130,14 +150,22 @@ async fn records_file(
     Ok(local.to_path_buf())
 }
 
-/// The whole file: where it is for a local file, else downloaded to `local`.
+/// The whole file: where it is for a local file `in_place` keeps, else copied or downloaded
+/// to `local`.
 async fn whole_file(
     readers: &TableReaders,
     piece: &TablePiece,
     local: &Path,
+    in_place: InPlace<'_>,
 ) -> Result<PathBuf, InfraError> {
     if let Some(path) = Url::parse(&piece.url).ok().as_ref().and_then(store::local_path) {
-        return Ok(path);
+        if in_place.keeps(&path) {
+            return Ok(path);
+        }
+        tokio::fs::copy(&path, local).await.map_err(|e| {
+            InfraError::io(format!("copying {} to {}", path.display(), local.display()), e)
+        })?;
+        return Ok(local.to_path_buf());
     }
     let (store, key) = readers.stores.object(&piece.url)?;
     let bytes = retrying("download a table file", || async {

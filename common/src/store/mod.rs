@@ -269,6 +269,25 @@ pub fn local_path(url: &Url) -> Option<std::path::PathBuf> {
     }
 }
 
+/// `path` with its links resolved as far as it exists (the rest appended as it is): where a
+/// place not made yet would land. The allow-list and the read-only view compare paths so.
+pub fn resolved_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(real) = existing.canonicalize() {
+            return rest.iter().rev().fold(real, |path, part| path.join(part));
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
 /// The file that holds `key` when `root` is a local folder, for callers that read or write it
 /// in place (a hop to the blocking pool per small file costs more than the file operation).
 /// `file://` roots are opened as `LocalFileSystem::new()` (see [`open`]): the key maps the way

@@ -2,9 +2,11 @@
 //! for MLTable inputs and partitions; `plan_writer` records and publishes), `follow` (events,
 //! `dead_letters` routing, `progress`; `follow_end`: why following stops), `tracker` (compact
 //! per-batch state), `aggregate`, `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a
-//! job's life from spec to verdict).
+//! job's life from spec to verdict); `confine` checks every place a job names against an
+//! allow-list.
 
 pub mod aggregate;
+pub mod confine;
 pub mod dead_letters;
 pub mod follow;
 mod follow_end;

@@ -135,6 +135,27 @@ pub(crate) async fn plan_folder_partitions(
     planner.by_partition(&job.partition_keys, files).await
 }
 
+/// What an `mltable` input names, for the allow-list ([`super::confine`]): the `MLTable`
+/// file's own URL and each of its `paths:` (a pattern's folder before its first glob).
+pub(crate) async fn table_paths(input: &InputSpec) -> Result<(String, Vec<String>), ProducerError> {
+    let table = load_mltable(input).await?;
+    let mut named = Vec::new();
+    for path in &table.paths {
+        named.push(match path {
+            MlPath::File(url) | MlPath::Folder(url) => url.clone(),
+            MlPath::Pattern(raw) => PathPattern::parse(raw)?.base,
+        });
+    }
+    Ok((table.file, named))
+}
+
+/// Every file an `mltable` input's `paths:` expand to, as the planner lists them.
+pub(crate) async fn table_files(input: &InputSpec) -> Result<Vec<String>, ProducerError> {
+    let table = load_mltable(input).await?;
+    let files = list_table_files(&table, &StoreCache::default()).await?;
+    Ok(files.into_iter().map(|file| file.url).collect())
+}
+
 /// Read and parse `<input>/MLTable`.
 async fn load_mltable(input: &InputSpec) -> Result<MlTable, ProducerError> {
     let folder =

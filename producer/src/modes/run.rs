@@ -20,6 +20,7 @@ use batchfleet_worker::{Prestart, Worker, WorkerConfig};
 use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::infra::settings::effective_settings;
+use crate::job::confine::{self, AllowList};
 use crate::job::follow::FollowEnd;
 use crate::job::lifecycle::{self, create_root, finish_alongside, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
@@ -43,6 +44,8 @@ pub struct RunOptions {
     pub datastores: Datastores,
     /// Show a progress bar (a terminal) instead of log lines.
     pub interactive: bool,
+    /// `--allow`: every place the job names must lie under these prefixes.
+    pub allow: Option<AllowList>,
 }
 
 /// Run a job to its end on this machine.
@@ -59,6 +62,9 @@ pub async fn run_job(
     options: &RunOptions,
 ) -> Result<JobReport, ProducerError> {
     check_fits_this_machine(&job, available_cores())?;
+    if let Some(allow) = &options.allow {
+        confine::check_job(&job, allow).await?;
+    }
     let started_ms = batchfleet_common::status::now_ms();
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);

@@ -24,6 +24,7 @@ use crate::error::ProducerError;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::infra::settings::effective_settings;
 use crate::infra::steady::SteadyBroker;
+use crate::job::confine::{self, AllowList};
 use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
 use crate::job::plan::PlanSummary;
@@ -56,6 +57,8 @@ pub struct SubmitOptions {
     pub detach: bool,
     /// Show a progress bar (a terminal) instead of log lines.
     pub interactive: bool,
+    /// `--allow` (and `watch`): every place the job names must lie under these prefixes.
+    pub allow: Option<AllowList>,
 }
 
 /// What `submit` did.
@@ -122,6 +125,9 @@ pub async fn publish_loaded(
     let kind = kind_of(&options.broker)
         .map_err(|e| ProducerError::Unsupported(format!("--broker: {e}")))?;
     check_backend_limits(&job, kind, &options.rabbitmq)?;
+    if let Some(allow) = &options.allow {
+        confine::check_job(&job, allow).await?;
+    }
     let code = shippable_code(&job)?;
     let broker = connect_broker(options).await?;
     let queues = QueueNames::for_pool(&options.pool);
@@ -225,6 +231,8 @@ fn shippable_code(job: &ResolvedJob) -> Result<Option<PathBuf>, ProducerError> {
         return Ok(None);
     };
     if dir.is_dir() {
+        // Refused before anything is made: a file linked in from outside the folder.
+        refuse_links_out(&dir, &code_files(&dir)?)?;
         return Ok(Some(dir));
     }
     Err(ProducerError::Unsupported(format!(
@@ -248,10 +256,8 @@ pub async fn producer_broker(url: &str, pool: &str) -> Result<Arc<dyn Broker>, P
 
 /// Copy the code folder to `<job root>/code/`; returns the URL `task.code` now points at.
 async fn upload_code(root: &JobRoot, code: &Path) -> Result<String, ProducerError> {
-    let mut files = Vec::new();
-    collect_files(code, code, &mut files).map_err(|e| {
-        ProducerError::Unsupported(format!("reading task.code `{}`: {e}", code.display()))
-    })?;
+    let files = code_files(code)?;
+    refuse_links_out(code, &files)?;
     for (relative, path) in &files {
         let bytes = tokio::fs::read(path).await.map_err(|e| {
             ProducerError::Unsupported(format!("reading `{}`: {e}", path.display()))
@@ -262,6 +268,37 @@ async fn upload_code(root: &JobRoot, code: &Path) -> Result<String, ProducerErro
     tracing::debug!(files = files.len(), "code uploaded to the job root");
     let folder = root.location.child_key(CODE_FOLDER);
     Ok(format!("{}/", root.key_url(&folder)))
+}
+
+/// The files of the code folder `code` (see [`collect_files`]).
+fn code_files(code: &Path) -> Result<Vec<(String, PathBuf)>, ProducerError> {
+    let mut files = Vec::new();
+    collect_files(code, code, &mut files).map_err(|e| {
+        ProducerError::Unsupported(format!("reading task.code `{}`: {e}", code.display()))
+    })?;
+    Ok(files)
+}
+
+/// `task.code` carries only the code folder's own files: a file reached through a link that
+/// leads out of it (a credentials file linked in) is refused by name.
+fn refuse_links_out(code: &Path, files: &[(String, PathBuf)]) -> Result<(), ProducerError> {
+    let reading = |path: &Path, e: std::io::Error| {
+        ProducerError::Unsupported(format!("reading `{}`: {e}", path.display()))
+    };
+    let folder = code.canonicalize().map_err(|e| reading(code, e))?;
+    for (_, path) in files {
+        let real = path.canonicalize().map_err(|e| reading(path, e))?;
+        if !real.starts_with(&folder) {
+            return Err(ProducerError::Unsupported(format!(
+                "task.code: `{}` is a link to `{}`, outside the code folder `{}`; only the \
+                 folder's own files are sent with the job",
+                path.display(),
+                real.display(),
+                code.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every file under `dir`, with its `/`-separated path relative to `base`; caches skipped.

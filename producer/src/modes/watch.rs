@@ -19,7 +19,6 @@
 //! Manifests are read from a store, so their paths must be URLs or absolute paths: a relative
 //! path has no folder to be relative to and is refused by name.
 
-use std::path::Path as LocalPath;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,11 +29,11 @@ use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
-use batchfleet_common::job::InputValue;
-use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
+use batchfleet_common::spec;
 
 use crate::error::ProducerError;
+use crate::job::confine::AllowList;
 use crate::job::lifecycle::JobReport;
 use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
@@ -382,18 +381,17 @@ async fn submitted(
         Ok(map) => map,
         Err(error) => return Ok(Work::Done(invalid(error))),
     };
-    let allowed = allowed(location, options);
+    // Anyone who can drop a manifest must not reach the watcher's file system or other
+    // buckets: the job is confined to the allow-list (a place outside: `invalid`).
+    let allow = AllowList::new(&allowed(location, options)).with_scratch(dir.path());
     let pipeline = match spec::load_spec_file(&spec_path, &datastores) {
         Ok(spec::SpecFile::Pipeline(file)) => Some(file),
         _ => None,
     };
-    let checked = match &pipeline {
-        Some(file) => pipeline::manifest::places(file)
-            .and_then(|places| check_urls(&places, dir.path(), &allowed)),
-        None => check_places(&text, &spec_path, dir.path(), &allowed, &datastores),
-    };
-    if let Err(error) = checked {
-        return Ok(Work::Done(invalid(error)));
+    if let Some(file) = &pipeline {
+        if let Err(error) = check_pipeline(file, &allow).await {
+            return Ok(Work::Done(invalid(error)));
+        }
     }
     let submit = SubmitOptions {
         spec_path,
@@ -407,6 +405,7 @@ async fn submitted(
         },
         detach: false,
         interactive: false,
+        allow: Some(allow),
     };
     if let Some(file) = pipeline {
         return pipelines::submitted(&file, &submit, manifest, options, held).await;
@@ -489,7 +488,7 @@ async fn already_finished(started: &StartedJob) -> Option<ManifestResult> {
 /// The prefixes a manifest's job may reach: `--allow`, or the watched bucket (container).
 fn allowed(location: &StoreLocation, options: &WatchOptions) -> Vec<String> {
     if !options.allow.is_empty() {
-        return options.allow.iter().map(|a| with_slash(a)).collect();
+        return options.allow.clone();
     }
     match (location.url.scheme(), location.url.host_str()) {
         ("file", _) | (_, None) => Vec::new(),
@@ -497,70 +496,11 @@ fn allowed(location: &StoreLocation, options: &WatchOptions) -> Vec<String> {
     }
 }
 
-fn with_slash(prefix: &str) -> String {
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let url =
-        store::resolve_location(prefix, &cwd).map(String::from).unwrap_or_else(|_| prefix.into());
-    if url.ends_with('/') {
-        url
-    } else {
-        format!("{url}/")
-    }
-}
-
-/// Anyone who can drop a manifest must not reach the watcher's file system or other buckets:
-/// every place the job reads or writes (its inputs, code, outputs and `append_row_to`) must be
-/// under an allowed prefix; a relative path has no folder to be relative to.
-fn check_places(
-    text: &str,
-    spec_path: &LocalPath,
-    dir: &LocalPath,
-    allowed: &[String],
-    datastores: &spec::Datastores,
-) -> Result<(), String> {
-    let parsed = spec::parse_job_text(text, spec_path, datastores).map_err(|e| e.to_string())?;
-    let job = parsed.job;
-    let mut places = vec![("task.code".to_string(), job.task.code.clone())];
-    for (name, value) in &job.inputs {
-        if let InputValue::Data(input) = value {
-            places.push((format!("inputs.{name}"), input.url.clone()));
-        }
-    }
-    places.push(("input_data".to_string(), job.input.url.clone()));
-    for (name, output) in &job.outputs {
-        if let Some(url) = &output.url {
-            places.push((format!("outputs.{name}"), url.clone()));
-        }
-    }
-    if let Some(append) = &job.task.append_row_to {
-        places.push(("task.append_row_to".to_string(), append.clone()));
-    }
-    check_urls(&places, dir, allowed)
-}
-
-/// Every place (key, URL) must be under an allowed prefix, and not in the scratch folder `dir`
-/// (where a relative path would land).
-fn check_urls(
-    places: &[(String, String)],
-    dir: &LocalPath,
-    allowed: &[String],
-) -> Result<(), String> {
-    let scratch = url::Url::from_directory_path(dir).map(|u| u.to_string()).unwrap_or_default();
-    for (key, url) in places {
-        if !scratch.is_empty() && url.starts_with(&scratch) {
-            return Err(format!(
-                "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative \
-                 path has no folder to be relative to"
-            ));
-        }
-        if !allowed.iter().any(|prefix| url.starts_with(prefix.as_str())) {
-            let allowed =
-                if allowed.is_empty() { "nothing".to_string() } else { allowed.join(", ") };
-            return Err(format!(
-                "{key}: `{url}` is outside what this watcher lets a manifest reach ({allowed}); \
-                 start the watcher with --allow PREFIX to allow it"
-            ));
-        }
+/// Every place a pipeline's steps read or write (component files and code included) must be
+/// under the allow-list; each parallel step's own files are checked again when it is submitted.
+async fn check_pipeline(file: &spec::PipelineFile, allow: &AllowList) -> Result<(), String> {
+    for (key, url) in pipeline::manifest::places(file)? {
+        allow.check_tree(&key, &url).await.map_err(|e| e.to_string())?;
     }
     Ok(())
 }

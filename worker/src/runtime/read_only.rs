@@ -6,19 +6,32 @@
 //! `EROFS` ("Read-only file system"), as on Azure's read-only mount. Nothing changes outside
 //! the process and its children: the namespace goes with them.
 //!
-//! Root makes the namespace directly (it holds `CAP_SYS_ADMIN`). Another user makes it inside
-//! a user namespace of its own that maps only its own user and group onto themselves, so the
-//! script runs with the same ids and no more rights than before (`exec` drops the namespace's
-//! capabilities of a user that is not root in it). Where neither is allowed (a container
-//! without `CAP_SYS_ADMIN`, Docker's default seccomp profile, user namespaces switched off),
-//! the set-up fails in the child before `exec`: the runtime is started again without the view,
-//! the worker copies the inputs as before, and this process does not try again ([`refused`]).
+//! The runtime always ends up in a user namespace of its own that maps only its own user and
+//! group onto themselves, so it can neither undo the view nor reach the writable folder
+//! another way:
+//! - Root makes the mount namespace and the read-only binds first (it holds `CAP_SYS_ADMIN`),
+//!   then enters a new user namespace with a mount namespace of its own: the binds come into
+//!   it *locked* (a less privileged namespace can neither remount them read-write nor unmount
+//!   them to uncover the folder, nor bind the folder's parent without them), and
+//!   `CAP_SYS_ADMIN` is dropped from its bounding set, so the script runs as root without it.
+//! - Another user makes both namespaces at once; `exec` drops the namespace's capabilities of
+//!   a user that is not root in it.
+//! - Either way `/proc/<pid>/root` of a process outside the runtime's user namespace (another
+//!   runtime, the worker, any process of the machine) is refused to it: the kernel lets a
+//!   process reach another's root only within its own user namespace or one below it.
+//!
+//! Where this is not allowed (a container without `CAP_SYS_ADMIN`, Docker's default seccomp
+//! profile, user namespaces switched off), the set-up fails in the child before `exec`: the
+//! runtime is started again without the view, the worker copies the inputs as before, and this
+//! process does not try again ([`refused`]). docs/entry-protocol.md says what the view holds.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use batchfleet_common::store::resolved_path;
 
 /// Set once a view could not be made in this process: later runtimes do not try.
 static REFUSED: AtomicBool = AtomicBool::new(false);
@@ -65,8 +78,11 @@ pub(super) struct ReadOnlyView {
     folders: Vec<CString>,
     /// The folders as a path list, for the driver (`READ_ONLY_ENV`).
     listed: OsString,
-    /// The id maps of the user namespace; `None` for root, which needs none.
-    user: Option<IdMaps>,
+    /// The id maps of the user namespace the runtime ends up in.
+    user: IdMaps,
+    /// Root: the binds are made before the user namespace (so they come into it locked) and
+    /// `CAP_SYS_ADMIN` is dropped.
+    root: bool,
 }
 
 #[derive(Debug)]
@@ -107,11 +123,11 @@ impl ReadOnlyView {
             .iter()
             .map(|folder| CString::new(folder.as_os_str().as_bytes()).ok())
             .collect::<Option<Vec<CString>>>()?;
-        let user = (!uid.is_root()).then(|| IdMaps {
+        let user = IdMaps {
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
-        });
-        Some(ReadOnlyView { folders, listed, user })
+        };
+        Some(ReadOnlyView { folders, listed, user, root: uid.is_root() })
     }
 
     /// The folders as the driver is told them (`READ_ONLY_ENV`).
@@ -119,48 +135,71 @@ impl ReadOnlyView {
         &self.listed
     }
 
-    /// Make the namespace and the read-only binds. Runs in the forked child before `exec`.
+    /// Make the namespaces and the read-only binds. Runs in the forked child before `exec`.
     pub(super) fn enter(&self) -> io::Result<()> {
-        let flags = match self.user {
-            Some(_) => libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
-            None => libc::CLONE_NEWNS,
-        };
         // SAFETY: system calls on prepared, NUL-terminated buffers, as allowed after a fork.
         unsafe {
-            check(libc::unshare(flags))?;
-            if let Some(maps) = &self.user {
-                write_proc(c"/proc/self/setgroups", b"deny")?;
-                write_proc(c"/proc/self/uid_map", &maps.uid_map)?;
-                write_proc(c"/proc/self/gid_map", &maps.gid_map)?;
-            }
-            // Nothing done here reaches the mounts of the rest of the machine, while what is
-            // mounted or unmounted there still reaches the runtime (a slave of the host's).
-            let (none, no_data) = (std::ptr::null(), std::ptr::null());
-            let slave = libc::MS_REC | libc::MS_SLAVE;
-            check(libc::mount(none, c"/".as_ptr(), none, slave, no_data))?;
-            for folder in &self.folders {
-                let path = folder.as_ptr();
-                check(libc::mount(path, path, none, libc::MS_BIND | libc::MS_REC, no_data))?;
-                let attr = MountAttr {
-                    attr_set: MOUNT_ATTR_RDONLY,
-                    attr_clr: 0,
-                    propagation: 0,
-                    userns_fd: 0,
-                };
-                let done = libc::syscall(
-                    libc::SYS_mount_setattr,
-                    libc::AT_FDCWD,
-                    path,
-                    libc::AT_RECURSIVE,
-                    &attr as *const MountAttr,
-                    std::mem::size_of::<MountAttr>(),
-                );
-                check(if done == 0 { 0 } else { -1 })?;
+            if self.root {
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                self.bind_read_only()?;
+                // The binds are copied into the new mount namespace locked.
+                check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS))?;
+                self.map_ids()?;
+                check(libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0))?;
+            } else {
+                check(libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS))?;
+                self.map_ids()?;
+                self.bind_read_only()?;
             }
         }
         Ok(())
     }
+
+    /// Map the runtime's user and group onto themselves in its new user namespace.
+    ///
+    /// # Safety
+    /// Only system calls: callable in a forked child.
+    unsafe fn map_ids(&self) -> io::Result<()> {
+        write_proc(c"/proc/self/setgroups", b"deny")?;
+        write_proc(c"/proc/self/uid_map", &self.user.uid_map)?;
+        write_proc(c"/proc/self/gid_map", &self.user.gid_map)
+    }
+
+    /// Bind every folder onto itself, read-only with whatever is mounted under it.
+    ///
+    /// # Safety
+    /// Only system calls: callable in a forked child.
+    unsafe fn bind_read_only(&self) -> io::Result<()> {
+        // Nothing done here reaches the mounts of the rest of the machine, while what is
+        // mounted or unmounted there still reaches the runtime (a slave of the host's).
+        let (none, no_data) = (std::ptr::null(), std::ptr::null());
+        let slave = libc::MS_REC | libc::MS_SLAVE;
+        check(libc::mount(none, c"/".as_ptr(), none, slave, no_data))?;
+        for folder in &self.folders {
+            let path = folder.as_ptr();
+            check(libc::mount(path, path, none, libc::MS_BIND | libc::MS_REC, no_data))?;
+            let attr = MountAttr {
+                attr_set: MOUNT_ATTR_RDONLY,
+                attr_clr: 0,
+                propagation: 0,
+                userns_fd: 0,
+            };
+            let done = libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path,
+                libc::AT_RECURSIVE,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            );
+            check(if done == 0 { 0 } else { -1 })?;
+        }
+        Ok(())
+    }
 }
+
+/// `CAP_SYS_ADMIN` (capability.h), the right to mount.
+const CAP_SYS_ADMIN: libc::c_ulong = 21;
 
 fn check(result: libc::c_int) -> io::Result<()> {
     match result {
@@ -191,29 +230,17 @@ unsafe fn write_proc(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
 /// folder or the temporary folder under the input would turn read-only too). Paths are
 /// compared as the file system resolves them, where they exist.
 pub fn can_view(folder: &Path, writes: &[&Path]) -> bool {
-    let folder = resolved(folder);
+    let folder = resolved_path(folder);
     if folder.parent().is_none() {
         return false;
     }
-    !writes.iter().any(|write| resolved(write).starts_with(&folder))
+    !writes.iter().any(|write| resolved_path(write).starts_with(&folder))
 }
 
-/// `path` with its links resolved as far as it exists (the rest appended as it is).
-fn resolved(path: &Path) -> PathBuf {
-    let mut existing = path;
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(real) = existing.canonicalize() {
-            return rest.iter().rev().fold(real, |path, part| path.join(part));
-        }
-        match (existing.parent(), existing.file_name()) {
-            (Some(parent), Some(name)) => {
-                rest.push(name.to_owned());
-                existing = parent;
-            }
-            _ => return path.to_path_buf(),
-        }
-    }
+/// Whether a runtime with a read-only view of `folder` sees `path` through it (both as the file
+/// system resolves them: a link in the folder that leads out of it is not seen through it).
+pub fn sees(folder: &Path, path: &Path) -> bool {
+    resolved_path(path).starts_with(resolved_path(folder))
 }
 
 #[cfg(test)]

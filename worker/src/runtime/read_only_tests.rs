@@ -1,6 +1,6 @@
 use std::path::Path;
 
-use super::{can_view, refuses_for_good};
+use super::{can_view, refuses_for_good, sees};
 
 #[test]
 fn a_folder_is_viewed_when_nothing_written_lies_in_it() {
@@ -39,6 +39,21 @@ fn links_are_followed_both_ways() {
     assert!(can_view(&dir.path().join("data-link"), &[&elsewhere]));
 }
 
+#[test]
+fn a_file_is_seen_through_the_view_only_where_it_resolves_into_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, elsewhere) = (dir.path().join("data"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(data.join("in.csv"), "x").unwrap();
+    std::fs::write(elsewhere.join("out.csv"), "x").unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("out.csv"), data.join("link.csv")).unwrap();
+    assert!(sees(&data, &data.join("in.csv")));
+    assert!(!sees(&data, &elsewhere.join("out.csv")), "a file outside the folder");
+    assert!(!sees(&data, &data.join("link.csv")), "a link in it that leads out");
+    assert!(!sees(&data, &dir.path().join("data-2/in.csv")), "a sibling sharing its name");
+}
+
 /// The user-namespace path, which a worker that is not root takes: a root test process runs
 /// the child as `nobody`, another as itself.
 #[test]
@@ -60,7 +75,7 @@ fn a_user_that_is_not_root_sees_the_folder_read_only_with_its_own_ids() {
         false => (me, nix::unistd::getegid()),
     };
     let view = super::ReadOnlyView::for_ids(std::slice::from_ref(&data), uid, gid).unwrap();
-    assert!(view.user.is_some(), "not root: a user namespace");
+    assert!(!view.root, "not root: the binds are made in the user namespace");
     let mut command = std::process::Command::new("sh");
     // Absolute paths: a working folder entered before the bind would still be the writable one.
     command.env("D", &data).arg("-c").arg(
@@ -86,6 +101,48 @@ fn a_user_that_is_not_root_sees_the_folder_read_only_with_its_own_ids() {
     assert_eq!(stderr.matches("Read-only file system").count(), 2, "{stderr}");
     assert_eq!(std::fs::read_to_string(data.join("a.txt")).unwrap(), "kept");
     assert!(!data.join("b.txt").exists());
+}
+
+/// The doors the view must hold against a script run as root (the worker's user here): a
+/// remount or unmount (no `CAP_SYS_ADMIN`, locked binds) and the folder reached through
+/// `/proc/<pid>/root` of a process outside the runtime's namespaces.
+#[test]
+fn a_root_runtime_cannot_undo_the_view_or_go_round_it() {
+    use std::os::unix::process::CommandExt;
+
+    let me = nix::unistd::geteuid();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("a.txt"), "kept").unwrap();
+    // A process of the same user outside the view, whose root is the writable folder.
+    let mut neighbour = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let view =
+        super::ReadOnlyView::for_ids(std::slice::from_ref(&data), me, nix::unistd::getegid())
+            .unwrap();
+    let mut command = std::process::Command::new("sh");
+    command.env("D", &data).env("N", neighbour.id().to_string()).arg("-c").arg(
+        "grep CapEff /proc/self/status; \
+         echo x > \"/proc/$N/root$D/a.txt\" || echo refused; \
+         mount -o remount,rw,bind \"$D\" || echo refused; \
+         umount -l \"$D\" || echo refused; \
+         echo x > \"$D/a.txt\" || echo refused",
+    );
+    // SAFETY: system calls only, on memory prepared before the fork.
+    unsafe {
+        command.pre_exec(move || view.enter());
+    }
+    let output = command.output();
+    neighbour.kill().unwrap();
+    neighbour.wait().unwrap();
+    let output = output.expect("sh in the view (user namespaces on)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let caps = stdout.lines().next().and_then(|line| line.split_whitespace().nth(1));
+    let caps = u64::from_str_radix(caps.unwrap_or("?"), 16).expect("CapEff in /proc/self/status");
+    assert_eq!(caps & (1 << 21), 0, "CAP_SYS_ADMIN is dropped: {stdout}");
+    assert_eq!(stdout.matches("refused").count(), 4, "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(std::fs::read_to_string(data.join("a.txt")).unwrap(), "kept");
 }
 
 #[test]

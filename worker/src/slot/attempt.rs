@@ -14,14 +14,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::infra::InfraError;
 use crate::jobs::LoadedJob;
-use crate::materialize::{materialize, memory_folder, InputFolders};
+use crate::materialize::{materialize, memory_folder, InputBase, InputFolders};
 use crate::output;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeError, UserFailure,
     UserFailureKind,
 };
 use crate::shared::Shared;
-use crate::table_input;
+use crate::table_input::{self, InPlace};
 use crate::user_logs;
 
 use super::Slot;
@@ -224,7 +224,14 @@ impl Slot {
         let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()), viewed };
         let load = async {
             match &message.table {
-                Some(table) => table_input::prepare(table, &self.tables, &scratch).await,
+                Some(table) => {
+                    let in_place = match (&job.input, job.input.viewable_folder()) {
+                        (InputBase::Local(_), _) => InPlace::All,
+                        (_, Some(folder)) if viewed => InPlace::Viewed(folder),
+                        _ => InPlace::None,
+                    };
+                    table_input::prepare(table, &self.tables, &scratch, in_place).await
+                }
                 None => materialize(&job.input, &message.items, &folders).await,
             }
         };

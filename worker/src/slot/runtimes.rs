@@ -241,6 +241,12 @@ impl Slot {
             Ok(process) => {
                 tracing::info!(pid = process.pid(), init_ms = elapsed_ms(started),
                     log = %log_name, "entry script initialised");
+                if !config.read_only.is_empty() && !process.inputs_read_only() && job.first_copies()
+                {
+                    tracing::warn!(job_id = %job.job_id, "mode ro_mount: this worker cannot give \
+                        run() a read-only view of the input folder (namespaces refused here); \
+                        its files are copied for every batch instead");
+                }
                 self.summary.runtimes_started += 1;
                 metrics::runtime_started(true);
                 self.shared.resources.runtime_started(job, self.index, process.pid());

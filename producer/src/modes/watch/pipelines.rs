@@ -94,6 +94,8 @@ pub(super) async fn resumed(started: &StartedJob, options: &WatchOptions) -> Man
         },
         detach: false,
         interactive: false,
+        // Its places were checked against the allow-list when the manifest was first taken.
+        allow: None,
     };
     let interpreters = pipeline::Interpreters {
         python: options.python.clone().unwrap_or_else(|| "python3".into()),

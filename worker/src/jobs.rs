@@ -177,9 +177,8 @@ impl JobCache {
             }
             let mut jobs = self.jobs.lock().await;
             // Not if a slot asked for it meanwhile.
-            let unchanged = jobs
-                .get(&job.job_id)
-                .is_some_and(|c| Arc::ptr_eq(&c.job, &job) && c.used == used);
+            let unchanged =
+                jobs.get(&job.job_id).is_some_and(|c| Arc::ptr_eq(&c.job, &job) && c.used == used);
             if unchanged {
                 jobs.remove(&job.job_id);
                 dropped += 1;

@@ -885,7 +885,8 @@ async fn an_ended_jobs_downloaded_inputs_are_removed_while_the_worker_runs() {
     let bucket = std::env::var("BATCHFLEET_TEST_S3_BUCKET")
         .expect("BATCHFLEET_TEST_S3_BUCKET (source target/test-services.env)");
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let prefix = format!("s3://{bucket}/worker-inputs-{}-{}/", std::process::id(), nanos.as_nanos());
+    let prefix =
+        format!("s3://{bucket}/worker-inputs-{}-{}/", std::process::id(), nanos.as_nanos());
     let model = batchfleet_common::job_root::JobRoot::open(&prefix).expect("S3 prefix");
     model.put(&model.layout.job_yaml(), Bytes::from_static(b"weights")).await.expect("upload");
     let fleet = Fleet::new(MODEL_SCRIPT, 0, 60).await;
@@ -899,9 +900,9 @@ async fn an_ended_jobs_downloaded_inputs_are_removed_while_the_worker_runs() {
     job.inputs.insert("model".into(), batchfleet_common::job::InputValue::Data(spec));
     job.task.script_args = vec![
         batchfleet_common::job::ScriptArg::Text("--model".into()),
-        batchfleet_common::job::ScriptArg::Template(vec![
-            batchfleet_common::job::ArgPiece::Input("model".into()),
-        ]),
+        batchfleet_common::job::ScriptArg::Template(vec![batchfleet_common::job::ArgPiece::Input(
+            "model".into(),
+        )]),
     ];
     std::fs::write(fleet.path("root/job.json"), serde_json::to_vec(&job).unwrap()).unwrap();
     fleet.input("a.txt", "1");

@@ -69,9 +69,8 @@ pub(super) fn validate(spec: &QueueSpec) -> Result<(), BrokerError> {
 /// The `queue.declare` arguments of `spec`.
 pub(super) fn arguments(spec: &QueueSpec) -> FieldTable {
     let mut arguments = arguments_but_the_limit(spec);
-    let limit = spec
-        .max_deliveries
-        .map_or(UNLIMITED_DELIVERIES, |max| i64::from(max.saturating_sub(1)));
+    let limit =
+        spec.max_deliveries.map_or(UNLIMITED_DELIVERIES, |max| i64::from(max.saturating_sub(1)));
     arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
     arguments
 }

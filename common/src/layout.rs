@@ -53,6 +53,12 @@ impl JobLayout {
         self.key(rel)
     }
 
+    /// Where workers record the output files a runtime's `shutdown()` wrote that could not be
+    /// stored: one file per runtime, read when the job's result is written.
+    pub fn missing_outputs(&self) -> Path {
+        self.key("logs/missing_outputs")
+    }
+
     /// Written last: the plan is complete (totals).
     pub fn plan_summary(&self) -> Path {
         self.key("plan/summary.json")

@@ -553,3 +553,69 @@ async fn a_handed_back_message_keeps_its_earlier_deliveries() {
     other.ack(&third.handle).await.unwrap();
     cleanup(&other, &[&queue]).await;
 }
+
+/// The management API's `verb` on `api/queues/%2f/<queue>` with `body`; the response as JSON.
+fn queue_api(verb: &str, queue: &str, body: Option<serde_json::Value>) -> serde_json::Value {
+    let agent = ureq::Agent::new_with_defaults();
+    let mut url = url::Url::parse(&management_base()).expect("management URL");
+    url.path_segments_mut().expect("url").pop_if_empty().extend(["api", "queues", "/", queue]);
+    let text = match (verb, body) {
+        ("PUT", Some(body)) => agent
+            .put(url.as_str())
+            .header("authorization", authorization())
+            .header("content-type", "application/json")
+            .send(body.to_string())
+            .map(|mut r| r.body_mut().read_to_string().unwrap_or_default()),
+        _ => agent
+            .get(url.as_str())
+            .header("authorization", authorization())
+            .call()
+            .map(|mut r| r.body_mut().read_to_string().expect("queue body")),
+    }
+    .unwrap_or_else(|e| panic!("{verb} queue `{queue}` through the management API: {e}"));
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+}
+
+/// Regression (RabbitMQ 4.x): a queue declared without a delivery limit (the pool's dead-letter
+/// queue, a job's events queue) got the broker's default of 20 on 4.x and, having no
+/// dead-letter exchange, dropped a message returned 20 times. Its limit is now declared.
+#[tokio::test]
+async fn the_dead_letter_queue_declares_its_own_delivery_limit() {
+    let prefix = unique_prefix("dlq-limit");
+    let queues = batchfleet_common::message::QueueNames {
+        work: format!("{prefix}-work"),
+        dead_letter: format!("{prefix}-dead"),
+    };
+    let broker = rabbitmq().await;
+    batchfleet_common::broker::declare::declare_pool_queues(&broker, &queues).await.unwrap();
+    let dead = queues.dead_letter.clone();
+    let declared = tokio::task::spawn_blocking(move || queue_api("GET", &dead, None))
+        .await
+        .expect("reading the queue");
+    let limit = declared["arguments"]["x-delivery-limit"].as_i64();
+    cleanup(&broker, &[&queues.work, &queues.dead_letter]).await;
+    assert!(
+        limit.is_some_and(|limit| limit >= 1_000_000),
+        "the dead-letter queue's own x-delivery-limit: {limit:?} (arguments: {})",
+        declared["arguments"]
+    );
+}
+
+/// A dead-letter queue an older batchfleet declared without a limit is still used.
+#[tokio::test]
+async fn a_dead_letter_queue_declared_without_a_limit_is_still_used() {
+    let prefix = unique_prefix("dlq-legacy");
+    let queues = batchfleet_common::message::QueueNames {
+        work: format!("{prefix}-work"),
+        dead_letter: format!("{prefix}-dead"),
+    };
+    let dead = queues.dead_letter.clone();
+    let body = serde_json::json!({"durable": true, "arguments": {"x-queue-type": "quorum"}});
+    tokio::task::spawn_blocking(move || queue_api("PUT", &dead, Some(body)))
+        .await
+        .expect("declaring the old queue");
+    let broker = rabbitmq().await;
+    let declared = batchfleet_common::broker::declare::declare_pool_queues(&broker, &queues).await;
+    cleanup(&broker, &[&queues.work, &queues.dead_letter]).await;
+    declared.expect("the pool's queues declared over an old dead-letter queue");
+}

@@ -281,6 +281,25 @@ fn authorization() -> String {
     format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(credentials))
 }
 
+/// The names of every queue on the broker (the management API's list).
+pub fn queue_names() -> Vec<String> {
+    let url = management_base().join("api/queues?columns=name").expect("management URL");
+    let body = agent()
+        .get(url.as_str())
+        .header("authorization", authorization())
+        .call()
+        .expect("the management API lists queues (infra/rabbitmq enables it)")
+        .body_mut()
+        .read_to_string()
+        .expect("queues body");
+    let list: serde_json::Value = serde_json::from_str(&body).expect("queues JSON");
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|q| q["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// Management-API names of the open connections whose client name contains `marker`.
 fn connections_named(marker: &str) -> Vec<String> {
     let url = management_base().join("api/connections").expect("management URL");

@@ -344,3 +344,56 @@ fn walk_job_folders(scratch: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect()
 }
+
+/// Regression: output that `shutdown()` wrote and that could not be stored was only a warning in
+/// the worker's log, and the job still said `succeeded`. Its result now names the output.
+/// Needs S3 (`infra/test-services`): the output goes to a bucket that does not exist.
+#[test]
+fn output_written_by_shutdown_that_cannot_be_stored_fails_the_job_naming_it() {
+    let script = r#"
+import argparse
+
+args = None
+
+def init():
+    global args
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--summary")
+    args, _ = parser.parse_known_args()
+
+def run(mini_batch):
+    return mini_batch
+
+def shutdown():
+    with open(args.summary, "a") as f:
+        f.write("done\n")
+"#;
+    let bucket = format!("batchfleet-missing-{}", std::process::id());
+    let spec = format!(
+        "\
+type: parallel
+inputs:
+  data: {{type: uri_folder, path: ./data}}
+outputs:
+  summary: {{type: uri_file, path: s3://{bucket}/reports/summary.txt}}
+input_data: ${{{{inputs.data}}}}
+max_concurrency_per_instance: 1
+task:
+  type: run_function
+  code: ./code
+  entry_script: entry.py
+  program_arguments: --summary ${{{{outputs.summary}}}}
+"
+    );
+    let files: Vec<String> = (0..2).map(|i| format!("f{i}.txt")).collect();
+    let dir = job_dir(&files, script, &spec);
+    let (output, root) = run_job(dir.path());
+    let result = std::fs::read_to_string(root.join("logs/job_result.txt"))
+        .unwrap_or_else(|e| panic!("no job result ({e}): {}", describe(&output)));
+    let headline = result.lines().next().unwrap_or_default();
+    assert!(!output.status.success(), "the job must not succeed: {result}");
+    assert!(
+        headline.starts_with("failed: output missing") && headline.contains(&bucket),
+        "the result names the missing output: {result}"
+    );
+}

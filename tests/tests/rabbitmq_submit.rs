@@ -217,3 +217,27 @@ fn an_unknown_broker_scheme_is_named_without_the_password() {
     let stderr = String::from_utf8_lossy(&worker.stderr);
     assert!(stderr.contains("`redis`") && !stderr.contains("s3cret"), "{stderr}");
 }
+
+/// Regression: a job whose planning failed (here: its input folder is empty) after its events
+/// queue was declared left that queue behind — through `watch`, one quorum queue per bad
+/// manifest dropped.
+#[test]
+fn a_job_whose_planning_fails_leaves_no_queue_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    prepare_example(dir.path(), 0);
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let pool = Pool::new("plan-fails");
+    let jobs = dir.path().join("jobs");
+    let output = run_bounded(&mut pool.submit(&dir.path().join("job.yaml"), &jobs), JOB_LIMIT);
+    assert!(!output.status.success(), "an empty input must fail: {}", describe(&output));
+    let roots: Vec<String> = std::fs::read_dir(&jobs)
+        .unwrap_or_else(|e| panic!("{}: {e}: {}", jobs.display(), describe(&output)))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(roots.len(), 1, "one job root: {roots:?}");
+    let events = format!("batchfleet.events.{}", roots[0]);
+    let left = batchfleet_tests::fleet::queue_names().contains(&events);
+    pool.delete_queue(&events);
+    assert!(!left, "the failed job's events queue {events} was left behind");
+}

@@ -390,6 +390,10 @@ impl Watcher {
             .arg("--allow")
             .arg(dir)
             .env("BATCHFLEET_LOG", "info")
+            // The gated job's `timeout: 300` is over what `submit` allows under RabbitMQ's
+            // default consumer_timeout (11 runs of a delivery: 3,780 s); its run() waits for
+            // the gate, well inside 30 minutes.
+            .env("BATCHFLEET_CONSUMER_TIMEOUT", "0")
             .env_remove("BATCHFLEET_STORE")
             .stdout(Stdio::null())
             .stderr(file)

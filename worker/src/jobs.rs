@@ -70,30 +70,44 @@ impl LoadedJob {
     }
 
     /// Whether the producer stopped the job early (`control/cancelled` exists): its remaining
-    /// batches are settled without running. Looked up at most every `CANCEL_RECHECK`.
+    /// batches are settled without running. A "not cancelled" answer is trusted for
+    /// `CANCEL_RECHECK`; a "cancelled" one never is: `resume` removes the marker and publishes
+    /// the batches again, and a batch settled on a remembered answer would be lost (one HEAD
+    /// per batch of a stopped job).
     pub async fn is_cancelled(&self) -> bool {
-        if self.cancelled.load(Ordering::Relaxed) {
-            return true;
-        }
         {
             let mut checked = self.cancel_checked.lock().unwrap_or_else(|e| e.into_inner());
-            if checked.is_some_and(|at| at.elapsed() < CANCEL_RECHECK) {
+            let fresh = checked.is_some_and(|at| at.elapsed() < CANCEL_RECHECK);
+            if fresh && !self.cancelled.load(Ordering::Relaxed) {
                 return false;
             }
             *checked = Some(Instant::now());
         }
         match self.root.is_cancelled().await {
             Ok(true) => {
-                self.cancelled.store(true, Ordering::Relaxed);
-                tracing::info!(job_id = %self.job_id, "job cancelled by its producer");
+                if !self.cancelled.swap(true, Ordering::Relaxed) {
+                    tracing::info!(job_id = %self.job_id, "job cancelled by its producer");
+                }
                 true
             }
-            Ok(false) => false,
+            Ok(false) => {
+                if self.cancelled.swap(false, Ordering::Relaxed) {
+                    tracing::info!(job_id = %self.job_id, "the job's cancel marker is gone \
+                        (resumed): its batches run again");
+                }
+                false
+            }
             Err(error) => {
                 tracing::debug!(job_id = %self.job_id, %error, "looking for the cancel marker failed");
                 false
             }
         }
+    }
+
+    /// Whether the job ended: its producer stopped it or wrote its result.
+    pub async fn has_ended(&self) -> bool {
+        self.is_cancelled().await
+            || self.root.exists(&self.root.layout.job_result()).await.unwrap_or(false)
     }
 }
 
@@ -108,10 +122,23 @@ pub(crate) enum JobLoadError {
     Infra(InfraError),
 }
 
-/// Jobs this worker has seen, by id.
+/// How long a job no slot holds stays loaded before the worker looks whether it ended.
+const IDLE_BEFORE_CHECK: Duration = Duration::from_secs(5);
+/// How long a job no slot holds stays loaded at most, ended or not (its next batch loads it
+/// again).
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+/// How often the worker lets ended jobs go ([`JobCache::let_ended_go`]).
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Jobs this worker has seen, by id, each with when a slot last asked for it.
 #[derive(Default)]
 pub(crate) struct JobCache {
-    jobs: Mutex<HashMap<String, Arc<LoadedJob>>>,
+    jobs: Mutex<HashMap<String, Cached>>,
+}
+
+struct Cached {
+    job: Arc<LoadedJob>,
+    used: Instant,
 }
 
 impl JobCache {
@@ -127,16 +154,47 @@ impl JobCache {
         root_url: &str,
     ) -> Result<Arc<LoadedJob>, JobLoadError> {
         let mut jobs = self.jobs.lock().await;
-        if let Some(job) = jobs.get(job_id) {
-            if job.job_root == root_url {
-                return Ok(Arc::clone(job));
+        if let Some(cached) = jobs.get_mut(job_id) {
+            if cached.job.job_root == root_url {
+                cached.used = Instant::now();
+                return Ok(Arc::clone(&cached.job));
             }
         }
         let job = Arc::new(load(job_id, root_url).await?);
         tracing::info!(job_id = %job.job_id, job_root = %root_url,
             entry_script = %job.job.task.entry_script, "loaded job");
-        jobs.insert(job_id.to_owned(), Arc::clone(&job));
+        jobs.insert(job_id.to_owned(), Cached { job: Arc::clone(&job), used: Instant::now() });
         Ok(job)
+    }
+
+    /// Drop the jobs that ended (or went unused for `FORGET_AFTER`) and that no slot holds — a
+    /// slot's runtime holds its job until it stops, which it does once the job ended —, with
+    /// what they downloaded on this worker (code, inputs): a long-lived worker's memory and
+    /// disk stay flat across jobs. Returns how many were dropped.
+    pub async fn let_ended_go(&self) -> usize {
+        let idle: Vec<(Arc<LoadedJob>, Instant)> = {
+            let jobs = self.jobs.lock().await;
+            jobs.values()
+                .filter(|c| Arc::strong_count(&c.job) == 1 && c.used.elapsed() >= IDLE_BEFORE_CHECK)
+                .map(|c| (Arc::clone(&c.job), c.used))
+                .collect()
+        };
+        let mut dropped = 0;
+        for (job, used) in idle {
+            if used.elapsed() < FORGET_AFTER && !job.has_ended().await {
+                continue;
+            }
+            let mut jobs = self.jobs.lock().await;
+            // Not if a slot asked for it meanwhile.
+            let unchanged =
+                jobs.get(&job.job_id).is_some_and(|c| Arc::ptr_eq(&c.job, &job) && c.used == used);
+            if unchanged {
+                jobs.remove(&job.job_id);
+                dropped += 1;
+                tracing::debug!(job_id = %job.job_id, "the job ended: let go");
+            }
+        }
+        dropped
     }
 }
 

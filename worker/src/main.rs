@@ -63,10 +63,10 @@ struct Args {
     #[arg(long, env = "BATCHFLEET_CONCURRENCY", default_value_t = 1,
         value_parser = clap::value_parser!(u32).range(1..=1024))]
     concurrency: u32,
-    /// Messages this worker holds from the work queue at most (RabbitMQ's prefetch), fixed.
-    /// Default: adaptive — one per slot, grown up to 256 while mini-batches take milliseconds,
-    /// back to one per slot when a held message waits 10 s for a slot (docs/cli.md). SQS:
-    /// unused.
+    /// Messages this worker holds from the work queue at most (RabbitMQ's prefetch): one per
+    /// slot, grown up to this (default 256) while mini-batches take milliseconds, back to one
+    /// per slot when a held message waits 10 s for a slot (docs/cli.md), so that no message
+    /// waits in the worker towards RabbitMQ's `consumer_timeout`. SQS: unused.
     #[arg(long, env = "BATCHFLEET_PREFETCH",
         value_parser = clap::value_parser!(u32).range(1..=65_535))]
     prefetch: Option<u32>,
@@ -267,27 +267,27 @@ fn rabbitmq_options(args: &Args, kind: BrokerKind) -> Result<RabbitMqConnect, St
     }
     // The work queue's consumer holds at most `prefetch` messages (see the RabbitMQ backend):
     // by default one per slot, and more while mini-batches are short (the adaptive prefetch).
+    // A `--prefetch` above the concurrency is the most it grows to, not where it starts: a
+    // message held beyond the slots must be given back once it waited the hold, whatever the
+    // setting (a fixed one let it wait past RabbitMQ's `consumer_timeout`).
+    let concurrency = u16::try_from(args.concurrency).unwrap_or(u16::MAX);
     let prefetch_limit = match args.prefetch {
-        None => {
-            Some(ADAPTIVE_PREFETCH_LIMIT.max(u16::try_from(args.concurrency).unwrap_or(u16::MAX)))
-        }
-        Some(_) => None,
+        None => ADAPTIVE_PREFETCH_LIMIT.max(concurrency),
+        Some(prefetch) => u16::try_from(prefetch).unwrap_or(u16::MAX),
     };
-    let prefetch = match args.prefetch {
-        None => args.concurrency,
-        Some(prefetch) if prefetch >= args.concurrency => prefetch,
-        Some(prefetch) => {
+    match args.prefetch {
+        Some(prefetch) if prefetch < args.concurrency => {
             return Err(format!(
                 "--prefetch ({prefetch}) must be at least --concurrency ({}): every slot holds \
                  one message",
                 args.concurrency
             ))
         }
-    };
-    let prefetch = u16::try_from(prefetch).unwrap_or(u16::MAX);
+        _ => {}
+    }
     Ok(RabbitMqConnect {
-        prefetch: Some(prefetch),
-        prefetch_limit,
+        prefetch: Some(concurrency),
+        prefetch_limit: Some(prefetch_limit),
         prefetch_hold: args.prefetch_hold.map(Duration::from_secs),
         ..RabbitMqConnect::default()
     })
@@ -374,4 +374,38 @@ fn default_worker_id() -> String {
 /// apart in RabbitMQ's connection list (and close one pool's connections).
 fn connection_name(pool: &str, worker_id: &str) -> String {
     format!("batchfleet-worker/{pool}/{worker_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: `--prefetch` above the concurrency was a fixed prefetch, whose messages
+    /// waiting behind long mini-batches were never given back (the hold applies only above the
+    /// least), so they could wait past RabbitMQ's `consumer_timeout`.
+    #[test]
+    fn a_prefetch_above_the_concurrency_starts_at_one_per_slot() {
+        let args = Args::parse_from([
+            "batchfleet-worker",
+            "--broker",
+            "amqp://127.0.0.1",
+            "--concurrency",
+            "2",
+            "--prefetch",
+            "16",
+        ]);
+        let options = rabbitmq_options(&args, BrokerKind::RabbitMq).expect("valid");
+        assert_eq!(options.prefetch, Some(2), "the least: one per slot");
+        assert_eq!(options.prefetch_limit, Some(16), "the most it grows to");
+        let args = Args::parse_from([
+            "batchfleet-worker",
+            "--broker",
+            "amqp://127.0.0.1",
+            "--concurrency",
+            "4",
+            "--prefetch",
+            "2",
+        ]);
+        assert!(rabbitmq_options(&args, BrokerKind::RabbitMq).is_err(), "below the slots");
+    }
 }

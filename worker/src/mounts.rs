@@ -6,7 +6,8 @@
 //!   worker's scratch folder (`<worker>/jobs/job-<id>-…/<name>/`), when the first runtime of the
 //!   job starts on that worker: before `init()`, which typically loads the model from it. Slots
 //!   that start at the same time wait for that one download. The copy is removed when the
-//!   worker drops the job (when the worker stops).
+//!   worker drops the job: once the job ended and no slot holds it (`jobs::JobCache`), or when
+//!   the worker stops.
 //! - `mode: direct` gives the URL, and nothing is downloaded.
 //!
 //! Outputs are bound by `output_folder::RuntimeOutputs`.

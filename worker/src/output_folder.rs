@@ -211,6 +211,39 @@ impl OutputFolder {
     }
 }
 
+/// Store what the script left in the output folders after `shutdown()` (retried); the folders
+/// that still could not be stored are recorded under the job root's `logs/missing_outputs/`,
+/// so that the job's result names them instead of saying a plain `succeeded`.
+pub(crate) async fn publish_after_shutdown(
+    outputs: &RuntimeOutputs,
+    job: &crate::jobs::LoadedJob,
+    worker: &str,
+    // The runtime's user log's name: unique on the worker.
+    runtime: &str,
+) {
+    let mut missing = String::new();
+    for (url, folder) in &outputs.folders {
+        if let Err(error) = folder.publish().await {
+            tracing::warn!(job_id = %job.job_id, output = %url, %error,
+                "storing the output files shutdown() wrote failed");
+            missing.push_str(&format!("{url}: {error}\n"));
+        }
+    }
+    if missing.is_empty() {
+        return;
+    }
+    let key = job.root.layout.missing_outputs().join(format!("{worker}-{runtime}"));
+    let text = format!("worker {worker}, runtime {runtime}: {missing}");
+    let written = retrying("record the missing output", || async {
+        Ok(job.root.put(&key, Bytes::from(text.clone())).await?)
+    })
+    .await;
+    if let Err(error) = written {
+        tracing::error!(job_id = %job.job_id, %error,
+            "could not record in the job root that shutdown()'s output is missing");
+    }
+}
+
 /// Every file under `root`, with its `/`-separated path relative to `root`.
 fn files_under(root: &Path) -> Result<Vec<(PathBuf, String)>, InfraError> {
     let mut found = Vec::new();

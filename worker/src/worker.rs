@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::events::BatchEvents;
-use crate::jobs::JobCache;
+use crate::jobs::{JobCache, SWEEP_EVERY};
 use crate::records::AttemptRecords;
 use crate::runtime::{install_driver, prepare_interpreter};
 use crate::shared::{
@@ -146,6 +146,15 @@ impl Worker {
             resources: ResourceMonitors::new(&config_worker_id, scratch.clone()),
         });
         metrics::slots_started(shared.config.concurrency);
+        let letting_go = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(SWEEP_EVERY).await;
+                    shared.jobs.let_ended_go().await;
+                }
+            })
+        };
         let flushing = records.start_flushing(records_stop.clone());
         // Runtimes that start before the answer use the interpreter as configured (and compile
         // the driver themselves).
@@ -219,6 +228,7 @@ impl Worker {
             drain.abort();
         }
         resolving.abort();
+        letting_go.abort();
         // Acks the broker holds back for a few milliseconds (to send them together) go now.
         shared.broker.flush().await;
         shared.events.close(EVENTS_FLUSH_LIMIT).await;

@@ -915,3 +915,88 @@ async fn an_ended_jobs_runtime_stops_while_the_slots_receive_outlasts_its_wait()
     let summary = handle.await.expect("worker task");
     assert_eq!(summary.batches_succeeded, 1, "{summary:?}");
 }
+
+/// Regression (`resume --failed-only` on a long-lived fleet): a worker that saw a job's cancel
+/// marker remembered it for good, so once `resume` removed the marker and published the
+/// batches again, every one was settled without running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_cancel_marker_lets_the_batches_published_again_run() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    let marker = fleet.path("root/control/cancelled");
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, "stopped by its producer").unwrap();
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    let work = fleet.queues.work.clone();
+    wait_until("the stopped job's batch settled", || async {
+        fleet.broker.depth(&work).await.unwrap().total() == 0
+    })
+    .await;
+    assert!(fleet.status("00000000").is_none(), "a stopped job's batch ran");
+    // What `resume --failed-only` does: remove the marker, publish the batch again.
+    std::fs::remove_file(&marker).unwrap();
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    wait_until("the batch published again ran", || async { fleet.status("00000000").is_some() })
+        .await;
+    token.cancel();
+    let summary = handle.await.expect("worker task");
+    assert_eq!(summary.batches_succeeded, 1, "{summary:?}");
+    assert_eq!(fleet.result("00000000").as_deref(), Some("a.txt 1\n"));
+}
+
+/// Regression (a long-lived worker filled its disk and memory): the inputs a worker downloaded
+/// for a job, and the job itself, were kept until the worker stopped. They go once the job
+/// ended. Needs S3 (`infra/test-services`: `AWS_ENDPOINT_URL`, `BATCHFLEET_TEST_S3_BUCKET`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_jobs_downloaded_inputs_are_removed_while_the_worker_runs() {
+    let bucket = std::env::var("BATCHFLEET_TEST_S3_BUCKET")
+        .expect("BATCHFLEET_TEST_S3_BUCKET (source target/test-services.env)");
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let prefix =
+        format!("s3://{bucket}/worker-inputs-{}-{}/", std::process::id(), nanos.as_nanos());
+    let model = batchfleet_common::job_root::JobRoot::open(&prefix).expect("S3 prefix");
+    model.put(&model.layout.job_yaml(), Bytes::from_static(b"weights")).await.expect("upload");
+    let fleet = Fleet::new(MODEL_SCRIPT, 0, 60).await;
+    let mut job = fleet.job();
+    let spec = InputSpec {
+        name: "model".into(),
+        kind: InputKind::UriFile,
+        url: format!("{prefix}job.yaml"),
+        mode: InputMode::Download,
+    };
+    job.inputs.insert("model".into(), batchfleet_common::job::InputValue::Data(spec));
+    job.task.script_args = vec![
+        batchfleet_common::job::ScriptArg::Text("--model".into()),
+        batchfleet_common::job::ScriptArg::Template(vec![batchfleet_common::job::ArgPiece::Input(
+            "model".into(),
+        )]),
+    ];
+    std::fs::write(fleet.path("root/job.json"), serde_json::to_vec(&job).unwrap()).unwrap();
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the batch's status", || async { fleet.status("00000000").is_some() }).await;
+    assert_eq!(fleet.result("00000000").as_deref(), Some("a.txt weights\n"));
+    let jobs = fleet.path("scratch/w1/jobs");
+    assert_eq!(files_with_prefix(&jobs, "job-job-1-"), 1, "the input was downloaded there");
+    // The producer ends the job.
+    std::fs::create_dir_all(fleet.path("root/logs")).unwrap();
+    std::fs::write(fleet.path("root/logs/job_result.txt"), "succeeded\n").unwrap();
+    wait_until("the ended job's downloads removed", || async {
+        files_with_prefix(&jobs, "job-job-1-") == 0
+    })
+    .await;
+    token.cancel();
+    handle.await.expect("worker task");
+}
+
+const MODEL_SCRIPT: &str = r#"
+import sys
+MODEL = None
+def init():
+    global MODEL
+    MODEL = open(sys.argv[sys.argv.index("--model") + 1]).read().strip()
+def run(mini_batch):
+    return ["a.txt " + MODEL for p in mini_batch]
+"#;

@@ -18,6 +18,7 @@ use batchfleet_common::spec::{self, Datastores};
 use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
+use crate::infra::queues::remove_events_queue;
 use crate::job::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{job_result_text, verdict, Verdict};
@@ -114,6 +115,9 @@ pub async fn plan(
         Err(error) => {
             let error = name_missing_input(error);
             could_not_start(root, &error).await;
+            // Declared before planning: nobody will read it (a watcher given bad manifests
+            // would otherwise leave one queue per manifest).
+            remove_events_queue(broker, &root.job_id).await;
             return Err(error);
         }
     };
@@ -361,6 +365,8 @@ pub async fn finish_alongside(
 ) -> Result<JobReport, ProducerError> {
     let (finished, ()) = tokio::join!(aggregate_output(job, root, tracker, &end), alongside);
     let Finished { verdict, text, output } = finished?;
+    // Workers that stopped meanwhile (`run`'s) recorded shutdown()'s output they could not store.
+    let (verdict, text) = with_missing_outputs(verdict, text, &missing_outputs(root).await);
     write_result(root, &verdict, text).await?;
     Ok(JobReport {
         job_id: root.job_id.clone(),
@@ -369,6 +375,59 @@ pub async fn finish_alongside(
         job_result_url: root.key_url(&root.layout.job_result()),
         output,
     })
+}
+
+/// The output files runtimes' `shutdown()` wrote that the workers could not store, one line
+/// each (`logs/missing_outputs/`, written by the workers when a runtime stops).
+pub async fn missing_outputs(root: &JobRoot) -> Vec<String> {
+    let listed = match root.list(&root.layout.missing_outputs()).await {
+        Ok(listed) => listed,
+        Err(error) => {
+            tracing::warn!(%error, "could not look for output files the workers could not store");
+            return Vec::new();
+        }
+    };
+    let mut lines = Vec::new();
+    for meta in listed {
+        match root.read_text(&meta.location).await {
+            Ok(Some(text)) => lines.extend(text.lines().map(str::to_owned)),
+            Ok(None) => {}
+            Err(error) => lines.push(format!("{}: unreadable: {error}", meta.location)),
+        }
+    }
+    lines
+}
+
+/// The verdict and result text once `missing` outputs are known: a job whose output is missing
+/// never says a plain `succeeded`.
+fn with_missing_outputs(verdict: Verdict, text: String, missing: &[String]) -> (Verdict, String) {
+    if missing.is_empty() {
+        return (verdict, text);
+    }
+    let what =
+        format!("output missing: storing what shutdown() wrote failed ({})", missing.join("; "));
+    let verdict = match verdict {
+        Verdict::Succeeded { .. } => Verdict::Failed(what.clone()),
+        failed => failed,
+    };
+    let rest = text.split_once('\n').map_or("", |(_, rest)| rest);
+    let text = format!("{}\n{what}\n{rest}", verdict.headline());
+    (verdict, text)
+}
+
+/// A result written before the runtimes stopped (`submit`'s) made true once they did: when a
+/// runtime's `shutdown()` output could not be stored, the verdict and `logs/job_result.txt`
+/// say which.
+pub async fn recheck_outputs(root: &JobRoot, report: &mut JobReport) -> Result<(), ProducerError> {
+    let missing = missing_outputs(root).await;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let text = root.read_text(&root.layout.job_result()).await?.unwrap_or_default();
+    let (verdict, text) = with_missing_outputs(report.verdict.clone(), text, &missing);
+    write_result(root, &verdict, text).await?;
+    report.verdict = verdict;
+    Ok(())
 }
 
 /// What [`aggregate_output`] leaves for `logs/job_result.txt`.

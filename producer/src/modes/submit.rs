@@ -18,9 +18,11 @@ use batchfleet_common::broker::connect::{
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::QueueNames;
+use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::spec::Datastores;
 
 use crate::error::ProducerError;
+pub use crate::infra::queues::remove_events_queue;
 use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::infra::settings::effective_settings;
 use crate::infra::steady::SteadyBroker;
@@ -161,17 +163,24 @@ pub async fn follow_published(
     let Published { job, root, broker, queues, plan, started_ms } = published;
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);
-    let followed =
-        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None).await;
-    let (mut tracker, end) = followed?;
-    if end.stopped_early() {
-        stop_the_rest(&root, &mut tracker, &end).await?;
-    }
-    let report = finish(&job, &root, &tracker, end).await?;
-    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
-    lifecycle::write_job_report(&root, started_ms).await;
+    let followed = async {
+        let followed =
+            lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None)
+                .await;
+        let (mut tracker, end) = followed?;
+        if end.stopped_early() {
+            stop_the_rest(&root, &mut tracker, &end).await?;
+        }
+        let mut report = finish(&job, &root, &tracker, end).await?;
+        lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
+        lifecycle::recheck_outputs(&root, &mut report).await?;
+        lifecycle::write_job_report(&root, started_ms).await;
+        Ok(report)
+    };
+    // However following ends, the job's events queue goes with it.
+    let report = followed.await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
-    Ok(report)
+    report
 }
 
 /// `{"broker": <URL without its password>, "pool": …}`.
@@ -196,9 +205,25 @@ pub fn check_backend_limits(
     }
 }
 
+/// How many times a worker may run one delivery of a batch before it settles it: the first
+/// try, once more in a fresh runtime when the script broke its runtime, and every in-place retry
+/// of a batch storage failed under (`RetryPolicy::BATCH_INFRA`), all under the same delivery.
+pub fn runs_per_delivery() -> u64 {
+    2 + u64::try_from(RetryPolicy::BATCH_INFRA.max_retries.unwrap_or(0)).unwrap_or(u64::MAX)
+}
+
+/// The longest a worker waits between two in-place runs of a delivery, all waits together.
+pub fn waits_per_delivery() -> Duration {
+    let retries = RetryPolicy::BATCH_INFRA.max_retries.unwrap_or(0);
+    RetryPolicy::BATCH_INFRA.max_delay * u32::try_from(retries).unwrap_or(u32::MAX)
+}
+
 /// Refuse a job whose mini-batches could be held longer than RabbitMQ lets a consumer hold
-/// a delivery: RabbitMQ would close the worker's channel mid-`run()` and redeliver the batch,
-/// burning attempts on a batch that was fine.
+/// a delivery: RabbitMQ would close the worker's channel mid-`run()` and redeliver the batch
+/// (and every other delivery on that channel), burning attempts on batches that were fine.
+/// The hold counted is the longest a worker can really keep one delivery:
+/// [`runs_per_delivery`] × (`timeout` + `--task_overhead_timeout`) + [`waits_per_delivery`] +
+/// [`SETTLE_MARGIN`].
 pub fn check_consumer_timeout(
     job: &ResolvedJob,
     consumer_timeout: Option<Duration>,
@@ -208,15 +233,23 @@ pub fn check_consumer_timeout(
     };
     let timeout = job.retry.timeout_secs;
     let overhead = job.task.program_args.task_overhead_timeout_secs;
-    let held = timeout + overhead + SETTLE_MARGIN.as_secs();
+    let runs = runs_per_delivery();
+    let waits = waits_per_delivery().as_secs();
+    let held = runs
+        .saturating_mul(timeout.saturating_add(overhead))
+        .saturating_add(waits)
+        .saturating_add(SETTLE_MARGIN.as_secs());
     if held <= limit.as_secs() {
         return Ok(());
     }
     Err(ProducerError::Unsupported(format!(
-        "{}: retry_settings.timeout ({timeout} s) + --task_overhead_timeout ({overhead} s) + {} s \
-         to settle = {held} s, longer than the broker's consumer timeout ({} s): RabbitMQ would \
-         take a mini-batch away from a worker still running it. Lower retry_settings.timeout, \
-         or raise RabbitMQ's consumer_timeout (rabbitmq.conf: consumer_timeout = <ms>) and pass \
+        "{}: a worker may hold one mini-batch for {runs} runs of retry_settings.timeout \
+         ({timeout} s) + --task_overhead_timeout ({overhead} s) (the first, one in a fresh \
+         runtime when the script broke its runtime, and the in-place retries when storage \
+         fails under it) + {waits} s between them + {} s to settle = {held} s, longer than the \
+         broker's consumer timeout ({} s): RabbitMQ would take mini-batches away from a worker \
+         still running them. Lower retry_settings.timeout, or raise RabbitMQ's \
+         consumer_timeout (rabbitmq.conf: consumer_timeout = <ms>) and pass \
          --consumer-timeout <secs>",
         job.spec_file,
         SETTLE_MARGIN.as_secs(),
@@ -326,13 +359,6 @@ pub(crate) fn collect_files(
     Ok(())
 }
 
-/// The job is over: nobody reads its events any more.
-pub async fn remove_events_queue(broker: &dyn Broker, job_id: &str) {
-    if let Err(error) = broker.delete_queue(&QueueNames::events(job_id)).await {
-        tracing::warn!(%error, job_id, "could not delete the job's events queue");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,15 +366,31 @@ mod tests {
     #[test]
     fn a_timeout_the_broker_cannot_honour_is_refused_with_the_numbers() {
         let mut job = crate::test_support::minimal_job();
-        job.retry.timeout_secs = 1740;
-        job.task.program_args.task_overhead_timeout_secs = 0;
+        // 11 runs of (120 + 30 s) + 90 s of waits + 60 s: 1,800 s.
+        job.retry.timeout_secs = 120;
+        job.task.program_args.task_overhead_timeout_secs = 30;
         assert!(check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).is_ok());
-        job.retry.timeout_secs = 1741;
+        job.retry.timeout_secs = 121;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
-        assert!(text.contains("1741 s") && text.contains("1800 s"), "{text}");
+        assert!(
+            text.contains("121 s") && text.contains("1811 s") && text.contains("1800 s"),
+            "{text}"
+        );
         assert!(check_consumer_timeout(&job, None).is_ok(), "no consumer timeout, no limit");
+    }
+
+    /// Regression: only one run of `timeout` + overhead + 60 s was counted, while a worker
+    /// holds one delivery through a broken runtime's re-run and the storage retry loop too.
+    #[test]
+    fn the_hold_counts_every_run_a_worker_makes_of_one_delivery() {
+        let mut job = crate::test_support::minimal_job();
+        job.retry.timeout_secs = 600;
+        job.task.program_args.task_overhead_timeout_secs = 30;
+        // 600 + 30 + 60 = 690 s fits in 1,800 s; 11 runs of it do not.
+        let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
+        assert!(err.to_string().contains("11 runs"), "{err}");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{
-    follow_published, producer_broker, publish_job, remove_events_queue, SubmitOptions,
+    follow_published, producer_broker, publish_job, remove_events_queue, Published, SubmitOptions,
 };
 
 pub mod claims;
@@ -420,21 +420,36 @@ async fn submitted(
         job_root: published.root.url(),
         pipeline: false,
     };
-    let recorded = held.write_once(&beside(manifest, ".job.json"), &started).await?;
+    let recorded = match held.write_once(&beside(manifest, ".job.json"), &started).await {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            // Unrecorded, the next pass would submit the manifest again while this job's
+            // batches run with nobody following them: this one is stopped.
+            let reason = format!("recording the job of {manifest} failed: {error}");
+            abandon(&published, &reason).await;
+            return Err(error);
+        }
+    };
     if recorded != Written::Written {
         // Another watcher took the manifest over while this one was publishing: its job is the
         // manifest's. Workers settle this job's messages without running them.
         let reason = format!("the manifest {manifest} was taken over by another watcher");
-        if let Err(error) = published.root.cancel(&reason).await {
-            tracing::warn!(%error, "could not cancel the job this watcher published");
-        }
-        remove_events_queue(published.broker.as_ref(), &published.root.job_id).await;
+        abandon(&published, &reason).await;
         return Ok(Work::StoodDown(format!(
             "{reason} while job {} was being published",
             published.root.job_id
         )));
     }
     Ok(Work::Done(from_report(follow_published(published, false).await?)))
+}
+
+/// Stop a job this watcher published but will not follow: workers settle its messages without
+/// running them, and its events queue goes.
+async fn abandon(published: &Published, reason: &str) {
+    if let Err(error) = published.root.cancel(reason).await {
+        tracing::warn!(%error, "could not cancel the job this watcher published");
+    }
+    remove_events_queue(published.broker.as_ref(), &published.root.job_id).await;
 }
 
 /// Finish the job a manifest became (this watcher's before a restart, or another's taken

@@ -13,10 +13,12 @@
 //! `cargo run -p batchfleet-tests --bin chaos -- --runs 20` (docs/chaos.md).
 
 mod run;
+mod soak;
 
 use std::time::Duration;
 
 pub use run::{run_once, RunReport};
+pub use soak::{soak, SoakReport};
 
 /// What is done to a run while its job is under way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::events;
 use crate::jobs::LoadedJob;
 use crate::mounts;
-use crate::output_folder::{RuntimeOutputs, OUTPUT_PATH_ENV};
+use crate::output_folder::{publish_after_shutdown, RuntimeOutputs, OUTPUT_PATH_ENV};
 use crate::runtime::{
     read_only, RuntimeConfig, RuntimeError, RuntimeProcess, LOGGING_LEVEL_ENV, LOG_DIR_ENV,
     NODE_ID_ENV, PROCESS_NAME_ENV, TABULAR_ENV,
@@ -313,11 +313,8 @@ impl Slot {
             tracing::warn!(job_id = %active.job.job_id, %error, "stopping the runtime");
         }
         // What shutdown() wrote (a summary, a last model) is stored as run()'s output is.
-        if let Err(error) = active.outputs.publish().await {
-            tracing::warn!(job_id = %active.job.job_id, %error,
-                "uploading the output folders' files after shutdown() failed");
-        }
         let worker_id = &self.shared.config.worker_id;
+        publish_after_shutdown(&active.outputs, &active.job, worker_id, &active.log_name).await;
         user_logs::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name)
             .await;
         self.log_uploaded(&active.job).await;

@@ -274,10 +274,25 @@ impl Broker for RabbitMqBroker {
         }
         let channel = session.channel().await?;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
-        channel
+        let declared = channel
             .queue_declare(short(&spec.name)?, durable, topology::arguments(spec))
             .await
-            .map_err(|e| error::on_declare(&e, &spec.name))?;
+            .map_err(|e| error::on_declare(&e, &spec.name));
+        match (declared, topology::legacy_unlimited_arguments(spec)) {
+            (Ok(_), _) => {}
+            (Err(mismatch @ BrokerError::QueueMismatch { .. }), Some(legacy)) => {
+                // Declared by an older batchfleet without an explicit limit: used as it is.
+                let channel = session.channel().await?;
+                if channel.queue_declare(short(&spec.name)?, durable, legacy).await.is_err() {
+                    return Err(mismatch);
+                }
+                tracing::warn!(queue = %spec.name,
+                    "the queue was declared without a delivery limit of its own: on RabbitMQ \
+                     4.x it drops a message returned 20 times; delete it while it is empty to \
+                     have it declared again with one");
+            }
+            (Err(error), _) => return Err(error),
+        }
         if let Some(dlq) = &spec.dead_letter_queue {
             let exchange = short(&topology::dead_letter_exchange(&spec.name))?;
             let durable =

@@ -11,8 +11,13 @@
 //!   queue's name is also set as `x-dead-letter-routing-key` (a fanout ignores it), so that
 //!   declaring the queue again with another dead-letter queue is a `QueueMismatch`.
 //! - Dead-lettering uses RabbitMQ's default `at-most-once` strategy.
-//! - `max_deliveries = None` sets no limit: unlimited on RabbitMQ 3.x. RabbitMQ 4.x gives quorum
-//!   queues a default limit of 20; there, `None` means 20 deliveries.
+//! - `max_deliveries = None` is declared as an explicit limit of [`UNLIMITED_DELIVERIES`]:
+//!   RabbitMQ 3.x sets no limit when the argument is absent, but 4.x gives every quorum queue a
+//!   default limit of 20, and a queue without a dead-letter exchange of its own (a dead-letter
+//!   queue, an events queue) then drops a message returned 20 times. The dead-letter router
+//!   nack-requeues a dead letter whose status it could not write, so the limit must be the
+//!   queue's own, the same on 3.x and 4.x. A queue an older batchfleet declared without the
+//!   argument is used as it is, with a warning (see `RabbitMqBroker::declare_queue`).
 
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 
@@ -21,6 +26,11 @@ use crate::broker::{BrokerError, QueueSpec};
 
 /// The prefix of the per-queue dead-letter exchange.
 const DEAD_LETTER_EXCHANGE_PREFIX: &str = "batchfleet.dlx.";
+
+/// The `x-delivery-limit` of a queue declared without a delivery limit: so large that it is
+/// never reached (a dead letter nack-requeued once a second would take 31 years), and explicit
+/// so that RabbitMQ 4.x's default of 20 does not apply.
+pub(super) const UNLIMITED_DELIVERIES: i64 = 1_000_000_000;
 
 /// The fanout exchange a queue's dead letters go through.
 pub(super) fn dead_letter_exchange(queue: &str) -> String {
@@ -58,12 +68,16 @@ pub(super) fn validate(spec: &QueueSpec) -> Result<(), BrokerError> {
 
 /// The `queue.declare` arguments of `spec`.
 pub(super) fn arguments(spec: &QueueSpec) -> FieldTable {
+    let mut arguments = arguments_but_the_limit(spec);
+    let limit =
+        spec.max_deliveries.map_or(UNLIMITED_DELIVERIES, |max| i64::from(max.saturating_sub(1)));
+    arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+    arguments
+}
+
+fn arguments_but_the_limit(spec: &QueueSpec) -> FieldTable {
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), long_string("quorum"));
-    if let Some(max) = spec.max_deliveries {
-        let limit = i64::from(max.saturating_sub(1));
-        arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
-    }
     if let Some(dlq) = &spec.dead_letter_queue {
         arguments.insert(
             "x-dead-letter-exchange".into(),
@@ -72,6 +86,12 @@ pub(super) fn arguments(spec: &QueueSpec) -> FieldTable {
         arguments.insert("x-dead-letter-routing-key".into(), long_string(dlq));
     }
     arguments
+}
+
+/// The arguments an older batchfleet declared a queue without a delivery limit with (no
+/// `x-delivery-limit`): such a queue is still used, with a warning.
+pub(super) fn legacy_unlimited_arguments(spec: &QueueSpec) -> Option<FieldTable> {
+    spec.max_deliveries.is_none().then(|| arguments_but_the_limit(spec))
 }
 
 #[cfg(test)]
@@ -91,6 +111,18 @@ mod tests {
         assert_eq!(get("x-dead-letter-exchange"), Some(long_string("batchfleet.dlx.work")));
         assert_eq!(get("x-dead-letter-routing-key"), Some(long_string("dead")));
         assert_eq!(get("x-queue-type"), Some(long_string("quorum")));
+    }
+
+    #[test]
+    fn a_queue_without_a_limit_declares_its_own_so_rabbitmq_4_drops_nothing() {
+        let arguments = arguments(&QueueSpec::plain("dead"));
+        assert_eq!(
+            arguments.inner().get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(UNLIMITED_DELIVERIES))
+        );
+        let legacy = legacy_unlimited_arguments(&QueueSpec::plain("dead")).expect("unlimited");
+        assert_eq!(legacy.inner().get("x-delivery-limit"), None);
+        assert_eq!(legacy.inner().get("x-queue-type"), Some(&long_string("quorum")));
     }
 
     #[test]

@@ -413,6 +413,9 @@ fn print_report(report: &JobReport) -> ExitCode {
     }
     println!("job result: {}", report.job_result_url);
     println!("{}", report.verdict.headline());
+    for line in &report.failures {
+        println!("{line}");
+    }
     if report.verdict.is_success() {
         ExitCode::SUCCESS
     } else {

@@ -62,7 +62,8 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         other => other?,
     }
     broker.ack(&delivery.handle).await?;
-    tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
+    // The job's producer tells the failure on its terminal (one line per kind of error).
+    tracing::debug!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())
 }
 

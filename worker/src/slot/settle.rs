@@ -13,6 +13,10 @@ use crate::output;
 use super::attempt::AttemptFailure;
 use super::Slot;
 
+/// The log target of the lines a failed attempt writes: `batchfleet run` keeps them off its
+/// terminal (its producer tells each kind of error once) and in `logs/sys/`.
+const ATTEMPTS: &str = "batchfleet_worker::attempts";
+
 impl Slot {
     /// Record a failed attempt, then give the message back or, on its last delivery,
     /// dead-letter it with a one-line reason.
@@ -42,12 +46,12 @@ impl Slot {
         if attempt >= max {
             let reason =
                 one_line(&format!("{kind} on attempt {attempt} of {max}: {}", record.message));
-            tracing::error!(kind, message = %record.message, "batch failed on its last attempt");
+            tracing::error!(target: ATTEMPTS, kind, message = %record.message, "batch failed on its last attempt");
             self.dead_letter(&delivery.handle, &reason).await;
             self.summary.batches_dead_lettered += 1;
         } else {
             let delay = nack_delay(attempt);
-            tracing::warn!(kind, message = %record.message, max_attempts = max,
+            tracing::warn!(target: ATTEMPTS, kind, message = %record.message, max_attempts = max,
                 retry_in_ms = delay.as_millis() as u64, "batch attempt failed");
             self.nack(&delivery.handle, delay).await;
         }

@@ -57,7 +57,7 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         // The job's producer already finished (it deletes its events queue): the failed
         // status above is all there is to record.
         Err(BrokerError::QueueNotFound(_)) => {
-            tracing::info!(job_id = %message.job_id, "dead letter of a finished job recorded in its store only")
+            tracing::debug!(job_id = %message.job_id, "dead letter of a finished job recorded in its store only")
         }
         other => other?,
     }

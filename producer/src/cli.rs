@@ -243,6 +243,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
             }
+            crate::modes::interrupt::listen();
             match run_embedded(&options).await {
                 Ok(report) => {
                     let code = print_report(&report);
@@ -292,6 +293,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
             }
+            crate::modes::interrupt::listen();
             match submit(&options).await {
                 Ok(Submitted::Detached { job_id, root_url, batches }) => {
                     println!("job id: {job_id}");
@@ -460,6 +462,9 @@ fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
 }
 
 fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
-    eprintln!("error: {error}");
+    match error {
+        crate::error::ProducerError::Interrupted { .. } => eprintln!("{error}"),
+        _ => eprintln!("error: {error}"),
+    }
     ExitCode::from(error.exit_code())
 }

@@ -270,6 +270,16 @@ impl Tracker {
             .sum()
     }
 
+    /// Per worker, its runtimes that were ready and whose stop was not reported yet.
+    pub fn runtimes_running_by_worker(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.runtimes
+            .iter()
+            .map(|(worker, runtimes)| {
+                (worker.as_str(), runtimes.ready.saturating_sub(runtimes.stopped))
+            })
+            .filter(|(_, running)| *running > 0)
+    }
+
     /// Output rows of the succeeded batches, as their statuses report them.
     pub fn rows_out(&self) -> u64 {
         self.rows_out

@@ -6,6 +6,7 @@
 //! a pool's outstanding work on one Docker engine).
 
 pub mod autoscale;
+pub mod interrupt;
 pub mod pipeline;
 pub mod profile;
 pub mod resume;

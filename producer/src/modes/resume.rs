@@ -57,6 +57,8 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let root = locate(&options.job, options.store.as_deref())?;
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
+    // A producer follows the job again: it is no longer an interrupted one.
+    root.delete(&root.layout.relative(crate::modes::interrupt::MARKER)).await?;
     let mut statuses = root.read_statuses().await?;
     if options.failed_only {
         statuses = forget_unsuccessful(&root, statuses).await?;
@@ -110,8 +112,9 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     }
     // A fleet elsewhere writes its last records when its runtimes stop, which they do once
     // they see the result: the report comes after it.
-    let (tracker, end) = followed?;
+    let (mut tracker, end) = followed?;
     let report = finish(&job, &root, &tracker, end).await?;
+    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
     lifecycle::write_job_report(&root, started_ms).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)

@@ -28,6 +28,8 @@ use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
 use crate::job::plan::PlanSummary;
 use crate::job_root::JobRoot;
+use crate::modes::interrupt;
+use crate::modes::status::resume_command;
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;
@@ -155,9 +157,17 @@ pub async fn follow_published(
     let Published { job, root, broker, queues, plan, started_ms } = published;
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);
+    let interrupted = || interrupt::is_requested().then(|| "interrupted".to_string());
     let followed =
-        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None).await;
+        lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, interrupted)
+            .await;
     let (mut tracker, end) = followed?;
+    if interrupt::is_requested() {
+        // The fleet keeps what it holds; `resume` follows the job again and finishes it.
+        interrupt::hand_over_runtimes(broker.as_ref(), &root.job_id, &tracker).await;
+        broker.flush().await;
+        return Err(interrupt::interrupted(&root, resume_command(&root).await).await);
+    }
     if end.stopped_early() {
         stop_the_rest(&root, &mut tracker, &end).await?;
     }

@@ -57,6 +57,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let root = locate(&options.job, options.store.as_deref())?;
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
+    eprintln!("{}", code_note(&job, &root.url()));
     // A producer follows the job again: it is no longer an interrupted one.
     root.delete(&root.layout.relative(crate::modes::interrupt::MARKER)).await?;
     let mut statuses = root.read_statuses().await?;
@@ -132,6 +133,24 @@ async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
     }
 }
 
+/// Which code the resumed mini-batches run, said plainly: `submit` uploaded a copy of
+/// `task.code` into the job root and that copy runs again; a job of `run` reads its code
+/// folder as it is now.
+fn code_note(job: &ResolvedJob, root_url: &str) -> String {
+    let code = &job.task.code;
+    if code.starts_with(root_url) {
+        format!(
+            "code: the copy of task.code uploaded when the job was submitted ({code}); changes \
+             made to the code folder since are not used (submit the job again to run them)"
+        )
+    } else {
+        format!(
+            "code: task.code as it is now ({code}); changes made to it since the job started \
+             are used"
+        )
+    }
+}
+
 /// `resume` finishes an unfinished job; `--failed-only` re-runs part of a finished one.
 async fn check_state(root: &JobRoot, failed_only: bool) -> Result<(), ProducerError> {
     let finished = root.read_text(&root.layout.job_result()).await?;
@@ -194,4 +213,23 @@ async fn republish(
     eprintln!("publishing {} mini-batches again", payloads.len());
     publish(broker, &queues.work, payloads).await?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_a_resume_runs_is_said_plainly() {
+        let root = "file:///jobs/j-1/";
+        let mut job = crate::test_support::minimal_job();
+        job.task.code = "file:///jobs/j-1/code/".into();
+        let uploaded = code_note(&job, root);
+        assert!(uploaded.starts_with("code: the copy of task.code uploaded"), "{uploaded}");
+        assert!(uploaded.contains("are not used"), "{uploaded}");
+        job.task.code = "file:///home/me/src/".into();
+        let live = code_note(&job, root);
+        assert!(live.starts_with("code: task.code as it is now (file:///home/me/src/)"), "{live}");
+        assert!(live.contains("are used"), "{live}");
+    }
 }

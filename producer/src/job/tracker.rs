@@ -212,7 +212,7 @@ impl Tracker {
     /// Failed mini-batches grouped by error, most frequent first.
     pub fn failure_groups(&self) -> Vec<FailureGroup> {
         let mut groups = self.failure_groups.clone();
-        groups.sort_by(|a, b| b.batches.cmp(&a.batches));
+        groups.sort_by_key(|group| std::cmp::Reverse(group.batches));
         groups
     }
 

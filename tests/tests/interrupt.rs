@@ -130,3 +130,35 @@ fn ctrl_c_on_submit_stops_cleanly_and_resume_finishes_the_job() {
 fn url_of(root: &Path) -> String {
     url::Url::from_directory_path(root).unwrap().to_string()
 }
+
+/// Every mini-batch sleeps a minute: the first Ctrl-C's clean stop waits for the workers.
+const SLOW: &str = "import os, time\n\ndef init():\n    pass\n\n\
+    def run(mini_batch):\n    time.sleep(60)\n    return [os.path.basename(p) for p in mini_batch]\n";
+
+#[test]
+fn a_second_ctrl_c_stops_at_once() {
+    let job = JobFixture::new(&file_names(4), SLOW, "mini_batch_size: 1", "");
+    let said = job.path().join("run.stderr");
+    let mut child = batchfleet()
+        .arg("run")
+        .arg(job.path().join("job.yaml"))
+        .arg("--store")
+        .arg(job.path().join("jobs"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&said).unwrap())
+        .spawn()
+        .expect("start batchfleet run");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let text = || std::fs::read_to_string(&said).unwrap_or_default();
+    eventually(LIMIT, "the job planned", || text().contains("planned").then_some(()));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("first SIGINT");
+    eventually(Duration::from_secs(30), "the first Ctrl-C said", || {
+        text().contains("Ctrl-C (SIGINT): stopping").then_some(())
+    });
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("second SIGINT");
+    let status = eventually(Duration::from_secs(10), "run exiting at once", || {
+        child.try_wait().expect("child status")
+    });
+    assert_eq!(status.code(), Some(130), "{}", text());
+    assert!(text().contains("Ctrl-C (SIGINT) again: stopping at once"), "{}", text());
+}

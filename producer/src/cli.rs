@@ -366,6 +366,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
             }
+            crate::modes::interrupt::listen();
             match run_embedded(&options).await {
                 Ok(report) => {
                     let code = print_report(&report);
@@ -425,6 +426,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(None) => {}
                 Err(error) => return failed_to_start(&error),
             }
+            crate::modes::interrupt::listen();
             match submit(&options).await {
                 Ok(Submitted::Detached { job_id, root_url, batches }) => {
                     println!("job id: {job_id}");
@@ -590,6 +592,9 @@ fn print_report(report: &JobReport) -> ExitCode {
     }
     println!("job result: {}", report.job_result_url);
     println!("{}", report.verdict.headline());
+    for line in &report.failures {
+        println!("{line}");
+    }
     if report.verdict.is_success() {
         ExitCode::SUCCESS
     } else {
@@ -688,7 +693,10 @@ fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
 }
 
 fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
-    eprintln!("error: {error}");
+    match error {
+        crate::error::ProducerError::Interrupted { .. } => eprintln!("{error}"),
+        _ => eprintln!("error: {error}"),
+    }
     ExitCode::from(error.exit_code())
 }
 

@@ -55,6 +55,9 @@ pub enum ProducerError {
     Aggregation { url: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// Ctrl-C or SIGTERM stopped the command (see `modes::interrupt`); exit 130.
+    #[error("job {job_id} interrupted: what ended is recorded; finish it with: {resume}")]
+    Interrupted { job_id: String, resume: String },
 }
 
 impl ProducerError {
@@ -86,13 +89,17 @@ impl ProducerError {
             }
             ProducerError::Aggregation { .. }
             | ProducerError::ResultNotWritten { .. }
+            | ProducerError::Interrupted { .. }
             | ProducerError::Internal(_) => ErrorKind::Infra,
         }
     }
 
     /// 2 for a job that could not start because of what the user gave (spec, paths, empty
-    /// input); 1 for a job that ran and failed or broke.
+    /// input); 1 for a job that ran and failed or broke; 130 for one a signal interrupted.
     pub fn exit_code(&self) -> u8 {
+        if let ProducerError::Interrupted { .. } = self {
+            return crate::modes::interrupt::EXIT_CODE;
+        }
         match self.kind() {
             ErrorKind::Config | ErrorKind::InputData => 2,
             ErrorKind::UserCode | ErrorKind::Infra => 1,

@@ -6,7 +6,13 @@ fn main() -> ExitCode {
     let cli = batchfleet_producer::cli::Cli::parse();
     // The autoscaler's decisions are its output: info by default.
     let autoscale = matches!(cli.command, batchfleet_producer::cli::Command::Autoscale(_));
-    batchfleet_common::logging::init(if autoscale { "info" } else { "warn" });
+    // A failed attempt of `run`'s in-process workers is told by the producer, one line per
+    // kind of error (see `Progress::failed`); the workers' own lines go to `logs/sys/`.
+    batchfleet_common::logging::init(if autoscale {
+        "info"
+    } else {
+        "warn,batchfleet_worker::attempts=off"
+    });
     // `submit`, `resume`, `watch`, ...: one thread. The producer lists, publishes, follows
     // events and copies result parts, all I/O; a multi-threaded runtime paid cross-thread
     // wake-ups for every published message. Blocking file work goes to tokio's blocking pool.

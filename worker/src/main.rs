@@ -109,8 +109,9 @@ struct Args {
     /// `0.0.0.0:9464` in a container); off by default. docs/metrics.md lists them.
     #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
-    /// Health check (a container's HEALTHCHECK): exit 0 when the worker using the same scratch
-    /// folder wrote its status file (`<scratch dir>/alive`, at least every 5 s) in the last 20 s.
+    /// Health check (a container's HEALTHCHECK): exit 0 when a worker using the same scratch
+    /// folder still runs and wrote its status file (`<scratch dir>/status/<pid>.json`, at least
+    /// every 5 s) in the last 20 s.
     #[arg(long)]
     check: bool,
 }
@@ -232,10 +233,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     if args.no_attempt_records {
         worker = worker.without_attempt_records();
     }
-    let beat = tokio::spawn(health::beat(scratch, id, worker.load(), shutdown.clone()));
+    let beat = tokio::spawn(health::beat(scratch.clone(), id, worker.load(), shutdown.clone()));
     let outcome = worker.run(shutdown).await;
     signals.abort();
     beat.abort();
+    let _ = beat.await;
+    health::remove(&scratch);
     match outcome {
         Ok(summary) => {
             tracing::info!("batchfleet-worker exiting: {summary}");

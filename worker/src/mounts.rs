@@ -19,6 +19,7 @@ use batchfleet_common::job::{
     ArgPiece, InputKind, InputMode, InputSpec, InputValue, ResolvedJob, ScriptArg,
 };
 use batchfleet_common::store::{self, StoreError, StoreLocation};
+use batchfleet_common::Retry;
 use tokio::sync::OnceCell;
 use url::Url;
 
@@ -38,6 +39,18 @@ pub(crate) enum MountError {
         #[source]
         source: Box<InfraError>,
     },
+}
+
+impl MountError {
+    /// Whether giving the bindings again fails the same way: a binding the job does not
+    /// declare, or an input whose store answered for good (no files there, no such bucket,
+    /// access denied).
+    pub(crate) fn is_permanent(&self) -> bool {
+        match self {
+            MountError::Undeclared { .. } => true,
+            MountError::Input { source, .. } => source.retry() == Retry::Permanent,
+        }
+    }
 }
 
 /// The job's object-store inputs downloaded on this worker, shared by its slots.

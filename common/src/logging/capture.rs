@@ -104,9 +104,12 @@ where
     CaptureLayer.with_filter(
         filter_fn(|meta| {
             let ours = meta.target().starts_with("batchfleet");
-            (meta.is_span() && ours)
-                || *meta.level() <= Level::WARN
-                || (debug_wanted() && ours && *meta.level() <= Level::DEBUG)
+            // lapin's dump of a returned message: see `super::QUIET_RETURNS`.
+            let returned = meta.target() == "lapin::returned_messages";
+            !returned
+                && ((meta.is_span() && ours)
+                    || *meta.level() <= Level::WARN
+                    || (debug_wanted() && ours && *meta.level() <= Level::DEBUG))
         })
         .with_max_level_hint(LevelFilter::DEBUG),
     )

@@ -57,12 +57,13 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         // The job's producer already finished (it deletes its events queue): the failed
         // status above is all there is to record.
         Err(BrokerError::QueueNotFound(_)) => {
-            tracing::info!(job_id = %message.job_id, "dead letter of a finished job recorded in its store only")
+            tracing::debug!(job_id = %message.job_id, "dead letter of a finished job recorded in its store only")
         }
         other => other?,
     }
     broker.ack(&delivery.handle).await?;
-    tracing::warn!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
+    // The job's producer tells the failure on its terminal (one line per kind of error).
+    tracing::debug!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
     Ok(())
 }
 

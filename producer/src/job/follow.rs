@@ -7,6 +7,7 @@ use bytes::Bytes;
 use batchfleet_common::broker::{Broker, BrokerError, Delivery};
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::{batch_id, JobEvent, QueueNames};
+use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
 use crate::infra::queues::declare_job_queue;
@@ -109,7 +110,7 @@ impl Follow<'_> {
                     Err(error) => return Err(error.into()),
                 };
             for delivery in &events {
-                if self.take_event(tracker, &mut startup, delivery).await? {
+                if self.take_event(tracker, &mut startup, delivery, Some(progress)).await? {
                     watchdog.progressed();
                     last_look = Instant::now();
                     next_look = first_look;
@@ -240,7 +241,7 @@ impl Follow<'_> {
                     }
                 };
             for delivery in &events {
-                if let Err(error) = self.take_event(tracker, &mut startup, delivery).await {
+                if let Err(error) = self.take_event(tracker, &mut startup, delivery, None).await {
                     tracing::warn!(%error, "waiting for the user logs: an event was not taken");
                 }
             }
@@ -273,7 +274,7 @@ impl Follow<'_> {
                 return;
             }
             for delivery in &events {
-                if let Err(error) = self.take_event(tracker, startup, delivery).await {
+                if let Err(error) = self.take_event(tracker, startup, delivery, None).await {
                     tracing::warn!(%error, "taking the queued events: an event was not taken");
                 }
             }
@@ -295,25 +296,36 @@ impl Follow<'_> {
         Ok(())
     }
 
-    /// Record one event; true when it ended a batch that had not ended before.
+    /// Record one event; true when it ended a batch that had not ended before. A failed
+    /// batch is told on `progress`'s terminal, when given (see [`Progress::failed`]).
     async fn take_event(
         &self,
         tracker: &mut Tracker,
         startup: &mut Startup,
         delivery: &Delivery,
+        progress: Option<&Progress>,
     ) -> Result<bool, ProducerError> {
         let mut ended_a_batch = false;
+        let record = |tracker: &mut Tracker, status: &BatchStatus| {
+            let ended = tracker.record(status);
+            if let (true, BatchState::Failed, Some(progress), Some(error)) =
+                (ended, status.state, progress, &status.error)
+            {
+                progress.failed(&status.batch_id, error, tracker.failures_like(error));
+            }
+            ended
+        };
         match serde_json::from_slice::<JobEvent>(&delivery.payload) {
             Ok(event) if event.job_id() != self.root.job_id => {
                 tracing::error!(job_id = %event.job_id(), "event for another job on this job's queue ignored")
             }
             Ok(JobEvent::BatchEnded { status, .. }) => {
-                ended_a_batch = tracker.record(&status);
+                ended_a_batch = record(tracker, &status);
                 startup.ready();
             }
             Ok(JobEvent::BatchesEnded { statuses, .. }) => {
                 for status in &statuses {
-                    ended_a_batch |= tracker.record(status);
+                    ended_a_batch |= record(tracker, status);
                 }
                 startup.ready();
             }

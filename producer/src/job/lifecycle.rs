@@ -21,7 +21,7 @@ use crate::error::ProducerError;
 use crate::infra::queues::remove_events_queue;
 use crate::job::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
-use crate::job::outcome::{job_result_text, verdict, Verdict};
+use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
 use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
 use crate::job::progress::Progress;
 use crate::job::tracker::Tracker;
@@ -38,6 +38,9 @@ pub struct JobReport {
     pub root_url: String,
     pub job_result_url: String,
     pub output: Option<Aggregated>,
+    /// The lines shown after the verdict: the first error and the failures counted by error
+    /// (see [`crate::job::outcome::failure_story`]); empty when nothing failed.
+    pub failures: Vec<String>,
 }
 
 /// A parsed, checked spec and the text it came from.
@@ -374,6 +377,7 @@ pub async fn finish_alongside(
         root_url: root.url(),
         job_result_url: root.key_url(&root.layout.job_result()),
         output,
+        failures: failure_story(root, tracker),
     })
 }
 

@@ -95,6 +95,41 @@ pub fn verdict(job: &ResolvedJob, counts: &Counts, output_rows: u64) -> Verdict 
     Verdict::Succeeded { failed_batches: counts.batches_failed, failed_items: counts.items_failed }
 }
 
+/// `first error: mini-batch … attempt …: kind: message (record: <url>)`, when a batch failed.
+pub fn first_error_line(root: &JobRoot, tracker: &Tracker) -> Option<String> {
+    let first = tracker.first_error()?;
+    let record_key = root.layout.failure(&first.batch_id, first.record.attempt);
+    Some(format!(
+        "first error: mini-batch {} attempt {}: {}: {} (record: {})",
+        first.batch_id,
+        first.record.attempt,
+        first.record.kind,
+        first.record.message.lines().next().unwrap_or(""),
+        root.key_url(&record_key),
+    ))
+}
+
+/// What the terminal shows after the verdict line when mini-batches failed: the first error
+/// and where its record is, then the failed mini-batches counted by error. Empty when none
+/// failed.
+pub fn failure_story(root: &JobRoot, tracker: &Tracker) -> Vec<String> {
+    let Some(first) = first_error_line(root, tracker) else {
+        return Vec::new();
+    };
+    let mut lines = vec![first];
+    let groups = tracker.failure_groups();
+    let failed = tracker.counts().batches_failed;
+    lines.push(format!("failed mini-batches by error ({failed} in all):"));
+    for group in groups {
+        let plural = if group.batches == 1 { "" } else { "es" };
+        lines.push(format!(
+            "  {} mini-batch{plural}: {} (first: {})",
+            group.batches, group.key, group.example
+        ));
+    }
+    lines
+}
+
 /// The text of `logs/job_result.txt`: the verdict first, then the first real error (so it is
 /// within the first three lines), then the counts and where everything is.
 pub fn job_result_text(
@@ -106,17 +141,8 @@ pub fn job_result_text(
     let counts = tracker.counts();
     let mut text = String::new();
     let _ = writeln!(text, "{}", verdict.headline());
-    if let Some(first) = tracker.first_error() {
-        let record_key = root.layout.failure(&first.batch_id, first.record.attempt);
-        let _ = writeln!(
-            text,
-            "first error: mini-batch {} attempt {}: {}: {} (record: {})",
-            first.batch_id,
-            first.record.attempt,
-            first.record.kind,
-            first.record.message.lines().next().unwrap_or(""),
-            root.key_url(&record_key),
-        );
+    if let Some(line) = first_error_line(root, tracker) {
+        let _ = writeln!(text, "{line}");
     }
     let _ = writeln!(text, "job: {}", root.job_id);
     let _ = writeln!(

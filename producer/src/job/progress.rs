@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::job::tracker::Counts;
+use batchfleet_common::status::FailureRecord;
+
+use crate::job::tracker::{failure_group_key, Counts};
 
 /// How often a non-interactive run prints a progress line.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -45,6 +47,32 @@ impl Progress {
         } else if self.last_line.elapsed() >= LOG_EVERY {
             self.last_line = Instant::now();
             eprintln!("{}", overview_line(counts, self.started.elapsed(), None));
+        }
+    }
+
+    /// Tell a failed mini-batch on the terminal, repeats folded: the first failure of each
+    /// kind of error gets a line (the exception and the batch), then only the 10th, 100th, …
+    /// of the kind (`like` counts them, this one included). The full record stays in the
+    /// job root; the workers' own log lines go to `logs/sys/`.
+    pub fn failed(&self, batch_id: &str, error: &FailureRecord, like: u64) {
+        let line = if like == 1 {
+            format!(
+                "mini-batch {batch_id} failed (attempt {}, {}): {}",
+                error.attempt,
+                error.kind,
+                error.message.lines().next().unwrap_or_default()
+            )
+        } else if like >= 10 && like.to_string().trim_start_matches('1').chars().all(|c| c == '0') {
+            format!(
+                "{like} mini-batches failed so far with {} (last: {batch_id})",
+                failure_group_key(error)
+            )
+        } else {
+            return;
+        };
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
         }
     }
 

@@ -70,6 +70,53 @@ pub struct Tracker {
     /// Per worker: entry-script runtimes reported ready, and those reported stopped with their
     /// user log in the job root (`RuntimeReady` / `RuntimeStopped` events).
     runtimes: std::collections::BTreeMap<String, Runtimes>,
+    /// Failed mini-batches grouped by their error, in the order the groups were first seen.
+    failure_groups: Vec<FailureGroup>,
+}
+
+/// Groups of failures kept at most; failures of further kinds count in the last group.
+const MAX_FAILURE_GROUPS: usize = 20;
+
+/// Failed mini-batches whose errors read alike (same kind, same exception).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureGroup {
+    /// What the failures share: the kind and the message up to its exception's name.
+    pub key: String,
+    /// The first failure's message, first line.
+    pub example: String,
+    pub batches: u64,
+}
+
+/// What failures are grouped by: the kind, and the first line of the message up to and with
+/// the first part that names an exception (`run() failed: ValueError`), so that messages
+/// naming different files group together; without one, the whole first line.
+pub fn failure_group_key(record: &FailureRecord) -> String {
+    let line = record.message.lines().next().unwrap_or_default();
+    let mut end = None;
+    let mut at = 0;
+    for part in line.split(": ") {
+        at += part.len();
+        if looks_like_exception(part) {
+            end = Some(at);
+            break;
+        }
+        at += 2;
+    }
+    let shared = match end {
+        Some(end) => &line[..end],
+        None => line,
+    };
+    let shared: String = shared.chars().take(160).collect();
+    format!("{}: {shared}", record.kind)
+}
+
+/// `ValueError`, `json.decoder.JSONDecodeError`, `KeyboardInterrupt`: a dotted identifier
+/// whose last part starts upper-case.
+fn looks_like_exception(part: &str) -> bool {
+    let last = part.rsplit('.').next().unwrap_or_default();
+    !part.is_empty()
+        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && last.chars().next().is_some_and(|c| c.is_ascii_uppercase())
 }
 
 /// One worker's runtimes of the job.
@@ -97,6 +144,7 @@ impl Tracker {
             first_error: None,
             rows_out: 0,
             runtimes: std::collections::BTreeMap::new(),
+            failure_groups: Vec::new(),
         }
     }
 
@@ -144,13 +192,40 @@ impl Tracker {
         if status.header.is_some() && self.header.is_none() {
             self.header = status.header.clone();
         }
-        if let (BatchState::Failed, Some(error), None) =
-            (status.state, &status.error, &self.first_error)
-        {
-            self.first_error =
-                Some(FirstError { batch_id: status.batch_id.clone(), record: error.clone() });
+        if let (BatchState::Failed, Some(error)) = (status.state, &status.error) {
+            if self.first_error.is_none() {
+                self.first_error =
+                    Some(FirstError { batch_id: status.batch_id.clone(), record: error.clone() });
+            }
+            self.group_failure(error);
         }
         true
+    }
+
+    fn group_failure(&mut self, error: &FailureRecord) {
+        let key = failure_group_key(error);
+        if let Some(group) = self.failure_groups.iter_mut().find(|group| group.key == key) {
+            group.batches += 1;
+        } else if self.failure_groups.len() < MAX_FAILURE_GROUPS {
+            let example = error.message.lines().next().unwrap_or_default().to_owned();
+            self.failure_groups.push(FailureGroup { key, example, batches: 1 });
+        } else if let Some(last) = self.failure_groups.last_mut() {
+            last.key = "other errors".into();
+            last.batches += 1;
+        }
+    }
+
+    /// Failed mini-batches grouped by error, most frequent first.
+    pub fn failure_groups(&self) -> Vec<FailureGroup> {
+        let mut groups = self.failure_groups.clone();
+        groups.sort_by_key(|group| std::cmp::Reverse(group.batches));
+        groups
+    }
+
+    /// How many failed mini-batches share `record`'s group so far (0 when none).
+    pub fn failures_like(&self, record: &FailureRecord) -> u64 {
+        let key = failure_group_key(record);
+        self.failure_groups.iter().find(|group| group.key == key).map_or(0, |group| group.batches)
     }
 
     fn count(counts: &mut Counts, ended: &Ended) {
@@ -199,6 +274,16 @@ impl Tracker {
             .filter(|(worker, runtimes)| counted(worker, runtimes.last_ready))
             .map(|(_, runtimes)| runtimes.ready.saturating_sub(runtimes.stopped))
             .sum()
+    }
+
+    /// Per worker, its runtimes that were ready and whose stop was not reported yet.
+    pub fn runtimes_running_by_worker(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.runtimes
+            .iter()
+            .map(|(worker, runtimes)| {
+                (worker.as_str(), runtimes.ready.saturating_sub(runtimes.stopped))
+            })
+            .filter(|(_, running)| *running > 0)
     }
 
     /// Output rows of the succeeded batches, as their statuses report them.
@@ -368,6 +453,42 @@ mod tests {
         let counts = tracker.counts();
         assert_eq!((counts.batches_succeeded, counts.batches_without_rows), (2, 1));
         assert_eq!((counts.items_total, counts.items_succeeded), (4, 4));
+    }
+
+    #[test]
+    fn failures_group_by_kind_and_exception_whatever_the_file() {
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 4, items: 4, tabular: false, skipped_inputs: 0 });
+        for (index, message) in [
+            "run() failed: ValueError: bad input: bad0.txt",
+            "run() failed: ValueError: bad input: bad1.txt",
+            "run() failed: json.decoder.JSONDecodeError: Expecting value: line 1",
+            "the entry-script process died during run() (signal 9)",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut failed = status(index as u64, BatchState::Failed, 1, 0);
+            failed.error.as_mut().unwrap().message = message.into();
+            tracker.record(&failed);
+        }
+        let groups: Vec<(String, u64)> =
+            tracker.failure_groups().into_iter().map(|g| (g.key, g.batches)).collect();
+        assert_eq!(
+            groups,
+            [
+                ("user_error: run() failed: ValueError".to_string(), 2),
+                ("user_error: run() failed: json.decoder.JSONDecodeError".to_string(), 1),
+                (
+                    "user_error: the entry-script process died during run() (signal 9)".to_string(),
+                    1
+                ),
+            ]
+        );
+        assert_eq!(
+            tracker.failure_groups()[0].example,
+            "run() failed: ValueError: bad input: bad0.txt"
+        );
     }
 
     #[test]

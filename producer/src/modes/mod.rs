@@ -7,6 +7,7 @@
 
 pub mod autoscale;
 pub mod copy;
+pub mod interrupt;
 pub mod pipeline;
 pub mod profile;
 pub mod resume;

@@ -57,6 +57,9 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let root = locate(&options.job, options.store.as_deref())?;
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
+    eprintln!("{}", code_note(&job, &root.url()));
+    // A producer follows the job again: it is no longer an interrupted one.
+    root.delete(&root.layout.relative(crate::modes::interrupt::MARKER)).await?;
     let mut statuses = root.read_statuses().await?;
     if options.failed_only {
         statuses = forget_unsuccessful(&root, statuses).await?;
@@ -110,8 +113,9 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     }
     // A fleet elsewhere writes its last records when its runtimes stop, which they do once
     // they see the result: the report comes after it.
-    let (tracker, end) = followed?;
+    let (mut tracker, end) = followed?;
     let report = finish(&job, &root, &tracker, end).await?;
+    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
     lifecycle::write_job_report(&root, started_ms).await;
     remove_events_queue(broker.as_ref(), &root.job_id).await;
     Ok(report)
@@ -126,6 +130,24 @@ async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
             Err(ProducerError::Unsupported(format!("{key}: not a resolved job: {source}")))
         }
         other => Ok(other?),
+    }
+}
+
+/// Which code the resumed mini-batches run, said plainly: `submit` uploaded a copy of
+/// `task.code` into the job root and that copy runs again; a job of `run` reads its code
+/// folder as it is now.
+fn code_note(job: &ResolvedJob, root_url: &str) -> String {
+    let code = &job.task.code;
+    if code.starts_with(root_url) {
+        format!(
+            "code: the copy of task.code uploaded when the job was submitted ({code}); changes \
+             made to the code folder since are not used (submit the job again to run them)"
+        )
+    } else {
+        format!(
+            "code: task.code as it is now ({code}); changes made to it since the job started \
+             are used"
+        )
     }
 }
 
@@ -191,4 +213,23 @@ async fn republish(
     eprintln!("publishing {} mini-batches again", payloads.len());
     publish(broker, &queues.work, payloads).await?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_a_resume_runs_is_said_plainly() {
+        let root = "file:///jobs/j-1/";
+        let mut job = crate::test_support::minimal_job();
+        job.task.code = "file:///jobs/j-1/code/".into();
+        let uploaded = code_note(&job, root);
+        assert!(uploaded.starts_with("code: the copy of task.code uploaded"), "{uploaded}");
+        assert!(uploaded.contains("are not used"), "{uploaded}");
+        job.task.code = "file:///home/me/src/".into();
+        let live = code_note(&job, root);
+        assert!(live.starts_with("code: task.code as it is now (file:///home/me/src/)"), "{live}");
+        assert!(live.contains("are used"), "{live}");
+    }
 }

@@ -26,7 +26,9 @@ use crate::job::lifecycle::{self, create_root, finish_alongside, load_spec, stop
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::job::tracker::Tracker;
 use crate::job_root::JobRoot;
+use crate::modes::interrupt;
 use crate::modes::runtime_parent::runtime_parent;
+use crate::modes::status::resume_command;
 
 /// How long workers get to finish and call `shutdown()` once the job is over.
 pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
@@ -86,7 +88,16 @@ pub async fn run_job(
     let python = resolving.await.unwrap_or_else(|_| options.python.clone());
     let mut fleet = start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop);
 
-    let result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet).await;
+    let result = tokio::select! {
+        result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet) => result,
+        () = interrupt::requested() => {
+            // No new work: the workers stop (their records and logs go into the root); the
+            // job is left for `resume`, which finishes it.
+            stop.cancel();
+            stop_workers(&mut fleet, EARLY_STOP_GRACE).await;
+            return Err(interrupt::interrupted(&root, resume_command(&root).await).await);
+        }
+    };
     let grace = match &result {
         Ok((_, end)) if !end.stopped_early() => WORKER_STOP_GRACE,
         _ => EARLY_STOP_GRACE,

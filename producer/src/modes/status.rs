@@ -14,6 +14,7 @@ use crate::job::lifecycle::store_url;
 use crate::job::plan::PlanSummary;
 use crate::job::tracker::{Counts, Tracker};
 use crate::job_root::JobRoot;
+use crate::modes::interrupt;
 use crate::modes::submit::{DETACHED_MARKER, FLEET_NOTE};
 
 /// Where a job stands.
@@ -56,7 +57,10 @@ pub enum Producer {
     /// `submit --detach`: no producer follows the job by design.
     Detached,
     /// Nothing was written to the overview for this long (seconds): the producer stopped.
-    Silent(u64),
+    /// `overview`: whether the overview exists (else the age is `job.json`'s).
+    Silent { secs: u64, overview: bool },
+    /// A signal stopped the producer (`control/interrupted`, whose first line is given).
+    Interrupted(String),
 }
 
 /// A following producer rewrites the progress overview every 5 s; this long without a rewrite,
@@ -82,12 +86,21 @@ impl StatusReport {
                     Producer::Detached => "running (submitted with --detach: no producer follows \
                                            it)"
                     .to_string(),
-                    Producer::Silent(secs) => format!(
+                    Producer::Silent { secs, overview: true } => format!(
                         "not finished, and no producer follows it: logs/job_progress_overview.txt \
                          was last written {secs} s ago (a following producer rewrites it every \
                          5 s), so the producer stopped before the end (killed, or the store \
                          refused its writes; its output says which)"
                     ),
+                    Producer::Silent { secs, overview: false } => format!(
+                        "not finished, and no producer follows it: it was submitted {secs} s ago \
+                         and no producer has written logs/job_progress_overview.txt since (a \
+                         following producer writes it every 5 s), so the producer stopped early \
+                         (killed, or the store refused its writes; its output says which)"
+                    ),
+                    Producer::Interrupted(how) => {
+                        format!("interrupted, not finished ({how}); no producer follows it")
+                    }
                 };
                 let mut text = format!("job {}: {state}\n{}\n", self.job_id, counts_line(counts));
                 if !planned {
@@ -96,7 +109,7 @@ impl StatusReport {
                 if let Some(reason) = cancelled {
                     text.push_str(&format!("stopping early: {reason}\n"));
                 }
-                if matches!(producer, Producer::Silent(_)) {
+                if matches!(producer, Producer::Silent { .. } | Producer::Interrupted(_)) {
                     text.push_str(&format!("finish it with: {}\n", self.resume(fleet)));
                 }
                 text.push_str(&format!("job root: {}\n", self.root_url));
@@ -122,26 +135,28 @@ impl StatusReport {
 }
 
 impl StatusReport {
-    /// The `resume` command that finishes the job: on its fleet's broker and pool, or with
-    /// workers in the resuming process when it ran that way (`batchfleet run`).
-    /// The command works when pasted: a broker URL with credentials is never printed (the job
-    /// root keeps it without its password); the command reads it from `BATCHFLEET_BROKER`, and
-    /// a second line says which broker that must be.
+    /// The `resume` command that finishes the job (see [`resume_line`]).
     fn resume(&self, fleet: &Option<Fleet>) -> String {
-        match fleet {
-            Some(Fleet { broker, pool }) => match without_credentials(broker) {
-                Some(bare) => format!(
-                    "batchfleet resume {} --broker \"$BATCHFLEET_BROKER\" --pool {pool}\n  \
-                     with BATCHFLEET_BROKER set to the job's broker, {bare} with its user and \
-                     password (the job root does not keep them)",
-                    self.root_url
-                ),
-                None => {
-                    format!("batchfleet resume {} --broker {broker} --pool {pool}", self.root_url)
-                }
-            },
-            None => format!("batchfleet resume {}", self.root_url),
+        resume_line(&self.root_url, fleet)
+    }
+}
+
+/// The `resume` command that finishes the job at `root_url`: on its fleet's broker and pool, or
+/// with workers in the resuming process when it ran that way (`batchfleet run`).
+/// The command works when pasted: a broker URL with credentials is never printed (the job
+/// root keeps it without its password); the command reads it from `BATCHFLEET_BROKER`, and
+/// a second line says which broker that must be.
+fn resume_line(root_url: &str, fleet: &Option<Fleet>) -> String {
+    match fleet {
+        Some(Fleet { broker, pool }) => match without_credentials(broker) {
+            Some(bare) => format!(
+                "batchfleet resume {root_url} --broker \"$BATCHFLEET_BROKER\" --pool {pool}\n  \
+                 with BATCHFLEET_BROKER set to the job's broker, {bare} with its user and \
+                 password (the job root does not keep them)"
+            ),
+            None => format!("batchfleet resume {root_url} --broker {broker} --pool {pool}"),
         }
+        None => format!("batchfleet resume {root_url}"),
     }
 }
 
@@ -246,15 +261,7 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     }
     let counts = tracker.counts();
     let detached = root.read_text(&root.layout.relative(DETACHED_MARKER)).await?;
-    let fleet = match root.read_text(&root.layout.relative(FLEET_NOTE)).await? {
-        Some(text) => Some(text),
-        None => detached.clone(),
-    }
-    .map(|text| {
-        let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
-        Fleet { broker: field("broker"), pool: field("pool") }
-    });
+    let fleet = fleet_of(root, detached.clone()).await?;
     if summary.is_some() && tracker.is_complete() {
         return Ok(JobStatus::Unaggregated { counts, detached: detached.is_some(), fleet });
     }
@@ -263,22 +270,51 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled, producer, fleet })
 }
 
+/// The fleet a job was submitted to: `control/fleet`, or `detached` (the detached marker's
+/// text) for a job submitted before that file existed; `None` for a job of `batchfleet run`.
+async fn fleet_of(
+    root: &JobRoot,
+    detached: Option<String>,
+) -> Result<Option<Fleet>, ProducerError> {
+    let note = match root.read_text(&root.layout.relative(FLEET_NOTE)).await? {
+        Some(text) => Some(text),
+        None => detached,
+    };
+    Ok(note.map(|text| {
+        let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
+        Fleet { broker: field("broker"), pool: field("pool") }
+    }))
+}
+
+/// The `resume` command that finishes the job in `root` (what `status` prints).
+pub async fn resume_command(root: &JobRoot) -> String {
+    let fleet = fleet_of(root, None).await.unwrap_or_default();
+    resume_line(&root.url(), &fleet)
+}
+
 /// How long the job root has heard nothing from a producer: the age of the progress overview,
 /// or of `job.json` before the first overview.
 async fn producer_silence(root: &JobRoot) -> Producer {
+    let interrupted = root.read_text(&root.layout.relative(interrupt::MARKER)).await;
+    if let Ok(Some(text)) = interrupted {
+        return Producer::Interrupted(text.lines().next().unwrap_or("interrupted").to_owned());
+    }
     let mut newest = None;
-    for key in [root.layout.progress_overview(), root.layout.job_json()] {
+    for (key, overview) in
+        [(root.layout.progress_overview(), true), (root.layout.job_json(), false)]
+    {
         if let Ok(meta) = root.store().head(&key).await {
-            newest = Some(std::time::SystemTime::from(meta.last_modified));
+            newest = Some((std::time::SystemTime::from(meta.last_modified), overview));
             break;
         }
     }
-    let Some(written) = newest else {
+    let Some((written, overview)) = newest else {
         return Producer::Following;
     };
     let age = std::time::SystemTime::now().duration_since(written).unwrap_or_default();
     if age >= PRODUCER_SILENT_AFTER {
-        Producer::Silent(age.as_secs())
+        Producer::Silent { secs: age.as_secs(), overview }
     } else {
         Producer::Following
     }

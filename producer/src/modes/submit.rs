@@ -31,6 +31,8 @@ use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
 use crate::job::plan::PlanSummary;
 use crate::job_root::JobRoot;
+use crate::modes::interrupt;
+use crate::modes::status::resume_command;
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;
@@ -82,7 +84,12 @@ pub struct Published {
     /// When this process began the job (ms since the epoch): its `logs/sys/producer.log` holds
     /// the lines naming no job from then on.
     pub started_ms: u64,
+    /// The command that starts a worker of the job's pool (the password never shown).
+    pub worker_command: String,
 }
+
+/// How long a followed job's pool may have no worker connected before `submit` says so.
+pub const NO_WORKER_AFTER: Duration = Duration::from_secs(30);
 
 /// Under the job root: present when the job was submitted with `--detach`; holds the broker
 /// (password redacted) and the pool.
@@ -152,7 +159,9 @@ pub async fn publish_loaded(
         return Err(error);
     }
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
-    Ok(Published { job, root, broker, queues, plan, started_ms })
+    let worker_command =
+        format!("batchfleet-worker --broker {} --pool {}", redact(&options.broker), options.pool);
+    Ok(Published { job, root, broker, queues, plan, started_ms, worker_command })
 }
 
 /// Follow a published job to its end: progress, thresholds, aggregation, the job result.
@@ -160,14 +169,26 @@ pub async fn follow_published(
     published: Published,
     interactive: bool,
 ) -> Result<JobReport, ProducerError> {
-    let Published { job, root, broker, queues, plan, started_ms } = published;
+    let Published { job, root, broker, queues, plan, started_ms, worker_command } = published;
+    let watching =
+        tokio::spawn(say_when_no_worker(Arc::clone(&broker), queues.clone(), worker_command));
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);
+    let interrupted = || interrupt::is_requested().then(|| "interrupted".to_string());
+    let mut handed_over = false;
     let followed = async {
         let followed =
-            lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, || None)
+            lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, interrupted)
                 .await;
         let (mut tracker, end) = followed?;
+        if interrupt::is_requested() {
+            // The fleet keeps what it holds; `resume` follows the job again (its events queue
+            // kept) and finishes it.
+            interrupt::hand_over_runtimes(broker.as_ref(), &root.job_id, &tracker).await;
+            broker.flush().await;
+            handed_over = true;
+            return Err(interrupt::interrupted(&root, resume_command(&root).await).await);
+        }
         if end.stopped_early() {
             stop_the_rest(&root, &mut tracker, &end).await?;
         }
@@ -177,10 +198,50 @@ pub async fn follow_published(
         lifecycle::write_job_report(&root, started_ms).await;
         Ok(report)
     };
-    // However following ends, the job's events queue goes with it.
     let report = followed.await;
-    remove_events_queue(broker.as_ref(), &root.job_id).await;
+    watching.abort();
+    // However following ends (but handed over to `resume`), the job's events queue goes with it.
+    if !handed_over {
+        remove_events_queue(broker.as_ref(), &root.job_id).await;
+    }
     report
+}
+
+/// Say once, on stderr, when no worker of the pool has been connected for [`NO_WORKER_AFTER`]
+/// while the job is followed: nothing consumes its queue, and the progress would stand still
+/// without a word. The broker's list of connections tells (workers name theirs
+/// `batchfleet-worker/<pool>/<id>`); a broker that cannot list them is never warned about.
+async fn say_when_no_worker(broker: Arc<dyn Broker>, queues: QueueNames, command: String) {
+    let pool = queues.work.strip_prefix("batchfleet.work.").unwrap_or(&queues.work).to_owned();
+    let prefix = format!("batchfleet-worker/{pool}/");
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let connected = match broker.connected_clients().await {
+            Ok(Some(names)) => names.iter().any(|name| name.starts_with(&prefix)),
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(%error, "cannot tell whether workers are connected");
+                true
+            }
+        };
+        if connected {
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= NO_WORKER_AFTER {
+            let password = if command.contains(":***@") {
+                " (with the broker's password in place of ***, or BATCHFLEET_BROKER set to the \
+                 URL and --broker left out)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "nothing consumes the job's queue: no worker of pool `{pool}` has been connected \
+                 for {} s. Start one with: {command}{password}",
+                NO_WORKER_AFTER.as_secs()
+            );
+            return;
+        }
+    }
 }
 
 /// `{"broker": <URL without its password>, "pool": …}`.

@@ -79,6 +79,11 @@ pub enum RuntimeError {
     },
     #[error("entry-script protocol error: {0}")]
     Protocol(String),
+    /// The data bindings could not be given to the script. `permanent` when trying again
+    /// fails the same way (an undeclared binding, an input with no files): the job then fails
+    /// at once, like a script that cannot load.
+    #[error("data bindings: {message}")]
+    Bindings { message: String, permanent: bool },
 }
 
 impl RuntimeError {
@@ -86,9 +91,11 @@ impl RuntimeError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             RuntimeError::Spawn { source, .. } if is_setup_problem(source) => ErrorKind::Config,
-            RuntimeError::Spawn { .. } | RuntimeError::Io { .. } | RuntimeError::Protocol(_) => {
-                ErrorKind::Infra
-            }
+            RuntimeError::Bindings { permanent: true, .. } => ErrorKind::Config,
+            RuntimeError::Spawn { .. }
+            | RuntimeError::Io { .. }
+            | RuntimeError::Protocol(_)
+            | RuntimeError::Bindings { .. } => ErrorKind::Infra,
             RuntimeError::LoadFailed(_)
             | RuntimeError::InitFailed(_)
             | RuntimeError::Timeout { .. }
@@ -101,7 +108,9 @@ impl RuntimeError {
     pub fn retry(&self) -> Retry {
         match self {
             RuntimeError::Spawn { source, .. } if is_setup_problem(source) => Retry::Permanent,
+            RuntimeError::Bindings { permanent: true, .. } => Retry::Permanent,
             RuntimeError::Spawn { .. }
+            | RuntimeError::Bindings { .. }
             | RuntimeError::Io { .. }
             | RuntimeError::Timeout { .. }
             | RuntimeError::Crashed { .. } => Retry::Transient,
@@ -121,6 +130,7 @@ impl RuntimeError {
                 failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_AT_LOAD.contains(&e))
             }
             RuntimeError::InitFailed(failure) => failure.exception.as_deref() == Some("SystemExit"),
+            RuntimeError::Bindings { permanent, .. } => *permanent,
             _ => false,
         }
     }

@@ -211,9 +211,10 @@ impl Slot {
         let outputs = RuntimeOutputs::new(&job.job, &job.job_root, &self.dir.join("outputs"))
             .map_err(|e| bindings_failed(e.to_string()))?;
         let worker_dir = self.dir.parent().unwrap_or(&self.dir);
-        let script_args = mounts::script_args(&job.mounted(), &outputs, worker_dir)
-            .await
-            .map_err(|e| bindings_failed(e.to_string()))?;
+        let script_args =
+            mounts::script_args(&job.mounted(), &outputs, worker_dir).await.map_err(|e| {
+                RuntimeError::Bindings { message: e.to_string(), permanent: e.is_permanent() }
+            })?;
         let mut env = job.job.environment_variables.clone();
         env.insert(OUTPUT_PATH_ENV.into(), outputs.output_path().to_string_lossy().into_owned());
         if tabular {

@@ -15,6 +15,10 @@ use super::attempt::AttemptFailure;
 use super::counting::{hold_back, longest_try, wait_for_earlier};
 use super::Slot;
 
+/// The log target of the lines a failed attempt writes: `batchfleet run` keeps them off its
+/// terminal (its producer tells each kind of error once) and in `logs/sys/`.
+const ATTEMPTS: &str = "batchfleet_worker::attempts";
+
 impl Slot {
     /// Record a failed attempt, then give the message back or, when it was the last try the
     /// job allows (lost leases not counted), dead-letter it with a one-line reason.
@@ -45,12 +49,12 @@ impl Slot {
         if try_number >= max {
             let reason =
                 one_line(&format!("{kind} on attempt {try_number} of {max}: {}", record.message));
-            tracing::error!(kind, message = %record.message, "batch failed on its last attempt");
+            tracing::error!(target: ATTEMPTS, kind, message = %record.message, "batch failed on its last attempt");
             self.dead_letter(&delivery.handle, &reason).await;
             self.summary.batches_dead_lettered += 1;
         } else {
             let delay = nack_delay(attempt);
-            tracing::warn!(kind, message = %record.message, max_attempts = max,
+            tracing::warn!(target: ATTEMPTS, kind, message = %record.message, max_attempts = max,
                 retry_in_ms = delay.as_millis() as u64, "batch attempt failed");
             self.nack(&delivery.handle, delay).await;
         }

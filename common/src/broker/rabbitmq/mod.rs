@@ -62,6 +62,10 @@
 //!   channel, and returns when every confirm arrived. A message no queue took (the queue does
 //!   not exist) makes the call `QueueNotFound`. All of a call's messages are queued before any
 //!   is awaited (module `publish`, which the dead-letter copy and the hand-back use too).
+//!   Every returned message is one of these confirmed publishes, so its confirm says it all:
+//!   lapin's own WARN dump of each (`lapin::returned_messages`, the message's bytes in Debug)
+//!   is filtered out (`crate::logging::QUIET_RETURNS`) and the publish logs one DEBUG line instead (a
+//!   finished job's dead letter routed after its events queue is gone is one, and expected).
 //! - **Ack** is held up to 5 ms and sent with the other acks of its channel, as one `multiple`
 //!   ack where that settles nothing still in hand (module `acks`); [`Broker::flush`] sends the
 //!   held acks at once, and a receive that finds nothing buffered does too.
@@ -361,6 +365,7 @@ impl Broker for RabbitMqBroker {
         let count = |outcome| confirmed.iter().filter(|c| **c == outcome).count();
         let (unroutable, refused) = (count(Confirmed::Unroutable), count(Confirmed::Refused));
         if unroutable > 0 {
+            tracing::debug!(queue, unroutable, "RabbitMQ returned messages: no queue of that name");
             return Err(BrokerError::QueueNotFound(queue.to_owned()));
         }
         if refused > 0 {

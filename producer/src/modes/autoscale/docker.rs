@@ -18,7 +18,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures::TryStreamExt;
 
-use batchfleet_worker::health::{WorkerStatus, FILE_NAME};
+use batchfleet_worker::health::{WorkerStatus, STATUS_DIR};
 
 use super::policy::{Worker, WorkerState};
 use super::AutoscaleError;
@@ -117,7 +117,7 @@ impl DockerFleet {
 
     /// The worker's status file, or `None` when it has none yet (or it cannot be read).
     async fn status(&self, id: &str) -> Option<WorkerStatus> {
-        let options = DownloadFromContainerOptions { path: format!("{SCRATCH_DIR}/{FILE_NAME}") };
+        let options = DownloadFromContainerOptions { path: format!("{SCRATCH_DIR}/{STATUS_DIR}") };
         let chunks: Vec<bytes::Bytes> =
             match self.docker.download_from_container(id, Some(options)).try_collect().await {
                 Ok(chunks) => chunks,
@@ -200,13 +200,27 @@ impl DockerFleet {
 /// The status file out of the tar stream the archive endpoint sends (one file).
 fn status_from_tar(tarball: &[u8]) -> Result<WorkerStatus, std::io::Error> {
     use std::io::Read;
+    // The status folder: one `<pid>.json` per worker process that ran in the container (one
+    // serves at a time); the newest is the one serving.
     let mut archive = tar::Archive::new(tarball);
-    let mut entries = archive.entries()?;
-    let mut entry =
-        entries.next().ok_or_else(|| std::io::Error::other("the archive holds no file"))??;
-    let mut text = String::new();
-    entry.read_to_string(&mut text)?;
-    WorkerStatus::parse(&text).map_err(std::io::Error::other)
+    let mut newest: Option<(u64, WorkerStatus)> = None;
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let is_status = entry.path()?.extension().is_some_and(|ext| ext == "json");
+        if !entry.header().entry_type().is_file() || !is_status {
+            continue;
+        }
+        let modified = entry.header().mtime().unwrap_or(0);
+        let mut text = String::new();
+        entry.read_to_string(&mut text)?;
+        let Ok(status) = WorkerStatus::parse(&text) else { continue };
+        if newest.as_ref().is_none_or(|(at, _)| modified >= *at) {
+            newest = Some((modified, status));
+        }
+    }
+    newest
+        .map(|(_, status)| status)
+        .ok_or_else(|| std::io::Error::other("the archive holds no status file"))
 }
 
 /// The exit code in a container's status line: `Exited (137) 3 seconds ago`.
@@ -245,7 +259,7 @@ mod tests {
         header.set_size(text.len() as u64);
         header.set_mode(0o644);
         header.set_cksum();
-        builder.append_data(&mut header, FILE_NAME, text.as_bytes()).unwrap();
+        builder.append_data(&mut header, format!("{STATUS_DIR}/7.json"), text.as_bytes()).unwrap();
         let tarball = builder.into_inner().unwrap();
         let status = status_from_tar(&tarball).unwrap();
         assert_eq!((status.busy, status.slots, status.draining), (1, 2, false));

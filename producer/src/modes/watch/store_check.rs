@@ -1,13 +1,16 @@
 //! The create-only race check `batchfleet watch` runs before it starts.
 //!
 //! Exactly-once output, claims and results all rest on one property of the store: of several
-//! concurrent create-only puts (`If-None-Match: *` on S3) to one key, exactly one succeeds and
-//! the others are told the key exists. Some S3-compatible servers accept the header and ignore
-//! it, or check it without a lock; on such a store two watchers could both claim a manifest
-//! and two attempts could both write a batch's status. The check puts [`RACERS`] create-only
-//! objects to one fresh key at once, requires exactly one winner whose bytes are the ones
-//! stored, and removes the key. It cannot prove atomicity (a race may be won by luck), but it
-//! catches a store that ignores the condition, which is the common failure.
+//! concurrent create-only puts (`If-None-Match: *` on S3) to one key, exactly one succeeds.
+//! Some S3-compatible servers accept the header and ignore it, or check it without a lock; on
+//! such a store two watchers could both claim a manifest and two attempts could both write a
+//! batch's status. The check puts [`RACERS`] create-only objects to one fresh key at once,
+//! requires exactly one winner whose bytes are the ones stored and no other success, and
+//! removes the key. The losers should be told the key exists (412); a loser answered
+//! otherwise (Ceph RGW answers a 500) breaks nothing the property needs, so it is a warning
+//! naming the server and the answer, not a refusal. The check cannot prove atomicity (a race
+//! may be won by luck), but it catches a store that ignores the condition, which is the
+//! common failure.
 
 use bytes::Bytes;
 use futures::future::join_all;
@@ -29,13 +32,34 @@ pub struct RaceOutcome {
     pub winners: usize,
     /// Puts told the key already exists.
     pub losers: usize,
+    /// Puts that failed otherwise while another won (a 500 where a 412 was due): each one's
+    /// answer.
+    pub other_answers: Vec<String>,
     /// Whether the object read back holds the one winner's bytes.
     pub winner_stored: bool,
 }
 
 impl RaceOutcome {
+    /// Exactly one writer succeeded, its bytes are stored, and no other put succeeded.
     pub fn passed(&self) -> bool {
-        self.winners == 1 && self.losers == RACERS - 1 && self.winner_stored
+        self.winners == 1 && self.winner_stored
+    }
+
+    /// What to warn of on a store that passed but answered some losers with an error other
+    /// than "the key exists"; `None` when every loser was told that.
+    pub fn warning(&self, server: &str) -> Option<String> {
+        if self.other_answers.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "the store at {server} passed the create-only race check (one of {RACERS} \
+             concurrent create-only puts succeeded, no other did) but answered {} of the losing \
+             puts with an error instead of \"the key exists\" (412): {}. Exactly-once output \
+             holds; such an answer is retried and then read as a failure, so expect retries \
+             when two writers meet",
+            self.other_answers.len(),
+            self.other_answers.join("; "),
+        ))
     }
 }
 
@@ -56,19 +80,29 @@ pub async fn race(location: &StoreLocation, tag: &str) -> Result<RaceOutcome, Pr
         async move { (racer, store.put_opts(key, body, options).await) }
     });
     let (mut winners, mut losers, mut winner) = (0, 0, None);
+    let mut others = Vec::new();
     for (racer, result) in join_all(puts).await {
         match result {
             Ok(_) => {
                 winners += 1;
                 winner = Some(racer);
             }
-            Err(object_store::Error::AlreadyExists { .. }) => losers += 1,
-            Err(error) => {
-                remove(location, &key).await;
-                return Err(StoreError::io("put (create-only race check)", &key, error).into());
-            }
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => losers += 1,
+            Err(error) => others.push(error),
         }
     }
+    // No put succeeded: the store could not be written at all (unreachable, access denied).
+    if winners == 0 {
+        if let Some(error) = others.into_iter().next() {
+            remove(location, &key).await;
+            return Err(StoreError::io("put (create-only race check)", &key, error).into());
+        }
+        others = Vec::new();
+    }
+    let other_answers = others.iter().map(ToString::to_string).collect();
     let stored = match location.store.get(&key).await {
         Ok(object) => object.bytes().await.ok(),
         Err(_) => None,
@@ -78,14 +112,18 @@ pub async fn race(location: &StoreLocation, tag: &str) -> Result<RaceOutcome, Pr
         _ => false,
     };
     remove(location, &key).await;
-    Ok(RaceOutcome { key, winners, losers, winner_stored })
+    Ok(RaceOutcome { key, winners, losers, other_answers, winner_stored })
 }
 
 /// Run the race and refuse (a configuration error, exit 2) a store that fails it.
 pub async fn require_create_only(location: &StoreLocation, tag: &str) -> Result<(), ProducerError> {
     let outcome = race(location, tag).await?;
     if outcome.passed() {
-        tracing::info!(store = %location.url, racers = RACERS, "the store passed the create-only race check");
+        match outcome.warning(location.url.as_str()) {
+            Some(warning) => tracing::warn!("{warning}"),
+            None => tracing::info!(store = %location.url, racers = RACERS,
+                "the store passed the create-only race check"),
+        }
         return Ok(());
     }
     Err(ProducerError::Unsupported(format!(
@@ -96,7 +134,7 @@ pub async fn require_create_only(location: &StoreLocation, tag: &str) -> Result<
         location.url,
         outcome.key,
         outcome.winners,
-        outcome.losers,
+        outcome.losers + outcome.other_answers.len(),
         if outcome.winners == 1 && !outcome.winner_stored {
             ", but the object holds another put's bytes"
         } else {

@@ -11,27 +11,54 @@ use object_store::{
 
 use super::*;
 
-/// A store that accepts create-only puts and ignores the condition (every put overwrites), as
-/// some S3-compatible servers do with `If-None-Match: *`.
-#[derive(Debug)]
-struct IgnoresCreateOnly(InMemory);
+/// How a test store answers create-only puts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Odd {
+    /// Accepts them and ignores the condition (every put overwrites), as some S3-compatible
+    /// servers do with `If-None-Match: *`.
+    IgnoresCreateOnly,
+    /// One wins; the losers get a server error instead of 412, as Ceph RGW answers them.
+    LosersGet500,
+    /// Every put fails (the store cannot be written).
+    Every500,
+}
 
-impl std::fmt::Display for IgnoresCreateOnly {
+/// An in-memory store that answers create-only puts as its [`Odd`] says.
+#[derive(Debug)]
+struct OddStore(InMemory, Odd);
+
+fn server_error() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: "Server returned 500 Internal Server Error".into(),
+    }
+}
+
+impl std::fmt::Display for OddStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "IgnoresCreateOnly")
+        write!(f, "OddStore")
     }
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for IgnoresCreateOnly {
+impl ObjectStore for OddStore {
     async fn put_opts(
         &self,
         location: &Path,
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        let opts = PutOptions { mode: PutMode::Overwrite, ..opts };
-        self.0.put_opts(location, payload, opts).await
+        match self.1 {
+            Odd::IgnoresCreateOnly => {
+                let opts = PutOptions { mode: PutMode::Overwrite, ..opts };
+                self.0.put_opts(location, payload, opts).await
+            }
+            Odd::LosersGet500 => match self.0.put_opts(location, payload, opts).await {
+                Err(object_store::Error::AlreadyExists { .. }) => Err(server_error()),
+                other => other,
+            },
+            Odd::Every500 => Err(server_error()),
+        }
     }
     async fn put_multipart_opts(
         &self,
@@ -88,7 +115,7 @@ async fn a_store_with_atomic_create_only_puts_passes_and_keeps_nothing() {
 
 #[tokio::test]
 async fn a_store_that_ignores_create_only_is_refused_with_a_message_naming_the_way_out() {
-    let location = location(Arc::new(IgnoresCreateOnly(InMemory::new())));
+    let location = location(Arc::new(OddStore(InMemory::new(), Odd::IgnoresCreateOnly)));
     let outcome = race(&location, "test").await.unwrap();
     assert_eq!(outcome.winners, RACERS, "{outcome:?}");
     assert!(!outcome.passed());
@@ -106,4 +133,25 @@ async fn a_local_folder_passes() {
     let url = url::Url::from_directory_path(dir.path()).unwrap();
     let location = batchfleet_common::store::open(&url).unwrap();
     require_create_only(&location, "test").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_store_answering_losers_500_passes_with_a_warning_naming_it() {
+    let location = location(Arc::new(OddStore(InMemory::new(), Odd::LosersGet500)));
+    let outcome = race(&location, "test").await.unwrap();
+    assert_eq!((outcome.winners, outcome.losers), (1, 0), "{outcome:?}");
+    assert_eq!(outcome.other_answers.len(), RACERS - 1, "{outcome:?}");
+    assert!(outcome.passed(), "one writer won, no other 2xx: {outcome:?}");
+    let warning = outcome.warning(location.url.as_str()).expect("a warning");
+    assert!(warning.contains("s3://bucket/manifests/"), "{warning}");
+    assert!(warning.contains("500 Internal Server Error"), "{warning}");
+    assert!(warning.contains(&format!("{} of the losing puts", RACERS - 1)), "{warning}");
+    require_create_only(&location, "test").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_store_that_takes_no_put_is_an_error_not_a_pass() {
+    let location = location(Arc::new(OddStore(InMemory::new(), Odd::Every500)));
+    let error = race(&location, "test").await.unwrap_err();
+    assert!(error.to_string().contains("500 Internal Server Error"), "{error}");
 }

@@ -155,7 +155,7 @@ fn resume_line(root_url: &str, fleet: &Option<Fleet>) -> String {
                  password (the job root does not keep them)"
             ),
             None => format!("batchfleet resume {root_url} --broker {broker} --pool {pool}"),
-        }
+        },
         None => format!("batchfleet resume {root_url}"),
     }
 }

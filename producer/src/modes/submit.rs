@@ -177,9 +177,16 @@ pub async fn follow_published(
     let interrupted = || interrupt::is_requested().then(|| "interrupted".to_string());
     let mut handed_over = false;
     let followed = async {
-        let followed =
-            lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, interactive, interrupted)
-                .await;
+        let followed = lifecycle::follow(
+            &job,
+            &root,
+            broker.as_ref(),
+            &queues,
+            plan,
+            interactive,
+            interrupted,
+        )
+        .await;
         let (mut tracker, end) = followed?;
         if interrupt::is_requested() {
             // The fleet keeps what it holds; `resume` follows the job again (its events queue

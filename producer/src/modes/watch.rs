@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
-use batchfleet_common::store::{self, StoreError, StoreLocation};
 use batchfleet_common::spec;
+use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job::confine::AllowList;

@@ -32,6 +32,24 @@ pub fn rate(per_second: f64) -> String {
     format!("{per_second:.1} mini-batches/s")
 }
 
+/// `--broker`'s argument in a command printed to be pasted, and the note to print beside it.
+/// A URL with a user or password is never printed: the argument is `"$BATCHFLEET_BROKER"` and
+/// the note says which broker that variable must name (with its user and password). A URL
+/// without either (`sqs://…`, an unparsable one) is printed as it is, with no note.
+pub fn pasteable_broker(broker: &str) -> (String, Option<String>) {
+    let Ok(mut url) = url::Url::parse(broker) else {
+        return (broker.to_string(), None);
+    };
+    if url.username().is_empty() && url.password().is_none() {
+        return (broker.to_string(), None);
+    }
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    let note =
+        format!("with BATCHFLEET_BROKER set to the job's broker, {url} with its user and password");
+    ("\"$BATCHFLEET_BROKER\"".to_string(), Some(note))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -41,6 +59,16 @@ mod tests {
         assert_eq!(counted(1, "file", "files"), "1 file");
         assert_eq!(counted(0, "file", "files"), "0 files");
         assert_eq!(counted(2, "mini-batch", "mini-batches"), "2 mini-batches");
+    }
+
+    #[test]
+    fn a_broker_with_credentials_is_pasted_from_its_variable() {
+        let (arg, note) = pasteable_broker("amqp://bob:s3cret@mq.example:5672/%2f");
+        assert_eq!(arg, "\"$BATCHFLEET_BROKER\"");
+        let note = note.expect("a note naming the broker");
+        assert!(note.contains("amqp://mq.example:5672/%2f") && !note.contains("s3cret"), "{note}");
+        assert!(!note.contains("bob"), "{note}");
+        assert_eq!(pasteable_broker("sqs://"), ("sqs://".to_string(), None));
     }
 
     #[test]

@@ -148,28 +148,15 @@ impl StatusReport {
 /// a second line says which broker that must be.
 fn resume_line(root_url: &str, fleet: &Option<Fleet>) -> String {
     match fleet {
-        Some(Fleet { broker, pool }) => match without_credentials(broker) {
-            Some(bare) => format!(
-                "batchfleet resume {root_url} --broker \"$BATCHFLEET_BROKER\" --pool {pool}\n  \
-                 with BATCHFLEET_BROKER set to the job's broker, {bare} with its user and \
-                 password (the job root does not keep them)"
+        Some(Fleet { broker, pool }) => match crate::words::pasteable_broker(broker) {
+            (arg, Some(note)) => format!(
+                "batchfleet resume {root_url} --broker {arg} --pool {pool}\n  {note} (the job \
+                 root does not keep them)"
             ),
-            None => format!("batchfleet resume {root_url} --broker {broker} --pool {pool}"),
+            (arg, None) => format!("batchfleet resume {root_url} --broker {arg} --pool {pool}"),
         },
         None => format!("batchfleet resume {root_url}"),
     }
-}
-
-/// The broker URL without its user and password, when it has either (`None`: it has none, so
-/// it can be printed as it is).
-fn without_credentials(broker: &str) -> Option<String> {
-    let mut url = Url::parse(broker).ok()?;
-    if url.username().is_empty() && url.password().is_none() {
-        return None;
-    }
-    let _ = url.set_password(None);
-    let _ = url.set_username("");
-    Some(url.to_string())
 }
 
 fn counts_line(counts: &Counts) -> String {

@@ -54,6 +54,14 @@ impl RetryPolicy {
         total: None,
     };
 
+    /// How long into one delivery a worker may still start a batch again in place under
+    /// [`RetryPolicy::BATCH_INFRA`] (storage failing under it): a rerun starts only while the
+    /// delivery has been held for less than this, so a long batch is not run again and again
+    /// under one delivery. The longest a worker holds a delivery is then two runs of the batch
+    /// (the first, and one in a fresh runtime when the script broke its runtime) plus this
+    /// window — what `submit` checks against RabbitMQ's `consumer_timeout`.
+    pub const IN_PLACE_WINDOW: Duration = Duration::from_secs(60);
+
     /// A producer's broker calls while it follows a job for hours: as many retries as fit in
     /// 2 minutes, delays up to 5 s, so a broker restart never fails the job.
     pub const RIDE_OUT: RetryPolicy = RetryPolicy {

@@ -159,8 +159,12 @@ pub async fn publish_loaded(
         return Err(error);
     }
     let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
-    let worker_command =
-        format!("batchfleet-worker --broker {} --pool {}", redact(&options.broker), options.pool);
+    let (broker_arg, note) = crate::words::pasteable_broker(&options.broker);
+    let worker_command = format!(
+        "batchfleet-worker --broker {broker_arg} --pool {}{}",
+        options.pool,
+        note.map(|note| format!("\n  {note}")).unwrap_or_default()
+    );
     Ok(Published { job, root, broker, queues, plan, started_ms, worker_command })
 }
 
@@ -235,15 +239,9 @@ async fn say_when_no_worker(broker: Arc<dyn Broker>, queues: QueueNames, command
         if connected {
             since = tokio::time::Instant::now();
         } else if since.elapsed() >= NO_WORKER_AFTER {
-            let password = if command.contains(":***@") {
-                " (with the broker's password in place of ***, or BATCHFLEET_BROKER set to the \
-                 URL and --broker left out)"
-            } else {
-                ""
-            };
             eprintln!(
                 "nothing consumes the job's queue: no worker of pool `{pool}` has been connected \
-                 for {} s. Start one with: {command}{password}",
+                 for {} s. Start one with: {command}",
                 NO_WORKER_AFTER.as_secs()
             );
             return;
@@ -273,25 +271,18 @@ pub fn check_backend_limits(
     }
 }
 
-/// How many times a worker may run one delivery of a batch before it settles it: the first
-/// try, once more in a fresh runtime when the script broke its runtime, and every in-place retry
-/// of a batch storage failed under (`RetryPolicy::BATCH_INFRA`), all under the same delivery.
-pub fn runs_per_delivery() -> u64 {
-    2 + u64::try_from(RetryPolicy::BATCH_INFRA.max_retries.unwrap_or(0)).unwrap_or(u64::MAX)
-}
-
-/// The longest a worker waits between two in-place runs of a delivery, all waits together.
-pub fn waits_per_delivery() -> Duration {
-    let retries = RetryPolicy::BATCH_INFRA.max_retries.unwrap_or(0);
-    RetryPolicy::BATCH_INFRA.max_delay * u32::try_from(retries).unwrap_or(u32::MAX)
-}
+/// How many whole runs of a batch one delivery can get that may start late in the delivery:
+/// the first, and once more in a fresh runtime when the script broke its runtime. Reruns when
+/// storage fails under a batch start only within [`RetryPolicy::IN_PLACE_WINDOW`] of the
+/// delivery's start (the worker's `attempt_in_place`).
+pub const RUNS_PER_DELIVERY: u64 = 2;
 
 /// Refuse a job whose mini-batches could be held longer than RabbitMQ lets a consumer hold
 /// a delivery: RabbitMQ would close the worker's channel mid-`run()` and redeliver the batch
 /// (and every other delivery on that channel), burning attempts on batches that were fine.
 /// The hold counted is the longest a worker can really keep one delivery:
-/// [`runs_per_delivery`] × (`timeout` + `--task_overhead_timeout`) + [`waits_per_delivery`] +
-/// [`SETTLE_MARGIN`].
+/// [`RUNS_PER_DELIVERY`] × (`timeout` + `--task_overhead_timeout`) +
+/// [`RetryPolicy::IN_PLACE_WINDOW`] + [`SETTLE_MARGIN`].
 pub fn check_consumer_timeout(
     job: &ResolvedJob,
     consumer_timeout: Option<Duration>,
@@ -301,24 +292,23 @@ pub fn check_consumer_timeout(
     };
     let timeout = job.retry.timeout_secs;
     let overhead = job.task.program_args.task_overhead_timeout_secs;
-    let runs = runs_per_delivery();
-    let waits = waits_per_delivery().as_secs();
+    let runs = RUNS_PER_DELIVERY;
+    let window = RetryPolicy::IN_PLACE_WINDOW.as_secs();
     let held = runs
         .saturating_mul(timeout.saturating_add(overhead))
-        .saturating_add(waits)
+        .saturating_add(window)
         .saturating_add(SETTLE_MARGIN.as_secs());
     if held <= limit.as_secs() {
         return Ok(());
     }
     Err(ProducerError::Unsupported(format!(
         "{}: a worker may hold one mini-batch for {runs} runs of retry_settings.timeout \
-         ({timeout} s) + --task_overhead_timeout ({overhead} s) (the first, one in a fresh \
-         runtime when the script broke its runtime, and the in-place retries when storage \
-         fails under it) + {waits} s between them + {} s to settle = {held} s, longer than the \
-         broker's consumer timeout ({} s): RabbitMQ would take mini-batches away from a worker \
-         still running them. Lower retry_settings.timeout, or raise RabbitMQ's \
-         consumer_timeout (rabbitmq.conf: consumer_timeout = <ms>) and pass \
-         --consumer-timeout <secs>",
+         ({timeout} s) + --task_overhead_timeout ({overhead} s) (the first, and one in a fresh \
+         runtime when the script broke its runtime) + {window} s of in-place retries when \
+         storage fails under it + {} s to settle = {held} s, longer than the broker's consumer \
+         timeout ({} s): RabbitMQ would take mini-batches away from a worker still running \
+         them. Lower retry_settings.timeout, or raise RabbitMQ's consumer_timeout \
+         (rabbitmq.conf: consumer_timeout = <ms>) and pass --consumer-timeout <secs>",
         job.spec_file,
         SETTLE_MARGIN.as_secs(),
         limit.as_secs()
@@ -454,11 +444,14 @@ mod tests {
     #[test]
     fn the_hold_counts_every_run_a_worker_makes_of_one_delivery() {
         let mut job = crate::test_support::minimal_job();
-        job.retry.timeout_secs = 600;
         job.task.program_args.task_overhead_timeout_secs = 30;
-        // 600 + 30 + 60 = 690 s fits in 1,800 s; 11 runs of it do not.
+        // 2 × (800 + 30) + 60 + 60 = 1,780 s fits in 1,800 s.
+        job.retry.timeout_secs = 800;
+        check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits");
+        // 800 + 30 + 60 = 890 s would fit as well, but two runs of 900 + 30 do not.
+        job.retry.timeout_secs = 900;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
-        assert!(err.to_string().contains("11 runs"), "{err}");
+        assert!(err.to_string().contains("2 runs") && err.to_string().contains("1980 s"), "{err}");
     }
 
     #[test]

@@ -169,6 +169,7 @@ impl Slot {
         stop: &CancellationToken,
     ) -> Result<Finished, AttemptEnd> {
         self.phases = Phases::default();
+        let held = std::time::Instant::now();
         let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
             // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
@@ -180,12 +181,17 @@ impl Slot {
         // Storage that fails under a batch (a read-only or full file system, a store refusing
         // writes) is not the script's failure: the batch is tried again in place, the lease held
         // by the heartbeat, for about a minute, before an attempt is counted.
+        // Only within RetryPolicy::IN_PLACE_WINDOW of the delivery's start, so that a delivery
+        // is never held longer than RabbitMQ's consumer_timeout check counts (submit).
         let mut delays = RetryPolicy::BATCH_INFRA.delays();
         while let Err(AttemptEnd::Failed(failure)) = &result {
             if failure.kind != FailureKind::Storage || stop.is_cancelled() {
                 break;
             }
             let Some(delay) = delays.next() else { break };
+            if held.elapsed() + delay > RetryPolicy::IN_PLACE_WINDOW {
+                break;
+            }
             tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
                 "storage failed under the batch; trying it again in place");
             tokio::select! {

@@ -61,18 +61,10 @@ impl Datastores {
         flags: &[String],
         cwd: &Path,
     ) -> Result<Self, SpecError> {
-        let dir = match spec_file.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(dir) => cwd.join(dir),
-            None => cwd.to_path_buf(),
-        };
-        let file = dir.join(FILE_NAME);
-        let mut map = if file.is_file() {
-            let text = yaml::read_file(&file).map_err(|e| {
-                SpecError::file(&file.display().to_string(), format!("cannot read it: {e}"))
-            })?;
-            Datastores::from_yaml(&text, &file.display().to_string(), &dir)?
-        } else {
-            Datastores::at(file.display().to_string())
+        let (dir, file, text) = yaml::read_beside(spec_file, cwd, FILE_NAME)?;
+        let mut map = match text {
+            Some(text) => Datastores::from_yaml(&text, &file.display().to_string(), &dir)?,
+            None => Datastores::at(file.display().to_string()),
         };
         map.add_entries(env, cwd)?;
         map.add_flags(flags, cwd)?;

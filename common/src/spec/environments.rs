@@ -41,18 +41,10 @@ impl Environments {
         flags: &[String],
         cwd: &Path,
     ) -> Result<Self, SpecError> {
-        let dir = match spec_file.parent().filter(|p| !p.as_os_str().is_empty()) {
-            Some(dir) => cwd.join(dir),
-            None => cwd.to_path_buf(),
-        };
-        let file = dir.join(FILE_NAME);
-        let mut map = if file.is_file() {
-            let text = yaml::read_file(&file).map_err(|e| {
-                SpecError::file(&file.display().to_string(), format!("cannot read it: {e}"))
-            })?;
-            Environments::from_yaml(&text, &file.display().to_string(), &dir)?
-        } else {
-            Environments::default()
+        let (dir, file, text) = yaml::read_beside(spec_file, cwd, FILE_NAME)?;
+        let mut map = match text {
+            Some(text) => Environments::from_yaml(&text, &file.display().to_string(), &dir)?,
+            None => Environments::default(),
         };
         map.add_flags(flags, cwd)?;
         Ok(map)

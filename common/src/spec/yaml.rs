@@ -110,6 +110,27 @@ pub const MAX_NODES: usize = 100_000;
 /// The deepest nesting of lists and mappings.
 pub const MAX_DEPTH: usize = 64;
 
+/// A map file beside a spec file (`datastores.yaml`, `environments.yaml`): the spec file's
+/// folder (taken from `cwd` when relative), the map file's path, and its text when it is there.
+pub(crate) fn read_beside(
+    spec_file: &std::path::Path,
+    cwd: &std::path::Path,
+    name: &str,
+) -> Result<(std::path::PathBuf, std::path::PathBuf, Option<String>), super::error::SpecError> {
+    let dir = match spec_file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(dir) => cwd.join(dir),
+        None => cwd.to_path_buf(),
+    };
+    let file = dir.join(name);
+    if !file.is_file() {
+        return Ok((dir, file, None));
+    }
+    let text = read_file(&file).map_err(|e| {
+        super::error::SpecError::file(&file.display().to_string(), format!("cannot read it: {e}"))
+    })?;
+    Ok((dir, file, Some(text)))
+}
+
 /// Read a YAML file, at most [`MAX_BYTES`] of it: a larger file is an error, never read whole.
 pub(crate) fn read_file(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;

@@ -472,13 +472,7 @@ async fn resumed(started: &StartedJob, options: &WatchOptions) -> ManifestResult
     };
     match resume(&resume_options).await {
         Ok(report) => from_report(report),
-        Err(error) => ManifestResult {
-            status: "failed".into(),
-            job_id: Some(started.job_id.clone()),
-            job_root: Some(started.job_root.clone()),
-            first_error: Some(error.to_string()),
-            ..invalid(String::new())
-        },
+        Err(error) => failed_resume(started, &error),
     }
 }
 
@@ -518,6 +512,17 @@ async fn check_pipeline(file: &spec::PipelineFile, allow: &AllowList) -> Result<
         allow.check_tree(&key, &url).await.map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// The result of a manifest whose job (or pipeline) could not be resumed.
+fn failed_resume(started: &StartedJob, error: &dyn std::fmt::Display) -> ManifestResult {
+    ManifestResult {
+        status: "failed".into(),
+        job_id: Some(started.job_id.clone()),
+        job_root: Some(started.job_root.clone()),
+        first_error: Some(error.to_string()),
+        ..invalid(String::new())
+    }
 }
 
 fn invalid(error: String) -> ManifestResult {

@@ -8,7 +8,7 @@ use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::spec;
 
 use super::claims::{HeldClaim, Written};
-use super::{beside, invalid, ManifestResult, StartedJob, WatchOptions, Work};
+use super::{beside, failed_resume, invalid, ManifestResult, StartedJob, WatchOptions, Work};
 use crate::error::ProducerError;
 use crate::modes::pipeline;
 use crate::modes::submit::SubmitOptions;
@@ -104,12 +104,6 @@ pub(super) async fn resumed(started: &StartedJob, options: &WatchOptions) -> Man
     let fleet = pipeline::Fleet::Remote(&submit);
     match pipeline::resume_pipeline(&started.job_root, None, &fleet, &interpreters).await {
         Ok(report) => pipeline_result(report),
-        Err(error) => ManifestResult {
-            status: "failed".into(),
-            job_id: Some(started.job_id.clone()),
-            job_root: Some(started.job_root.clone()),
-            first_error: Some(error.to_string()),
-            ..invalid(String::new())
-        },
+        Err(error) => failed_resume(started, &error),
     }
 }

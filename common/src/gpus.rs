@@ -29,10 +29,21 @@ pub fn devices() -> &'static [String] {
     })
 }
 
-/// The device slot `index` gets: device `index mod n` (with more slots than devices, slots
-/// share them round-robin); `None` without GPUs.
-pub fn device_for_slot(devices: &[String], index: usize) -> Option<&str> {
-    (!devices.is_empty()).then(|| devices[index % devices.len()].as_str())
+/// The devices slot `index` of `slots` gets, as `CUDA_VISIBLE_DEVICES` reads them: with at
+/// least as many slots as devices, device `index mod n` (slots share them round-robin); with
+/// fewer slots, each slot gets its own contiguous share, so that one slot on a 4-GPU machine
+/// sees all four (a script using several GPUs keeps them). `None` without GPUs.
+pub fn devices_for_slot(devices: &[String], index: usize, slots: usize) -> Option<String> {
+    let n = devices.len();
+    if n == 0 {
+        return None;
+    }
+    let slots = slots.max(1);
+    if slots >= n {
+        return Some(devices[index % n].clone());
+    }
+    let index = index % slots;
+    Some(devices[index * n / slots..(index + 1) * n / slots].join(","))
 }
 
 /// The devices from `BATCHFLEET_GPUS`, else `CUDA_VISIBLE_DEVICES`, else `nvidia_smi()`.

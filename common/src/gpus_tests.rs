@@ -31,7 +31,16 @@ fn nvidia_smi_lines_that_name_no_gpu_are_skipped() {
 #[test]
 fn slots_get_devices_round_robin() {
     let devices: Vec<String> = ["4", "7"].map(String::from).to_vec();
-    let given: Vec<_> = (0..5).map(|i| device_for_slot(&devices, i)).collect();
-    assert_eq!(given, [Some("4"), Some("7"), Some("4"), Some("7"), Some("4")]);
-    assert_eq!(device_for_slot(&[], 3), None);
+    let given: Vec<_> = (0..5).map(|i| devices_for_slot(&devices, i, 5)).collect();
+    let want = ["4", "7", "4", "7", "4"].map(|d| Some(d.to_string()));
+    assert_eq!(given, want);
+    assert_eq!(devices_for_slot(&[], 3, 5), None);
+}
+
+#[test]
+fn fewer_slots_than_devices_share_them_out() {
+    let devices: Vec<String> = ["0", "1", "2", "3", "4"].map(String::from).to_vec();
+    assert_eq!(devices_for_slot(&devices, 0, 1).as_deref(), Some("0,1,2,3,4"), "one slot: all");
+    let two: Vec<_> = (0..2).map(|i| devices_for_slot(&devices, i, 2).unwrap()).collect();
+    assert_eq!(two, ["0,1", "2,3,4"]);
 }

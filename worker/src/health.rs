@@ -121,8 +121,9 @@ async fn write(staging: &Path, file: &Path, status: &WorkerStatus) -> std::io::R
 
 /// Whether process `pid` runs (on this machine, in this PID namespace).
 fn runs(pid: u32) -> bool {
-    // The checking process may have been given a pid an exited worker had.
-    if pid == std::process::id() {
+    // The checking process may have been given a pid an exited worker had; 0 is a file
+    // without a pid (kill(0) would ask about this process's own group).
+    if pid == 0 || pid == std::process::id() {
         return false;
     }
     let Ok(pid) = i32::try_from(pid) else { return false };

@@ -95,6 +95,18 @@ impl JobRoot {
         self.put(&self.layout.attempt_marker(batch_id, marker), Bytes::new()).await
     }
 
+    /// Forget every earlier attempt of `batch_id` (its markers and failure records), before
+    /// `resume --failed-only` publishes it again: the new deliveries count from the first.
+    pub async fn forget_attempts(&self, batch_id: &str) -> Result<(), JobRootError> {
+        for prefix in [self.layout.attempt_markers_of(batch_id), self.layout.failures_of(batch_id)]
+        {
+            for meta in self.list(&prefix).await? {
+                self.delete(&meta.location).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Take back a marker: the delivery was given back without counting an attempt.
     pub async fn unmark_attempt(&self, batch_id: &str, marker: &str) -> Result<(), JobRootError> {
         self.delete(&self.layout.attempt_marker(batch_id, marker)).await

@@ -113,12 +113,19 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     }
     // A fleet elsewhere writes its last records when its runtimes stop, which they do once
     // they see the result: the report comes after it.
-    let (mut tracker, end) = followed?;
-    let report = finish(&job, &root, &tracker, end).await?;
-    lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
-    lifecycle::write_job_report(&root, started_ms).await;
+    let report = async {
+        let (mut tracker, end) = followed?;
+        let mut report = finish(&job, &root, &tracker, end).await?;
+        lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
+        // What the runtimes could not store from shutdown() is known once they stopped.
+        lifecycle::recheck_outputs(&root, &mut report).await?;
+        lifecycle::write_job_report(&root, started_ms).await;
+        Ok(report)
+    }
+    .await;
+    // However following ends, the job's events queue goes with it (as `submit`'s does).
     remove_events_queue(broker.as_ref(), &root.job_id).await;
-    Ok(report)
+    report
 }
 
 async fn read_job(root: &JobRoot) -> Result<ResolvedJob, ProducerError> {
@@ -178,6 +185,8 @@ async fn forget_unsuccessful(
     let (kept, rerun): (Vec<_>, Vec<_>) =
         statuses.into_iter().partition(|s| s.state == BatchState::Succeeded);
     for status in &rerun {
+        // The earlier run's failures and lost leases would count against the new deliveries.
+        root.forget_attempts(&status.batch_id).await?;
         root.delete_status(&status.batch_id).await?;
     }
     root.delete(&root.layout.cancel_marker()).await?;

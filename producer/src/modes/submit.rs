@@ -424,23 +424,23 @@ mod tests {
     #[test]
     fn a_timeout_the_broker_cannot_honour_is_refused_with_the_numbers() {
         let mut job = crate::test_support::minimal_job();
-        // 11 runs of (120 + 30 s) + 90 s of waits + 60 s: 1,800 s.
-        job.retry.timeout_secs = 120;
+        // 2 runs of (810 + 30 s) + 60 s of in-place retries + 60 s: 1,800 s.
+        job.retry.timeout_secs = 810;
         job.task.program_args.task_overhead_timeout_secs = 30;
         assert!(check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).is_ok());
-        job.retry.timeout_secs = 121;
+        job.retry.timeout_secs = 811;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
         assert!(
-            text.contains("121 s") && text.contains("1811 s") && text.contains("1800 s"),
+            text.contains("811 s") && text.contains("1802 s") && text.contains("1800 s"),
             "{text}"
         );
         assert!(check_consumer_timeout(&job, None).is_ok(), "no consumer timeout, no limit");
     }
 
     /// Regression: only one run of `timeout` + overhead + 60 s was counted, while a worker
-    /// holds one delivery through a broken runtime's re-run and the storage retry loop too.
+    /// holds one delivery through a broken runtime's re-run and the in-place window too.
     #[test]
     fn the_hold_counts_every_run_a_worker_makes_of_one_delivery() {
         let mut job = crate::test_support::minimal_job();

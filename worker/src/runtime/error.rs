@@ -91,7 +91,9 @@ impl RuntimeError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             RuntimeError::Spawn { source, .. } if is_setup_problem(source) => ErrorKind::Config,
-            RuntimeError::Bindings { permanent: true, .. } => ErrorKind::Config,
+            // Never `Config`: that stops the worker, and one job's bad binding would then stop
+            // every worker of the pool that takes its batch. A permanent one is deterministic
+            // instead (`is_deterministic`): the producer fails the job within seconds.
             RuntimeError::Spawn { .. }
             | RuntimeError::Io { .. }
             | RuntimeError::Protocol(_)

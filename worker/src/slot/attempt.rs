@@ -190,7 +190,13 @@ impl Slot {
             }
             let Some(delay) = delays.next() else { break };
             if held.elapsed() + delay > RetryPolicy::IN_PLACE_WINDOW {
-                break;
+                // A long batch is not run again under this delivery, nor is the failure counted
+                // against the script (storage is not its doing): the batch is given back.
+                return Err(AttemptEnd::GiveBack(format!(
+                    "storage failed under a batch held past the {} s in-place window: {}",
+                    RetryPolicy::IN_PLACE_WINDOW.as_secs(),
+                    failure.message
+                )));
             }
             tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
                 "storage failed under the batch; trying it again in place");

@@ -39,6 +39,13 @@ pub(super) struct Counted {
     marker: Option<String>,
 }
 
+impl Counted {
+    /// Whether this delivery left a marker (every delivery after the first does).
+    pub(super) fn is_marked(&self) -> bool {
+        self.marker.is_some()
+    }
+}
+
 /// The delivery the slot's attempt holds, and when it would run past [`longest_try`].
 pub(super) struct Holding {
     pub handle: DeliveryHandle,

@@ -310,6 +310,8 @@ impl Slot {
             self.nack(&delivery.handle, nack_delay(attempt)).await;
             return;
         }
+        // Only a delivery after the first has a marker to take back (no clone on the first).
+        let marked = counted.is_marked().then(|| message.batch_id.clone());
         let message = match output::claim_items(&job, message).await {
             Ok(message) => message,
             Err(error) if error.retry() == Retry::Permanent => {
@@ -321,6 +323,10 @@ impl Slot {
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the batch's items; giving the message back");
+                // Not a try at the batch: its marker goes, or it would count as a lost lease.
+                if let Some(batch_id) = &marked {
+                    self.unmark_attempt(&job, batch_id, &counted).await;
+                }
                 self.nack(&delivery.handle, nack_delay(attempt)).await;
                 return;
             }
@@ -364,6 +370,7 @@ impl Slot {
             }
             Err(AttemptEnd::Failed(failure)) if self.fatal.is_some() => {
                 tracing::warn!(message = %failure.message, "giving the batch back to other workers");
+                self.unmark_attempt(&job, &message.batch_id, &counted).await;
                 self.nack(&delivery.handle, Duration::ZERO).await;
             }
             Err(AttemptEnd::Failed(failure)) => {

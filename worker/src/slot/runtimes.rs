@@ -298,8 +298,10 @@ impl Slot {
         env.insert(NODE_ID_ENV.into(), self.shared.config.worker_id.clone());
         env.insert(PROCESS_NAME_ENV.into(), process_name.into());
         env.insert(LOG_DIR_ENV.into(), log_dir.to_string_lossy().into_owned());
-        if let Some(device) = gpus::device_for_slot(gpus::devices(), self.index) {
-            env.entry(CUDA_VISIBLE_DEVICES.into()).or_insert_with(|| device.into());
+        if let Some(devices) =
+            gpus::devices_for_slot(gpus::devices(), self.index, self.shared.config.concurrency)
+        {
+            env.entry(CUDA_VISIBLE_DEVICES.into()).or_insert(devices);
         }
         Ok(())
     }

@@ -198,6 +198,30 @@ pub fn store_of(job: &str, store: Option<&str>) -> Result<String, ProducerError>
     Ok(trimmed.strip_suffix(folder.job_id.as_str()).unwrap_or(trimmed).to_string())
 }
 
+/// The pipeline as it was resolved when it started (`pipeline.json` in its folder).
+async fn read_resolved(folder: &JobRoot) -> Result<ParsedPipeline, ProducerError> {
+    let key = folder.location.child_key(RESOLVED_FILE);
+    let resolved = folder.read_text(&key).await?.ok_or_else(|| {
+        ProducerError::Unsupported(format!(
+            "{}: not a pipeline folder (no {RESOLVED_FILE})",
+            folder.url()
+        ))
+    })?;
+    serde_json::from_str(&resolved).map_err(|e| {
+        ProducerError::Unsupported(format!(
+            "{}: not a resolved pipeline: {e}",
+            folder.key_url(&key)
+        ))
+    })
+}
+
+/// Whether the pipeline in folder `job` has a command step (which runs on the machine that
+/// resumes it).
+pub async fn has_command_steps_at(job: &str) -> Result<bool, ProducerError> {
+    let pipeline = read_resolved(&locate(job, None)?).await?;
+    Ok(pipeline.steps.iter().any(|step| matches!(step.kind, StepKind::Command(_))))
+}
+
 /// `batchfleet resume` of a pipeline: the steps that succeeded stand (their outputs are in
 /// place), every other step runs again from its start, in order, from the first unfinished
 /// one.
@@ -208,19 +232,7 @@ pub async fn resume_pipeline(
     interpreters: &Interpreters,
 ) -> Result<PipelineReport, ProducerError> {
     let folder = locate(job, store)?;
-    let key = folder.location.child_key(RESOLVED_FILE);
-    let resolved = folder.read_text(&key).await?.ok_or_else(|| {
-        ProducerError::Unsupported(format!(
-            "{}: not a pipeline folder (no {RESOLVED_FILE})",
-            folder.url()
-        ))
-    })?;
-    let pipeline: ParsedPipeline = serde_json::from_str(&resolved).map_err(|e| {
-        ProducerError::Unsupported(format!(
-            "{}: not a resolved pipeline: {e}",
-            folder.key_url(&key)
-        ))
-    })?;
+    let pipeline = read_resolved(&folder).await?;
     if let Some(result) = folder.read_text(&folder.location.child_key(RESULT_FILE)).await? {
         if result.starts_with("succeeded") {
             return Err(ProducerError::Unsupported(format!(

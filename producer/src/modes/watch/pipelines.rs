@@ -13,6 +13,11 @@ use crate::error::ProducerError;
 use crate::modes::pipeline;
 use crate::modes::submit::SubmitOptions;
 
+/// Why a watcher without `--python` takes no pipeline with a command step.
+const NO_COMMANDS: &str = "the pipeline has command steps, which would run on the watcher's \
+                           machine; start the watcher with --python (the interpreter they run \
+                           with) to allow them";
+
 /// Run a pipeline manifest: its folder recorded in `<manifest>.job.json` once it exists, its
 /// parallel steps on the fleet, its command steps here with `--python`.
 pub(super) async fn submitted(
@@ -22,16 +27,13 @@ pub(super) async fn submitted(
     options: &WatchOptions,
     held: &HeldClaim,
 ) -> Result<Work, ProducerError> {
-    let python =
-        match &options.python {
-            Some(python) => python.clone(),
-            None if pipeline::manifest::has_command_steps(file) => return Ok(Work::Done(invalid(
-                "the pipeline has command steps, which would run on the watcher's machine; start \
-                 the watcher with --python (the interpreter they run with) to allow them"
-                    .into(),
-            ))),
-            None => "python3".into(),
-        };
+    let python = match &options.python {
+        Some(python) => python.clone(),
+        None if pipeline::manifest::has_command_steps(file) => {
+            return Ok(Work::Done(invalid(NO_COMMANDS.into())))
+        }
+        None => "python3".into(),
+    };
     let fleet = pipeline::Fleet::Remote(submit);
     let mut environments = spec::Environments::default();
     let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
@@ -82,6 +84,14 @@ pub(super) async fn resumed(started: &StartedJob, options: &WatchOptions) -> Man
     if let Some(text) = pipeline::finished(&started.job_root).await {
         return pipeline_outcome(&text, started.job_id.clone(), started.job_root.clone());
     }
+    // As when a manifest is first taken: a watcher not given --python runs no command step.
+    if options.python.is_none() {
+        match pipeline::has_command_steps_at(&started.job_root).await {
+            Ok(false) => {}
+            Ok(true) => return failed_resume(started, &NO_COMMANDS),
+            Err(error) => return failed_resume(started, &error),
+        }
+    }
     let submit = SubmitOptions {
         spec_path: std::path::PathBuf::new(),
         store: pipeline::store_of(&started.job_root, None).ok(),
@@ -97,9 +107,15 @@ pub(super) async fn resumed(started: &StartedJob, options: &WatchOptions) -> Man
         // Its places were checked against the allow-list when the manifest was first taken.
         allow: None,
     };
+    // The watcher's own --environment map, as when it first took the manifest.
+    let mut environments = spec::Environments::default();
+    let cwd = std::env::current_dir().unwrap_or_default();
+    if let Err(error) = environments.add_flags(&options.environments, &cwd) {
+        return failed_resume(started, &error);
+    }
     let interpreters = pipeline::Interpreters {
         python: options.python.clone().unwrap_or_else(|| "python3".into()),
-        environments: spec::Environments::default(),
+        environments,
     };
     let fleet = pipeline::Fleet::Remote(&submit);
     match pipeline::resume_pipeline(&started.job_root, None, &fleet, &interpreters).await {

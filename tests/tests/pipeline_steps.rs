@@ -276,3 +276,36 @@ fn resume_reruns_a_pipeline_from_its_first_step_that_did_not_succeed() {
         describe(&again)
     );
 }
+
+/// Regression: under `--allow`, each parallel step was checked with the allow-list alone, so a
+/// step reading an earlier step's output (in the pipeline's folder, under `--store`) was refused
+/// when the store lay outside the allowed prefixes.
+#[test]
+fn under_an_allow_list_a_step_reaches_its_own_pipeline_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let work = d.join("work");
+    write(&work, "src/score.py", SCORE_PY);
+    let text = "type: pipeline\njobs:\n  first:\n    type: command\n    outputs: {out: {type: uri_folder}}\n    \
+         command: echo data > ${{outputs.out}}/a.txt && echo data > ${{outputs.out}}/b.txt\n  \
+         count:\n    type: parallel\n    inputs:\n      got: ${{parent.jobs.first.outputs.out}}\n    \
+         input_data: ${{inputs.got}}\n    mini_batch_size: \"1\"\n    task:\n      type: run_function\n      \
+         code: ./src\n      entry_script: score.py\n";
+    write(&work, "pipeline.yml", text);
+    let output = run_bounded(
+        batchfleet()
+            .arg("run")
+            .arg(work.join("pipeline.yml"))
+            .arg("--store")
+            .arg(d.join("jobs"))
+            .arg("--allow")
+            .arg(&work)
+            .arg("--python")
+            .arg(python())
+            .arg("--no-progress"),
+        LIMIT,
+    );
+    assert!(output.status.success(), "the steps reach their folder: {}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("outside the allow-list"), "{stderr}");
+}

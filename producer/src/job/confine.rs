@@ -89,6 +89,14 @@ impl AllowList {
         list
     }
 
+    /// This list with one more allowed prefix (a URL or an absolute folder).
+    pub fn with_prefix(mut self, prefix: &str) -> AllowList {
+        let more = AllowList::new(&[prefix.to_string()]);
+        self.allowed.extend(more.allowed);
+        self.shown.extend(more.shown);
+        self
+    }
+
     /// Refuse places under `scratch` as relative paths of a manifest.
     pub fn with_scratch(mut self, scratch: &Path) -> AllowList {
         self.scratch = Some(resolved_path(scratch));

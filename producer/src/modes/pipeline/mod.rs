@@ -28,6 +28,7 @@ pub use command::DEFAULT_TIMEOUT;
 pub use interpreters::Interpreters;
 
 use crate::error::ProducerError;
+use crate::job::confine::AllowList;
 use crate::job::lifecycle::{check_entry_script, store_url, JobReport};
 use crate::job_root::{new_job_id, JobRoot};
 use crate::modes::run::{run_job, RunOptions};
@@ -380,7 +381,7 @@ async fn run_step(
         StepKind::Parallel(job) => {
             let (python, _) = interpreters.for_environment(job.task.environment.as_ref());
             let job = job.as_ref().clone();
-            match run_parallel(job, text, fleet, python).await {
+            match run_parallel(job, text, fleet, python, &folder.url()).await {
                 Ok(report) => (step_verdict(&report), report.root_url),
                 Err(error) => {
                     (StepVerdict::Failed(format!("could not start: {error}")), String::new())
@@ -407,14 +408,23 @@ async fn run_parallel(
     text: &str,
     fleet: &Fleet<'_>,
     python: &std::path::Path,
+    folder: &str,
 ) -> Result<JobReport, ProducerError> {
+    // Under an allow-list, a step also reaches its own pipeline's folder (the outputs of the
+    // steps before it, and its own), wherever the store lies.
+    let allow = |allow: &Option<AllowList>| allow.clone().map(|list| list.with_prefix(folder));
     match fleet {
         Fleet::Local(options) => {
-            let options = RunOptions { python: python.to_path_buf(), ..(*options).clone() };
+            let options = RunOptions {
+                python: python.to_path_buf(),
+                allow: allow(&options.allow),
+                ..(*options).clone()
+            };
             run_job(job, text, &options).await
         }
         Fleet::Remote(options) => {
-            let published = publish_loaded(job, text, options).await?;
+            let options = SubmitOptions { allow: allow(&options.allow), ..(*options).clone() };
+            let published = publish_loaded(job, text, &options).await?;
             follow_published(published, options.interactive).await
         }
     }

@@ -25,6 +25,7 @@ use crate::output;
 use crate::runtime::RunSuccess;
 
 use super::attempt::{remove_output, AttemptEnd, AttemptFailure, Finished, Ran};
+use super::settle::ATTEMPTS;
 use super::Slot;
 
 /// Items named in an isolated failure's message; the rest are counted.
@@ -70,7 +71,7 @@ impl Slot {
                     && self.fatal.is_none()
                     && !stop.is_cancelled() =>
             {
-                tracing::warn!(items = message.items.len(), message = %failure.message,
+                tracing::warn!(target: ATTEMPTS, items = message.items.len(), message = %failure.message,
                     "the batch failed on its last attempt; splitting it to find the items that \
                      fail on their own (--isolate_poison_items)");
                 self.isolate(job, message, attempt, started_ms, stop, budget).await
@@ -96,10 +97,9 @@ impl Slot {
             }
         };
         let record = self.isolated_record(message, &found, attempt, started_ms);
-        tracing::warn!(runs = found.runs, failed_items = failed_items(&found),
+        tracing::warn!(target: ATTEMPTS, runs = found.runs, failed_items = failed_items(&found),
             items = message.items.len(), message = %record.message, "poison items isolated");
         if found.passed.is_empty() {
-            found.passed.iter().for_each(|p| remove_output(&p.output));
             let detail = record.detail;
             return Err(
                 AttemptFailure { kind: record.kind, message: record.message, detail }.into()

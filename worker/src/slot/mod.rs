@@ -343,7 +343,7 @@ impl Slot {
                 self.summary.batches_succeeded += 1;
                 if let Some(error) = &status.error {
                     // Poison items isolated (`isolate`): the batch's other rows are in.
-                    tracing::error!(target: "batchfleet_worker::attempts", kind = error.kind.as_str(),
+                    tracing::error!(target: settle::ATTEMPTS, kind = error.kind.as_str(),
                         message = %error.message, "batch succeeded without its poison items");
                 }
                 tracing::info!(

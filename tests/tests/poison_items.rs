@@ -16,21 +16,21 @@ const ITEMS: usize = 64;
 const ISOLATION_RUNS: usize = 12;
 
 /// `run()` that marks every call and raises for any batch holding `bad0.txt`.
-fn script() -> String {
-    format!(
-        r#"{PRELUDE}
+const RAISE_ON_BAD: &str = r#"
 def run(mini_batch):
     mark("run")
     names = [os.path.basename(p) for p in mini_batch]
     if "bad0.txt" in names:
         raise ValueError("poisoned by bad0.txt")
     return names
-"#
-    )
-}
+"#;
 
 /// 63 good files and `bad0.txt`, in one mini-batch tried twice.
 fn fixture(program_arguments: &str) -> (JobFixture, Vec<String>) {
+    fixture_with(program_arguments, RAISE_ON_BAD)
+}
+
+fn fixture_with(program_arguments: &str, run: &str) -> (JobFixture, Vec<String>) {
     let good = file_names(ITEMS - 1);
     let mut files = good.clone();
     files.push("bad0.txt".into());
@@ -38,7 +38,8 @@ fn fixture(program_arguments: &str) -> (JobFixture, Vec<String>) {
         "mini_batch_size: {ITEMS}\nmax_concurrency_per_instance: 1\n\
          retry_settings: {{max_retries: 1, timeout: 30}}"
     );
-    (JobFixture::new(&files, &script(), &settings, program_arguments), good)
+    let script = format!("{PRELUDE}\n{run}");
+    (JobFixture::new(&files, &script, &settings, program_arguments), good)
 }
 
 /// What every broker must show: 63 rows once each, one failed item named, 2 + 12 runs.
@@ -79,6 +80,57 @@ fn embedded_a_poison_item_is_isolated_and_the_other_63_rows_are_kept() {
     let output = fixture.run();
     assert!(output.status.success(), "error_threshold -1 by default: {}", describe(&output));
     assert_isolated(&fixture, &good, &describe(&output));
+}
+
+#[test]
+fn embedded_a_poison_item_that_kills_its_runtime_is_isolated_too() {
+    // The runtime dies under every part holding bad0.txt: the slot starts a fresh one (init()
+    // again) for the next part.
+    let run = r#"
+def run(mini_batch):
+    mark("run")
+    names = [os.path.basename(p) for p in mini_batch]
+    if "bad0.txt" in names:
+        os._exit(3)
+    return names
+"#;
+    let (fixture, good) = fixture_with("--isolate_poison_items True", run);
+    let output = fixture.run();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_rows_exactly(&fixture, &good);
+    let runs = files_starting(&fixture.path().join("marks"), "run");
+    assert_eq!(runs.len(), 2 + ISOLATION_RUNS, "{runs:?}\n{}", describe(&output));
+    let status = &statuses(&fixture.job_root())[0];
+    assert_eq!(status["items_out"], 63, "{status}");
+    let error = status["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("bad0.txt: the entry-script process died"), "{status}");
+    assert_eq!(status["error"]["kind"], "runtime_crash", "{status}");
+}
+
+#[test]
+fn embedded_a_batch_that_fails_only_whole_keeps_every_row_and_names_no_item() {
+    let run = r#"
+def run(mini_batch):
+    mark("run")
+    if len(mini_batch) == 64:
+        raise MemoryError("too many at once")
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+    let (fixture, mut every) = fixture_with("--isolate_poison_items True", run);
+    every.push("bad0.txt".into());
+    let output = fixture.run();
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_rows_exactly(&fixture, &every);
+    let runs = files_starting(&fixture.path().join("marks"), "run");
+    assert_eq!(runs.len(), 2 + 2, "two whole runs, then both halves pass: {runs:?}");
+    let status = &statuses(&fixture.job_root())[0];
+    assert_eq!(
+        (status["state"].as_str(), status["items_out"].as_u64()),
+        (Some("succeeded"), Some(64))
+    );
+    assert!(status["error"].is_null(), "no item failed on its own: {status}");
+    let result = fixture.job_result();
+    assert!(result.contains("items: 64 total, 64 succeeded, 0 failed"), "{result}");
 }
 
 #[test]

@@ -105,8 +105,12 @@ impl Slot {
                 AttemptFailure { kind: record.kind, message: record.message, detail }.into()
             );
         }
-        if let Err(error) = output::write_failure(job, &message.batch_id, &record).await {
-            tracing::warn!(%error, "writing the failure record of the isolated items failed");
+        // Every part passed on its own (the batch failed only whole): a plain success.
+        let isolated = (failed_items(&found) > 0).then_some(record);
+        if let Some(record) = &isolated {
+            if let Err(error) = output::write_failure(job, &message.batch_id, record).await {
+                tracing::warn!(%error, "writing the failure record of the isolated items failed");
+            }
         }
         let part = self.part_name(attempt);
         let in_place = output::local_part_file(job, &message.batch_id, &part);
@@ -117,7 +121,7 @@ impl Slot {
         let result = match joined {
             Ok(out) => match join_rows(&found.passed, &out) {
                 Ok(success) => {
-                    let ran = Ran { success, attempt, part, started_ms, isolated: Some(record) };
+                    let ran = Ran { success, attempt, part, started_ms, isolated };
                     let result = self.record_success(job, message, &out, ran).await;
                     if in_place.is_none() || result.is_err() {
                         remove_output(&out);

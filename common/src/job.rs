@@ -295,6 +295,29 @@ pub struct ProgramArgs {
     pub resource_monitor_interval_secs: u64,
     pub copy_logs_to_parent: bool,
     pub append_row_dataframe_header: bool,
+    /// batchfleet's own: a multi-item file batch that failed all its attempts is split in two
+    /// and each half run again, down to single items, so only the items that fail on their
+    /// own are counted failed (off by default: Azure fails the whole batch).
+    #[serde(default)]
+    pub isolate_poison_items: bool,
+}
+
+/// The most items whose bisection [`ProgramArgs::isolation_runs`] sizes its budget for.
+const ISOLATION_ITEMS_SIZED: u64 = 1 << 10;
+
+impl ProgramArgs {
+    /// The extra runs of `run()` one delivery may make to isolate the poison items of a batch
+    /// of `items` (`--isolate_poison_items`): 4·⌈log₂ items⌉ — enough to single out two items
+    /// that fail on their own — for at most 1,024 items (40 runs); 0 when isolation is off or
+    /// there is nothing to split. Items not singled out within the budget count as failed.
+    pub fn isolation_runs(&self, items: u64) -> u32 {
+        if !self.isolate_poison_items || items < 2 {
+            return 0;
+        }
+        let sized = items.min(ISOLATION_ITEMS_SIZED);
+        let depth = u64::BITS - (sized - 1).leading_zeros();
+        4 * depth
+    }
 }
 
 impl Default for ProgramArgs {
@@ -308,6 +331,7 @@ impl Default for ProgramArgs {
             resource_monitor_interval_secs: 600,
             copy_logs_to_parent: false,
             append_row_dataframe_header: false,
+            isolate_poison_items: false,
         }
     }
 }
@@ -365,6 +389,18 @@ mod tests {
              entry_script: s.py\n{append_row_to}"
         );
         crate::spec::parse_job_str(&yaml, Path::new("/jobs/job.yaml")).expect("valid spec").job
+    }
+
+    #[test]
+    fn isolation_budgets_runs_for_two_poison_items_and_only_when_asked() {
+        let mut args = super::ProgramArgs::default();
+        assert_eq!(args.isolation_runs(64), 0, "off by default");
+        args.isolate_poison_items = true;
+        assert_eq!(args.isolation_runs(1), 0, "a single item is not split");
+        assert_eq!(args.isolation_runs(2), 4);
+        assert_eq!(args.isolation_runs(64), 24);
+        assert_eq!(args.isolation_runs(65), 28);
+        assert_eq!(args.isolation_runs(u64::MAX), 40);
     }
 
     #[test]

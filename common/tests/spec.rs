@@ -122,6 +122,7 @@ fn full_azure_example_parses_every_field() {
             resource_monitor_interval_secs: 0,
             copy_logs_to_parent: true,
             append_row_dataframe_header: true,
+            isolate_poison_items: false,
         }
     );
     assert_eq!(

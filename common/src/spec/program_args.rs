@@ -40,6 +40,7 @@ enum Flag {
     ResourceMonitorInterval,
     CopyLogsToParent,
     AppendRowDataframeHeader,
+    IsolatePoisonItems,
 }
 
 const FLAGS: &[(&str, Flag)] = &[
@@ -51,6 +52,7 @@ const FLAGS: &[(&str, Flag)] = &[
     ("--resource_monitor_interval", Flag::ResourceMonitorInterval),
     ("--copy_logs_to_parent", Flag::CopyLogsToParent),
     ("--append_row_dataframe_header", Flag::AppendRowDataframeHeader),
+    ("--isolate_poison_items", Flag::IsolatePoisonItems),
 ];
 
 /// Older ParallelRunStep flags whose setting this YAML format has a key for.
@@ -157,7 +159,9 @@ fn allowed(flag: Flag) -> &'static str {
         | Flag::ProgressUpdateTimeout
         | Flag::FirstTaskCreationTimeout => "1 or more seconds",
         Flag::ResourceMonitorInterval => "0 (off) or more seconds",
-        Flag::CopyLogsToParent | Flag::AppendRowDataframeHeader => "True or False",
+        Flag::CopyLogsToParent | Flag::AppendRowDataframeHeader | Flag::IsolatePoisonItems => {
+            "True or False"
+        }
     }
 }
 
@@ -176,6 +180,7 @@ fn apply(flag: Flag, text: &str, args: &mut ProgramArgs) -> Result<(), String> {
         Flag::ResourceMonitorInterval => args.resource_monitor_interval_secs = secs(flag, text, 0)?,
         Flag::CopyLogsToParent => args.copy_logs_to_parent = boolean(text)?,
         Flag::AppendRowDataframeHeader => args.append_row_dataframe_header = boolean(text)?,
+        Flag::IsolatePoisonItems => args.isolate_poison_items = boolean(text)?,
     }
     Ok(())
 }
@@ -308,6 +313,9 @@ mod tests {
         assert!(apply(Flag::CopyLogsToParent, "yes", &mut args)
             .unwrap_err()
             .contains("True or False"));
+        assert!(!args.isolate_poison_items, "off by default");
+        apply(Flag::IsolatePoisonItems, "True", &mut args).unwrap();
+        assert!(args.isolate_poison_items);
         apply(Flag::ResourceMonitorInterval, "0", &mut args).unwrap();
         assert_eq!(args.resource_monitor_interval_secs, 0);
         assert!(apply(Flag::TaskOverheadTimeout, "0", &mut args)

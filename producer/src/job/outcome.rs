@@ -119,6 +119,10 @@ pub fn failure_story(root: &JobRoot, tracker: &Tracker) -> Vec<String> {
     let mut lines = vec![first];
     let groups = tracker.failure_groups();
     let failed = tracker.counts().batches_failed;
+    if failed == 0 {
+        // Only isolated poison items failed (`--isolate_poison_items`).
+        return lines;
+    }
     lines.push(format!("failed mini-batches by error ({failed} in all):"));
     for group in groups {
         let plural = if group.batches == 1 { "" } else { "es" };

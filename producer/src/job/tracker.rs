@@ -192,12 +192,18 @@ impl Tracker {
         if status.header.is_some() && self.header.is_none() {
             self.header = status.header.clone();
         }
-        if let (BatchState::Failed, Some(error)) = (status.state, &status.error) {
+        // A succeeded batch with an error had its poison items isolated: that error (naming
+        // them) may be the job's first, but the batch is not counted among the failed ones.
+        if let (BatchState::Failed | BatchState::Succeeded, Some(error)) =
+            (status.state, &status.error)
+        {
             if self.first_error.is_none() {
                 self.first_error =
                     Some(FirstError { batch_id: status.batch_id.clone(), record: error.clone() });
             }
-            self.group_failure(error);
+            if status.state == BatchState::Failed {
+                self.group_failure(error);
+            }
         }
         true
     }

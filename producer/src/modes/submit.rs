@@ -16,7 +16,7 @@ use batchfleet_common::broker::connect::{
     connect, kind_of, redact, BrokerKind, ConnectOptions, RabbitMqConnect,
 };
 use batchfleet_common::broker::Broker;
-use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::spec::Datastores;
@@ -292,7 +292,17 @@ pub fn check_consumer_timeout(
     };
     let timeout = job.retry.timeout_secs;
     let overhead = job.task.program_args.task_overhead_timeout_secs;
-    let runs = RUNS_PER_DELIVERY;
+    // With --isolate_poison_items, the last attempt of a batch may bisect it in the same
+    // delivery (the worker's `slot::isolate`).
+    let isolation = match job.mini_batch_size {
+        MiniBatchSize::Count(items) => job.task.program_args.isolation_runs(items),
+        MiniBatchSize::Bytes(_) => job.task.program_args.isolation_runs(u64::MAX),
+    };
+    let runs = RUNS_PER_DELIVERY + u64::from(isolation);
+    let why = match isolation {
+        0 => String::new(),
+        n => format!(", and {n} to isolate poison items (--isolate_poison_items)"),
+    };
     let window = RetryPolicy::IN_PLACE_WINDOW.as_secs();
     let held = runs
         .saturating_mul(timeout.saturating_add(overhead))
@@ -304,7 +314,7 @@ pub fn check_consumer_timeout(
     Err(ProducerError::Unsupported(format!(
         "{}: a worker may hold one mini-batch for {runs} runs of retry_settings.timeout \
          ({timeout} s) + --task_overhead_timeout ({overhead} s) (the first, and one in a fresh \
-         runtime when the script broke its runtime) + {window} s of in-place retries when \
+         runtime when the script broke its runtime{why}) + {window} s of in-place retries when \
          storage fails under it + {} s to settle = {held} s, longer than the broker's consumer \
          timeout ({} s): RabbitMQ would take mini-batches away from a worker still running \
          them. Lower retry_settings.timeout, or raise RabbitMQ's consumer_timeout \
@@ -452,6 +462,26 @@ mod tests {
         job.retry.timeout_secs = 900;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
         assert!(err.to_string().contains("2 runs") && err.to_string().contains("1980 s"), "{err}");
+    }
+
+    #[test]
+    fn isolating_poison_items_counts_its_extra_runs_only_when_asked() {
+        let mut job = crate::test_support::minimal_job();
+        job.mini_batch_size = MiniBatchSize::Count(64);
+        job.task.program_args.task_overhead_timeout_secs = 30;
+        // 2 × (30 + 30) + 60 + 60 = 240 s without isolation; 26 × 60 + 120 = 1,680 s with it.
+        job.retry.timeout_secs = 30;
+        check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits");
+        job.task.program_args.isolate_poison_items = true;
+        check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits too");
+        // 26 × 70 + 120 = 1,940 s does not.
+        job.retry.timeout_secs = 40;
+        let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("26 runs") && text.contains("24 to isolate"), "{text}");
+        assert!(text.contains("1940 s"), "{text}");
+        job.task.program_args.isolate_poison_items = false;
+        check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("off: 2 runs");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use batchfleet_common::job_root::StatusWrite;
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::retry::RetryPolicy;
-use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind};
+use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
 use batchfleet_common::table::TableFormat;
 use tokio_util::sync::CancellationToken;
 
@@ -107,11 +107,13 @@ pub(super) struct Phases {
 }
 
 /// A `run()` that succeeded, with what its status records about the attempt.
-struct Ran {
-    success: RunSuccess,
-    attempt: u32,
-    part: String,
-    started_ms: u64,
+pub(super) struct Ran {
+    pub(super) success: RunSuccess,
+    pub(super) attempt: u32,
+    pub(super) part: String,
+    pub(super) started_ms: u64,
+    /// The items that failed on their own when the batch was bisected (`isolate`).
+    pub(super) isolated: Option<FailureRecord>,
 }
 
 /// An attempt that ran to its end: its status, and whether it was the one stored (`won`) or
@@ -218,11 +220,45 @@ impl Slot {
         started_ms: u64,
         stop: &CancellationToken,
     ) -> Result<Finished, AttemptEnd> {
+        self.phases = Phases::default();
+        let part = self.part_name(attempt);
+        // A local job root gets the rows where they stay (no rename afterwards); an object
+        // store gets them uploaded from the slot's folder.
+        let in_place = output::local_part_file(job, &message.batch_id, &part);
+        let output = match &in_place {
+            Some(file) => file.clone(),
+            None => self.local_output_file(&message.batch_id).await?,
+        };
+        // No early return from here on: the output file is cleaned up below.
+        let result = match self.load_and_run(job, message, attempt, stop, &output).await {
+            Ok(success) => {
+                let ran = Ran { success, attempt, part, started_ms, isolated: None };
+                self.record_success(job, message, &output, ran).await
+            }
+            Err(end) => Err(end),
+        };
+        // The rows stay only as the result part of a success written in place; elsewhere they
+        // are uploaded or moved by now, or belong to a failed attempt.
+        if in_place.is_none() || result.is_err() {
+            remove_output(&output);
+        }
+        result
+    }
+
+    /// Run `message`'s items once, their rows going to `output`: start the runtime if needed,
+    /// load the items, run them (nothing is stored).
+    pub(super) async fn load_and_run(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        message: &MiniBatchMessage,
+        attempt: u32,
+        stop: &CancellationToken,
+        output: &std::path::Path,
+    ) -> Result<RunSuccess, AttemptEnd> {
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
         let tabular =
             message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
-        self.phases = Phases::default();
         self.ensure_runtime(job, tabular, attempt, stop).await?;
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
@@ -259,46 +295,19 @@ impl Slot {
             })?
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
         self.phases.loaded_ms = Some(now_ms());
-        let part = self.part_name(attempt);
-        // A local job root gets the rows where they stay (no rename afterwards); an object
-        // store gets them uploaded from the slot's folder.
-        let in_place = output::local_part_file(job, &message.batch_id, &part);
-        let output = match &in_place {
-            Some(file) => file.clone(),
-            None => self.local_output_file(&message.batch_id).await?,
-        };
         let request = RunRequest {
             batch_id: message.batch_id.clone(),
             items: inputs.paths.clone(),
             context: batch_context(message),
-            output: output.clone(),
+            output: output.to_path_buf(),
             table: inputs.table.clone(),
         };
-        // No early return from here on: the output file is cleaned up below.
-        let result = match self.run(request, job.run_timeout()).await {
-            Ok(success) => {
-                let ran = Ran { success, attempt, part, started_ms };
-                self.record_success(job, message, &output, ran).await
-            }
-            Err(end) => Err(end),
-        };
-        drop(inputs);
-        // The rows stay only as the result part of a success written in place; elsewhere they
-        // are uploaded or moved by now, or belong to a failed attempt. One unlink, done in
-        // place: a trip to the blocking pool costs more than the syscall.
-        if in_place.is_none() || result.is_err() {
-            if let Err(error) = std::fs::remove_file(&output) {
-                if error.kind() != std::io::ErrorKind::NotFound {
-                    tracing::debug!(%error, "removing the local output file");
-                }
-            }
-        }
-        result
+        self.run(request, job.run_timeout()).await
     }
 
     /// Store what a successful `run()` produced: the output folder's files, the result part and
     /// the status (see `write_success`).
-    async fn record_success(
+    pub(super) async fn record_success(
         &mut self,
         job: &LoadedJob,
         message: &MiniBatchMessage,
@@ -306,8 +315,10 @@ impl Slot {
         ran: Ran,
     ) -> Result<Finished, AttemptEnd> {
         self.publish_output_folder().await?;
-        let Ran { success, attempt, part, started_ms } = ran;
-        let status = succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
+        let Ran { success, attempt, part, started_ms, isolated } = ran;
+        let mut status =
+            succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
+        status.error = isolated;
         if !self.still_held().await {
             return Err(AttemptEnd::LeaseLost);
         }
@@ -328,7 +339,10 @@ impl Slot {
     }
 
     /// `run()`'s output file in the slot's folder (for a job root in an object store).
-    async fn local_output_file(&mut self, batch_id: &str) -> Result<PathBuf, AttemptEnd> {
+    pub(super) async fn local_output_file(
+        &mut self,
+        batch_id: &str,
+    ) -> Result<PathBuf, AttemptEnd> {
         let out_dir = self.dir.join("out");
         if !self.out_dir_ready {
             tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
@@ -465,5 +479,15 @@ fn batch_context(message: &MiniBatchMessage) -> MiniBatchContext {
     match &message.table {
         Some(table) => MiniBatchContext::for_table(message.index, &table.partition_key_value, 0),
         None => MiniBatchContext::for_files(message.index),
+    }
+}
+
+/// Remove a local output file that is not (or no longer) a result part. One unlink, done in
+/// place: a trip to the blocking pool costs more than the syscall.
+pub(super) fn remove_output(output: &std::path::Path) {
+    if let Err(error) = std::fs::remove_file(output) {
+        if error.kind() != std::io::ErrorKind::NotFound {
+            tracing::debug!(%error, "removing the local output file");
+        }
     }
 }

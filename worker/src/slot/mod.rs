@@ -35,6 +35,7 @@ use settle::nack_delay;
 
 mod attempt;
 mod counting;
+mod isolate;
 mod runtimes;
 mod settle;
 
@@ -335,7 +336,8 @@ impl Slot {
         let started = Instant::now();
         let (broker, lease) = (Arc::clone(&self.shared.broker), self.shared.lease);
         self.holding = Some(Holding { handle: delivery.handle.clone(), commit_by });
-        let work = self.attempt_in_place(&job, &message, attempt, started_ms, stop);
+        let last_try = count.try_number() >= max;
+        let work = self.attempt_or_isolate(&job, &message, attempt, started_ms, stop, last_try);
         let (result, lease_lost) = hold_lease(broker.as_ref(), &delivery.handle, lease, work).await;
         self.holding = None;
         let lease_lost = lease_lost || matches!(result, Err(AttemptEnd::LeaseLost));
@@ -345,6 +347,11 @@ impl Slot {
             Ok(Finished { status, won: true }) => {
                 self.ack(&delivery.handle, lease_lost).await;
                 self.summary.batches_succeeded += 1;
+                if let Some(error) = &status.error {
+                    // Poison items isolated (`isolate`): the batch's other rows are in.
+                    tracing::error!(target: settle::ATTEMPTS, kind = error.kind.as_str(),
+                        message = %error.message, "batch succeeded without its poison items");
+                }
                 tracing::info!(
                     items_in = status.items_in,
                     items_out = status.items_out,
@@ -409,7 +416,11 @@ impl Slot {
     ) -> AttemptRecord {
         let phases = self.phases.clone();
         let (outcome, error_kind, error) = match result {
-            Ok(_) => (AttemptOutcome::Succeeded, None, None),
+            Ok(Finished { status, .. }) => match &status.error {
+                // Poison items isolated: the record says which.
+                Some(e) => (AttemptOutcome::Succeeded, Some(e.kind), Some(e.message.clone())),
+                None => (AttemptOutcome::Succeeded, None, None),
+            },
             Err(AttemptEnd::Failed(failure) | AttemptEnd::RuntimeBroken { failure, .. }) => {
                 (AttemptOutcome::Failed, Some(failure.kind), Some(failure.message.clone()))
             }

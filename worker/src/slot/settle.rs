@@ -17,7 +17,7 @@ use super::Slot;
 
 /// The log target of the lines a failed attempt writes: `batchfleet run` keeps them off its
 /// terminal (its producer tells each kind of error once) and in `logs/sys/`.
-const ATTEMPTS: &str = "batchfleet_worker::attempts";
+pub(super) const ATTEMPTS: &str = "batchfleet_worker::attempts";
 
 impl Slot {
     /// Record a failed attempt, then give the message back or, when it was the last try the

@@ -48,8 +48,21 @@ impl JobLayout {
         format!("plan/items/{batch_id}.json")
     }
 
-    /// A key relative to the root (e.g. an `ItemsRef::key`) as a full key.
-    pub fn relative(&self, rel: &str) -> Path {
+    /// The stored item list a claim check points at (its `ItemsRef::key` is relative to the
+    /// root).
+    pub fn claimed_items(&self, items_ref: &crate::message::ItemsRef) -> Path {
+        self.key(&items_ref.key)
+    }
+
+    /// The item list of a claim-checked batch (`plan/items/<batch id>.json`).
+    pub fn plan_items(&self, batch_id: &str) -> Path {
+        self.key(&Self::plan_items_rel(batch_id))
+    }
+
+    /// A key relative to the root as a full key (the job root's own tests only: every key has
+    /// a name here).
+    #[cfg(test)]
+    pub(crate) fn relative(&self, rel: &str) -> Path {
         self.key(rel)
     }
 
@@ -57,6 +70,21 @@ impl JobLayout {
     /// stored: one file per runtime, read when the job's result is written.
     pub fn missing_outputs(&self) -> Path {
         self.key("logs/missing_outputs")
+    }
+
+    /// The file a runtime's missing outputs are recorded in: `logs/missing_outputs/<worker>-<runtime>`.
+    pub fn missing_outputs_of(&self, worker: &str, runtime: &str) -> Path {
+        self.missing_outputs().join(format!("{worker}-{runtime}"))
+    }
+
+    /// The job's code folder, when `submit` copied it into the root (`code/`).
+    pub fn code_folder(&self) -> Path {
+        self.key("code")
+    }
+
+    /// One file of the job's code: `code/<relative>` (`relative` is `/`-separated).
+    pub fn code_file(&self, relative: &str) -> Path {
+        self.key(&format!("code/{relative}"))
     }
 
     /// Written last: the plan is complete (totals).
@@ -72,6 +100,11 @@ impl JobLayout {
         self.key(&format!("results/{batch_id}.{part}"))
     }
 
+    /// The folder holding every attempt's result part.
+    pub fn results_prefix(&self) -> Path {
+        self.key("results")
+    }
+
     pub fn status(&self, batch_id: &str) -> Path {
         self.key(&format!("status/{batch_id}.json"))
     }
@@ -82,6 +115,12 @@ impl JobLayout {
 
     pub fn failure(&self, batch_id: &str, attempt: u32) -> Path {
         self.key(&format!("failures/{batch_id}/{attempt}.json"))
+    }
+
+    /// A poison item's record, written by the dead-letter router from the item's own dead
+    /// letter: `poison_items/<batch id>/<position>.json`.
+    pub fn poison_item(&self, batch_id: &str, position: u64) -> Path {
+        self.key(&format!("poison_items/{batch_id}/{position}.json"))
     }
 
     /// The folder holding every attempt's failure record of one batch.
@@ -104,6 +143,23 @@ impl JobLayout {
     /// settle the job's remaining messages without running them. Holds the reason.
     pub fn cancel_marker(&self) -> Path {
         self.key("control/cancelled")
+    }
+
+    /// Present when the job was submitted with `--detach`: holds the broker (password
+    /// redacted) and the pool, as [`JobLayout::fleet_note`] does.
+    pub fn detached_marker(&self) -> Path {
+        self.key("control/detached")
+    }
+
+    /// The broker (password redacted) and pool of a submitted job, so that `batchfleet status`
+    /// can say how to resume it.
+    pub fn fleet_note(&self) -> Path {
+        self.key("control/fleet")
+    }
+
+    /// Written when a signal stopped the job's producer (its text says which).
+    pub fn interrupted_marker(&self) -> Path {
+        self.key("control/interrupted")
     }
 
     /// The input entries planning skipped (links out of the folder, names a key cannot carry).
@@ -160,6 +216,43 @@ impl JobLayout {
     /// `producer`).
     pub fn sys_log(&self, process: &str) -> Path {
         self.key(&format!("logs/sys/{process}.log"))
+    }
+
+    /// A file of `batchfleet profile`'s output: `logs/sys/profile/<name>`.
+    pub fn profile_file(&self, name: &str) -> Path {
+        self.key(&format!("logs/sys/profile/{name}"))
+    }
+
+    /// Where a failed job's rows go instead of `append_row_to`, so that a failed job never
+    /// replaces earlier output: `outputs/partial/<file name>`.
+    pub fn partial_output(&self, name: &str) -> Path {
+        self.key(&format!("outputs/partial/{name}"))
+    }
+
+    /// A pipeline's folder (a root of its own, beside its steps' job roots): the pipeline file
+    /// as written.
+    pub fn pipeline_yaml(&self) -> Path {
+        self.key("pipeline.yaml")
+    }
+
+    /// A pipeline's folder: the resolved pipeline (present once it was checked).
+    pub fn pipeline_json(&self) -> Path {
+        self.key("pipeline.json")
+    }
+
+    /// A pipeline's folder: its verdict, written when every step ended or was not run.
+    pub fn pipeline_result(&self) -> Path {
+        self.key("pipeline_result.txt")
+    }
+
+    /// A pipeline's folder: how one step ended (`<step>/step.json`).
+    pub fn step_record(&self, step: &str) -> Path {
+        self.key(&format!("{step}/step.json"))
+    }
+
+    /// A pipeline's folder: a command step's output (`<step>/log.txt`).
+    pub fn step_log(&self, step: &str) -> Path {
+        self.key(&format!("{step}/log.txt"))
     }
 
     /// Where the aggregated output goes when `append_row_to` is not set.

@@ -5,6 +5,8 @@
 //! - [`message`]: the wire messages on the broker (mini-batches out, batch events back).
 //! - [`layout`]: where a job keeps its files under its job root in the object store.
 //! - [`job_root`]: the one type that reads and writes a job root (the exactly-once protocol).
+//! - [`metrics`]: every Prometheus metric (names, help, recording, `/metrics`).
+//! - [`worker_status`]: the status file a serving worker keeps (`--check`, autoscale).
 //! - [`records`]: the per-attempt records (phase timestamps) behind the job report and profile.
 //! - [`status`]: the per-batch status record written before a message is acknowledged.
 //! - [`store`]: turning URLs and plain paths into object stores.
@@ -12,6 +14,7 @@
 //! - [`error`]: the error kinds shared by every library boundary.
 //! - [`gpus`]: the machine's GPUs, one per slot.
 //! - [`retry`]: the one retry policy for transient errors, over [`retry::ClassifiedError`].
+//! - `test_support` (feature `test-support`): builders for tests, such as a batch status.
 
 pub mod broker;
 pub mod error;
@@ -21,11 +24,15 @@ pub mod job_root;
 pub mod layout;
 pub mod logging;
 pub mod message;
+pub mod metrics;
 pub mod records;
 pub mod retry;
 pub mod spec;
 pub mod status;
 pub mod store;
 pub mod table;
+#[cfg(feature = "test-support")]
+pub mod test_support;
+pub mod worker_status;
 
 pub use error::{ErrorKind, Retry};

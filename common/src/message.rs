@@ -34,6 +34,26 @@ pub struct MiniBatchMessage {
     /// first published). Only for the per-attempt records' queue wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_ms: Option<u64>,
+    /// Set only on a poison item's own dead letter (`--isolate_poison_items`): the one item
+    /// of the batch `batch_id` that failed on its own when the batch was bisected. The batch's
+    /// status already counts it (its `items_out` is short by it), so the dead-letter router
+    /// records the item (`poison_items/`) and ends no batch: nothing is counted twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poison_item: Option<PoisonItem>,
+}
+
+/// One item of a batch that failed on its own when the batch was bisected
+/// (`--isolate_poison_items`): dead-lettered as a message of its own, and recorded by the
+/// dead-letter router under `poison_items/<batch id>/<position>.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoisonItem {
+    /// The item, as in the batch's `items`.
+    pub item: String,
+    /// Its place in the batch (0-based), and how many items the batch holds.
+    pub position: u64,
+    pub batch_items: u64,
+    /// How it failed on its own (the traceback stays in `failures/<batch>/<attempt>.json`).
+    pub failure: FailureRecord,
 }
 
 impl MiniBatchMessage {

@@ -127,6 +127,7 @@ proptest! {
             items_ref: None,
             table: None,
             published_ms: None,
+            poison_item: None,
         };
         let json = serde_json::to_string(&message).unwrap();
         let back: MiniBatchMessage = serde_json::from_str(&json).unwrap();

@@ -12,28 +12,11 @@ use std::sync::Arc;
 
 use batchfleet_common::job_root::{JobRoot, JobRootError, StatusWrite};
 use batchfleet_common::status::{BatchState, BatchStatus};
+use batchfleet_common::test_support::batch_status as status;
 use batchfleet_common::Retry;
 use bytes::Bytes;
+use object_store::ObjectStoreExt;
 use url::Url;
-
-fn status(batch: u64, part: Option<&str>, state: BatchState) -> BatchStatus {
-    BatchStatus {
-        batch_id: batchfleet_common::message::batch_id(batch),
-        index: batch,
-        state,
-        items_in: 1,
-        items_out: u64::from(state == BatchState::Succeeded),
-        rows: 1,
-        extra_lines: 0,
-        result_part: part.map(str::to_string),
-        header: None,
-        attempt: 1,
-        worker: "w".into(),
-        started_at_ms: 0,
-        ended_at_ms: 0,
-        error: None,
-    }
-}
 
 fn unique() -> String {
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -70,7 +53,8 @@ fn output_file(dir: &tempfile::TempDir, name: &str, rows: &str) -> std::path::Pa
 
 async fn part_text(root: &JobRoot, status: &BatchStatus) -> String {
     let part = status.result_part.as_deref().expect("a succeeded status names its part");
-    let bytes = root.get(&root.layout.result_part(&status.batch_id, part)).await.unwrap();
+    let key = root.layout.result_part(&status.batch_id, part);
+    let bytes = root.get_if_exists(&key).await.unwrap().expect("the part is stored");
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
@@ -99,7 +83,7 @@ async fn the_first_final_status_stands(root: JobRoot, scratch: tempfile::TempDir
     let statuses = root.read_statuses().await.unwrap();
     assert_eq!(statuses, vec![first.clone()]);
     assert_eq!(part_text(&root, &first).await, "row from a\n");
-    let parts = root.list(&root.layout.relative("results")).await.unwrap();
+    let parts = root.list(&root.layout.results_prefix()).await.unwrap();
     assert_eq!(parts.len(), 1, "the losing part was removed: {parts:?}");
 }
 
@@ -133,7 +117,10 @@ async fn eight_racing_writers_have_one_winner(root: JobRoot) {
 async fn a_corrupt_status_is_named_and_not_retried(root: JobRoot) {
     let batch = batchfleet_common::message::batch_id(2);
     assert_eq!(root.read_status(&batch).await.unwrap(), None, "no status yet");
-    root.put(&root.layout.status(&batch), Bytes::from_static(b"{not json")).await.unwrap();
+    root.store()
+        .put(&root.layout.status(&batch), Bytes::from_static(b"{not json").into())
+        .await
+        .unwrap();
     let error = root.read_status(&batch).await.unwrap_err();
     assert!(matches!(error, JobRootError::Corrupt { .. }), "{error:?}");
     assert_eq!(error.retry(), Retry::Permanent);

@@ -245,6 +245,16 @@ fn a_steps_pathless_uri_file_output_that_append_row_to_binds_is_parallel_run_ste
 }
 
 #[test]
+fn a_command_bound_to_an_input_without_a_value_is_refused_where_it_stands() {
+    let text = "type: pipeline\njobs:\n  say:\n    type: command\n    inputs:\n      n: ~\n    command: echo ${{inputs.n}}\n";
+    let (dir, path) = files(&[("pipeline.yml", text)]);
+    let error = pipeline(&path).unwrap_err().to_string();
+    assert!(error.contains("pipeline.yml:7:19:"), "{error}");
+    assert!(error.contains("`${{inputs.n}}` has no value"), "{error}");
+    drop(dir);
+}
+
+#[test]
 fn a_command_step_keeps_its_limits_timeout_and_refuses_one_out_of_range() {
     let step = |limits: &str| {
         format!("type: pipeline\njobs:\n  slow:\n    type: command\n{limits}    command: sleep 5\n")

@@ -487,6 +487,15 @@ fn output_names_must_be_one_folder_name() {
 }
 
 #[test]
+fn an_argument_bound_to_an_input_without_a_value_is_refused() {
+    // `n: ~` (or `n:` with nothing after it) is a literal with no value; it used to be passed
+    // to the script as the text `null`.
+    let yaml = with_args("--n ${{inputs.n}}").replace("input_data:", "  n: ~\ninput_data:");
+    let e = err(&yaml);
+    assert_mentions(&e, &["`${{inputs.n}}` has no value", "give the input a value"]);
+}
+
+#[test]
 fn batchfleet_flags_take_no_data_bindings() {
     let e = err(&with_args("--error_threshold ${{inputs.data}}"));
     assert_mentions(&e, &["`--error_threshold` takes a value, not a data input or output"]);

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
 
@@ -82,33 +82,10 @@ pub enum Command {
         /// Python interpreter for entry scripts.
         #[arg(long, env = "BATCHFLEET_PYTHON", default_value = "python3")]
         python: PathBuf,
-        /// Plain progress lines even on a terminal.
-        #[arg(long)]
-        no_progress: bool,
-        /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
-        /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
-        /// `datastores.yaml` (docs/bindings.md).
-        #[arg(long = "datastore", value_name = "NAME=URL")]
-        datastores: Vec<String>,
-        /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
-        /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
-        #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
-        metrics_addr: Option<std::net::SocketAddr>,
-        /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
-        /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
-        #[arg(long)]
-        profile: bool,
-        /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
-        /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
-        /// `environments.yaml` (docs/pipelines.md, "Environments").
-        #[arg(long = "environment", value_name = "NAME=PYTHON")]
-        environments: Vec<String>,
-        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
-        /// given once or more, every place the job names (inputs and the files they list,
-        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
-        /// (docs/security.md). Without it the job is not confined.
-        #[arg(long = "allow", value_name = "PREFIX")]
-        allow: Vec<String>,
+        #[command(flatten)]
+        shared: JobArgs,
+        #[command(flatten)]
+        places: PlaceArgs,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -134,37 +111,14 @@ pub enum Command {
         /// Return once the mini-batches are published; print the job id and root.
         #[arg(long)]
         detach: bool,
-        /// Plain progress lines even on a terminal.
-        #[arg(long)]
-        no_progress: bool,
-        /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
-        /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
-        /// `datastores.yaml` (docs/bindings.md).
-        #[arg(long = "datastore", value_name = "NAME=URL")]
-        datastores: Vec<String>,
-        /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
-        /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
-        #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
-        metrics_addr: Option<std::net::SocketAddr>,
-        /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
-        /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
-        #[arg(long)]
-        profile: bool,
+        #[command(flatten)]
+        shared: JobArgs,
         /// Python interpreter for a pipeline's command steps (they run on this machine; the
         /// parallel steps run with each worker's own).
         #[arg(long, env = "BATCHFLEET_PYTHON", default_value = "python3")]
         python: PathBuf,
-        /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
-        /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
-        /// `environments.yaml` (docs/pipelines.md, "Environments").
-        #[arg(long = "environment", value_name = "NAME=PYTHON")]
-        environments: Vec<String>,
-        /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
-        /// given once or more, every place the job names (inputs and the files they list,
-        /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
-        /// (docs/security.md). Without it the job is not confined.
-        #[arg(long = "allow", value_name = "PREFIX")]
-        allow: Vec<String>,
+        #[command(flatten)]
+        places: PlaceArgs,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -311,11 +265,88 @@ pub enum Command {
     },
 }
 
+/// The options `run` and `submit` share, in the place `--help` lists them: how progress shows,
+/// the datastore map, metrics, the profile.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    /// Plain progress lines even on a terminal.
+    #[arg(long)]
+    no_progress: bool,
+    /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
+    /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
+    /// `datastores.yaml` (docs/bindings.md).
+    #[arg(long = "datastore", value_name = "NAME=URL")]
+    datastores: Vec<String>,
+    /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
+    /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
+    #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
+    /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// The last options of `run` and `submit`: the interpreters of a pipeline's steps and the
+/// places the job may reach.
+#[derive(Debug, Args)]
+pub struct PlaceArgs {
+    /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
+    /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
+    /// `environments.yaml` (docs/pipelines.md, "Environments").
+    #[arg(long = "environment", value_name = "NAME=PYTHON")]
+    environments: Vec<String>,
+    /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
+    /// given once or more, every place the job names (inputs and the files they list,
+    /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
+    /// (docs/security.md). Without it the job is not confined.
+    #[arg(long = "allow", value_name = "PREFIX")]
+    allow: Vec<String>,
+}
+
+impl JobArgs {
+    /// What `run` and `submit` do first: serve `--metrics-addr`, and read the datastore map of
+    /// `job` (an error is the exit code to end with).
+    fn start(&self, job: &std::path::Path) -> Result<Datastores, ExitCode> {
+        serve_metrics(self.metrics_addr)?;
+        datastore_map(job, &self.datastores).map_err(|error| failed_to_start(&error))
+    }
+
+    /// Print a finished job's report, write its profile with `--profile`; the job's exit code.
+    async fn finish(&self, report: &JobReport) -> ExitCode {
+        let code = print_report(report);
+        write_profile(self.profile, report).await;
+        code
+    }
+}
+
+impl PlaceArgs {
+    /// `Some(exit code)` when the spec `fleet`'s options name is a pipeline file, run step by step
+    /// on `fleet` (command steps with `python` and `--environment`); `None` for a job, which the
+    /// caller runs.
+    async fn as_pipeline(&self, python: &std::path::Path, fleet: Fleet<'_>) -> Option<ExitCode> {
+        let (spec, datastores) = match &fleet {
+            Fleet::Local(options) => (&options.spec_path, &options.datastores),
+            Fleet::Remote(options) => (&options.spec_path, &options.datastores),
+        };
+        let file = match pipeline_file(spec, datastores) {
+            Ok(Some(file)) => file,
+            Ok(None) => return None,
+            Err(error) => return Some(failed_to_start(&error)),
+        };
+        let interpreters = match interpreters(spec, python, &self.environments) {
+            Ok(interpreters) => interpreters,
+            Err(error) => return Some(failed_to_start(&error)),
+        };
+        Some(finish_pipeline(run_pipeline(&file, fleet, &interpreters).await))
+    }
+}
+
 /// `--metrics-addr`: serve `/metrics` from now on; an address that cannot be served is a usage
 /// error (exit 2).
 fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
     let Some(addr) = addr else { return Ok(()) };
-    batchfleet_worker::telemetry::metrics::serve(addr).map_err(|error| {
+    batchfleet_common::metrics::serve(addr).map_err(|error| {
         eprintln!("error: --metrics-addr: {error}");
         ExitCode::from(2)
     })
@@ -327,52 +358,25 @@ fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
 /// records, 2 no such job or it could not be read or written.
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run {
-            job,
-            store,
-            python,
-            no_progress,
-            datastores,
-            metrics_addr,
-            profile,
-            environments,
-            allow,
-        } => {
-            if let Err(code) = serve_metrics(metrics_addr) {
-                return code;
-            }
-            let datastores = match datastore_map(&job, &datastores) {
+        Command::Run { job, store, python, shared, places } => {
+            let datastores = match shared.start(&job) {
                 Ok(map) => map,
-                Err(error) => return failed_to_start(&error),
+                Err(code) => return code,
             };
             let options = RunOptions {
                 spec_path: job,
                 store,
                 python,
                 datastores,
-                interactive: interactive(no_progress),
-                allow: allow_list(&allow),
+                interactive: interactive(shared.no_progress),
+                allow: allow_list(&places.allow),
             };
-            match pipeline_file(&options.spec_path, &options.datastores) {
-                Ok(Some(file)) => {
-                    let interpreters =
-                        match interpreters(&options.spec_path, &options.python, &environments) {
-                            Ok(interpreters) => interpreters,
-                            Err(error) => return failed_to_start(&error),
-                        };
-                    let run = run_pipeline(&file, Fleet::Local(&options), &interpreters);
-                    return finish_pipeline(run.await);
-                }
-                Ok(None) => {}
-                Err(error) => return failed_to_start(&error),
+            if let Some(code) = places.as_pipeline(&options.python, Fleet::Local(&options)).await {
+                return code;
             }
-            crate::modes::interrupt::listen();
+            crate::job::interrupt::listen();
             match run_embedded(&options).await {
-                Ok(report) => {
-                    let code = print_report(&report);
-                    write_profile(profile, &report).await;
-                    code
-                }
+                Ok(report) => shared.finish(&report).await,
                 Err(error) => failed_to_start(&error),
             }
         }
@@ -383,20 +387,13 @@ pub async fn main(cli: Cli) -> ExitCode {
             pool,
             consumer_timeout,
             detach,
-            no_progress,
-            datastores,
-            metrics_addr,
-            profile,
+            shared,
             python,
-            environments,
-            allow,
+            places,
         } => {
-            if let Err(code) = serve_metrics(metrics_addr) {
-                return code;
-            }
-            let datastores = match datastore_map(&job, &datastores) {
+            let datastores = match shared.start(&job) {
                 Ok(map) => map,
-                Err(error) => return failed_to_start(&error),
+                Err(code) => return code,
             };
             let options = SubmitOptions {
                 spec_path: job,
@@ -410,23 +407,13 @@ pub async fn main(cli: Cli) -> ExitCode {
                     ..RabbitMqConnect::default()
                 },
                 detach,
-                interactive: interactive(no_progress),
-                allow: allow_list(&allow),
+                interactive: interactive(shared.no_progress),
+                allow: allow_list(&places.allow),
             };
-            match pipeline_file(&options.spec_path, &options.datastores) {
-                Ok(Some(file)) => {
-                    let interpreters =
-                        match interpreters(&options.spec_path, &python, &environments) {
-                            Ok(interpreters) => interpreters,
-                            Err(error) => return failed_to_start(&error),
-                        };
-                    let run = run_pipeline(&file, Fleet::Remote(&options), &interpreters);
-                    return finish_pipeline(run.await);
-                }
-                Ok(None) => {}
-                Err(error) => return failed_to_start(&error),
+            if let Some(code) = places.as_pipeline(&python, Fleet::Remote(&options)).await {
+                return code;
             }
-            crate::modes::interrupt::listen();
+            crate::job::interrupt::listen();
             match submit(&options).await {
                 Ok(Submitted::Detached { job_id, root_url, batches }) => {
                     println!("job id: {job_id}");
@@ -437,11 +424,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Ok(Submitted::Finished(report)) => {
-                    let code = print_report(&report);
-                    write_profile(profile, &report).await;
-                    code
-                }
+                Ok(Submitted::Finished(report)) => shared.finish(&report).await,
                 Err(error) => failed_to_start(&error),
             }
         }

@@ -55,7 +55,7 @@ pub enum ProducerError {
     Aggregation { url: String, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
-    /// Ctrl-C or SIGTERM stopped the command (see `modes::interrupt`); exit 130.
+    /// Ctrl-C or SIGTERM stopped the command (see `job::interrupt`); exit 130.
     #[error("job {job_id} interrupted: what ended is recorded; finish it with: {resume}")]
     Interrupted { job_id: String, resume: String },
 }
@@ -98,7 +98,7 @@ impl ProducerError {
     /// input); 1 for a job that ran and failed or broke; 130 for one a signal interrupted.
     pub fn exit_code(&self) -> u8 {
         if let ProducerError::Interrupted { .. } = self {
-            return crate::modes::interrupt::EXIT_CODE;
+            return crate::job::interrupt::EXIT_CODE;
         }
         match self.kind() {
             ErrorKind::Config | ErrorKind::InputData => 2,

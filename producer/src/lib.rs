@@ -4,16 +4,15 @@
 //!
 //! - [`modes`]: the commands (`run`, `submit`, `resume`, `watch`, `status`, pipeline files);
 //! - [`job`]: the stages of one parallel job (plan, follow, track, aggregate, verdict);
-//! - [`infra`]: the broker wrapper, queue declarations, settings;
+//! - [`infra`]: the producer's broker (connection, steady wrapper), settings;
 //! - [`report`]: where a job's time went (attempt records → `batchfleet profile`'s page and trace);
-//! - [`job_root`] (the job root handle) and [`error`] (the producer's one error type);
+//! - [`error`]: the producer's one error type;
 //! - [`words`]: counts and names as people read them in the output.
 
 pub mod cli;
 pub mod error;
 pub mod infra;
 pub mod job;
-pub mod job_root;
 pub mod modes;
 pub mod report;
 pub mod words;

@@ -72,6 +72,20 @@ fn assert_isolated(fixture: &JobFixture, good: &[String], context: &str) {
     assert!(result.contains("mini-batches: 1 total, 1 succeeded, 0 failed"), "{result}");
     let first_three: Vec<&str> = result.lines().take(3).collect();
     assert!(first_three.iter().any(|l| l.contains("bad0.txt")), "{result}");
+
+    // The poison item went to the dead-letter queue on its own, and the router recorded it
+    // (the batch's status counts it: one failed item, not two).
+    let records = files_starting(&root.join("poison_items/00000000"), "");
+    // bad0.txt is the batch's first item (the listing is sorted by name).
+    assert_eq!(records, ["0.json"], "one dead letter, for bad0.txt: {records:?}\n{context}");
+    let record = std::fs::read_to_string(root.join("poison_items/00000000/0.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(record["item"], "bad0.txt", "{record}");
+    assert_eq!((record["position"].as_u64(), record["batch_items"].as_u64()), (Some(0), Some(64)));
+    assert_eq!(record["failure"]["kind"], "user_error", "{record}");
+    assert_eq!(record["failure"]["attempt"], 2, "{record}");
+    let message = record["failure"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("poisoned by bad0.txt"), "{record}");
 }
 
 #[test]
@@ -142,12 +156,14 @@ fn embedded_without_the_argument_the_whole_batch_fails_as_in_azure() {
     assert_eq!(runs.len(), 2, "max_retries + 1 runs, no bisection: {runs:?}");
     let status = statuses(&fixture.job_root());
     assert_eq!(status[0]["state"], "failed", "{:?}", status);
+    assert!(!fixture.job_root().join("poison_items").exists(), "no item is dead-lettered alone");
 }
 
 #[test]
 fn rabbitmq_a_poison_item_is_isolated_and_the_other_63_rows_are_kept() {
     let pool = Pool::new("isolate");
-    let (fixture, good) = fixture("--isolate_poison_items True");
+    // 26 runs of 60 s + 120 s of init() + 120 s: RabbitMQ's consumer_timeout (1,800 s) is kept.
+    let (fixture, good) = fixture("--isolate_poison_items True --first_task_creation_timeout 120");
     let workers =
         [pool.worker(fixture.path(), "a", 1, &[]), pool.worker(fixture.path(), "b", 1, &[])];
     let output = finish_bounded(

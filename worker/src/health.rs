@@ -5,7 +5,8 @@
 //! the drain starting. One file per process, so that workers sharing a scratch folder (several
 //! on one machine) never write each other's; a worker removes its own when it exits. The file
 //! is a [`WorkerStatus`] in JSON — its pid, busy slots, whether it drains, how long it has been
-//! idle — written to a temporary file and renamed, so a reader never sees half of one.
+//! idle; the format is common's (`batchfleet_common::worker_status`) — written to a temporary
+//! file and renamed, so a reader never sees half of one.
 //! `batchfleet autoscale` reads it out of the worker's container to choose idle workers for
 //! scale-in. `--check` (run by the container engine in the worker's container, with the same
 //! environment) exits 0 when a worker whose process still runs wrote its file within
@@ -17,8 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
+
+use batchfleet_common::worker_status::{status_file, WorkerStatus, STATUS_DIR};
 
 use crate::shared::LoadHandle;
 
@@ -28,38 +30,6 @@ pub const BEAT: Duration = Duration::from_secs(5);
 pub const MIN_GAP: Duration = Duration::from_millis(200);
 /// How old the status file may be for `--check` to pass (three missed beats and then some).
 pub const MAX_AGE: Duration = Duration::from_secs(20);
-/// The folder of the status files in the scratch folder (one `<pid>.json` per worker).
-pub const STATUS_DIR: &str = "status";
-
-/// What a serving worker says about itself in its status file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerStatus {
-    pub worker_id: String,
-    /// The worker's process id (its file's name): `--check` asks whether it still runs.
-    #[serde(default)]
-    pub pid: u32,
-    /// Its concurrency.
-    pub slots: usize,
-    /// Slots holding a mini-batch when the file was written.
-    pub busy: usize,
-    /// SIGTERM was received: it takes no new mini-batch and exits when its batches are done.
-    pub draining: bool,
-    /// 0 while busy; otherwise milliseconds since the last batch began or ended.
-    pub idle_ms: u64,
-}
-
-impl WorkerStatus {
-    /// Parse a status file's text.
-    pub fn parse(text: &str) -> Result<WorkerStatus, serde_json::Error> {
-        serde_json::from_str(text)
-    }
-}
-
-/// The status file of the worker process `pid`.
-pub fn status_file(scratch_dir: &Path, pid: u32) -> PathBuf {
-    scratch_dir.join(STATUS_DIR).join(format!("{pid}.json"))
-}
-
 /// Rewrite this process's status file until the task is aborted: at once, then when the load
 /// changes or the drain starts (at most once per [`MIN_GAP`]), and at least every [`BEAT`]. A
 /// failed write is logged once (the check then fails, which is what an unwritable scratch

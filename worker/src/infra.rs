@@ -8,6 +8,7 @@ use std::future::Future;
 use batchfleet_common::broker::BrokerError;
 use batchfleet_common::job_root::JobRootError;
 use batchfleet_common::retry::{retry, ClassifiedError, RetryPolicy};
+use batchfleet_common::store::transfer::TransferError;
 use batchfleet_common::store::StoreError;
 use batchfleet_common::{ErrorKind, Retry};
 
@@ -59,6 +60,16 @@ impl InfraError {
             InfraError::Store(e) => e.is_not_found(),
             InfraError::JobRoot(e) => e.is_not_found(),
             _ => false,
+        }
+    }
+}
+
+/// A copy's failure as the worker's: the store's as a store failure, the disk's as local IO.
+impl From<TransferError> for InfraError {
+    fn from(error: TransferError) -> Self {
+        match error {
+            TransferError::Store(e) => InfraError::Store(e),
+            TransferError::Io { what, source } => InfraError::Io { what, source },
         }
     }
 }

@@ -14,8 +14,8 @@ use batchfleet_common::Retry;
 use tokio::sync::Mutex;
 
 use crate::infra::{retrying, InfraError};
-use crate::materialize::InputBase;
-use crate::mounts::{JobMounts, MountedJob};
+use crate::input::materialize::InputBase;
+use crate::input::mounts::{JobMounts, MountedJob};
 
 /// How often the cancel marker is looked at again while a job is not cancelled: one HEAD per
 /// job per interval, however many batches run.
@@ -249,7 +249,7 @@ async fn code_dir(code: &str) -> Result<(PathBuf, Option<tempfile::TempDir>), Jo
         .prefix("batchfleet-code-")
         .tempdir()
         .map_err(|e| JobLoadError::Infra(InfraError::io("creating the code folder", e)))?;
-    let files = crate::materialize::download_folder(&location, folder.path())
+    let files = crate::input::materialize::download_folder(&location, folder.path())
         .await
         .map_err(JobLoadError::Infra)?;
     if files == 0 {

@@ -11,26 +11,23 @@
 //! - [`runtime`]: entry-script processes and the line protocol they speak
 //!   (docs/entry-protocol.md).
 //!
-//! Inside: `slot` (receive → run → settle), `jobs` (job.json cache), `materialize` (items to
-//! local paths), `output` (result parts, statuses, failure records, events, user logs),
-//! `records` (per-attempt phase records, batched per job), `heartbeat` (lease extension), `infra` (retries for store and broker calls).
+//! Inside: `slot` (receive → decide → settle), `jobs` (job.json cache), `input` (what a
+//! runtime reads: `materialize` items to local paths, `table_input`, `mounts`), `output` (what
+//! a batch leaves: result parts, statuses and failure records in `output` itself,
+//! `job_events`, `attempt_records` (per-attempt phase records, batched per job),
+//! `output_folder`, `user_logs`), `heartbeat` (lease extension), `infra` (retries for store
+//! and broker calls).
 
-mod events;
 pub mod health;
 mod heartbeat;
 mod infra;
+mod input;
 mod jobs;
-mod materialize;
-mod mounts;
 mod output;
-mod output_folder;
-mod records;
 pub mod runtime;
 mod shared;
 mod slot;
-mod table_input;
 pub mod telemetry;
-mod user_logs;
 mod worker;
 
 pub use infra::InfraError;

@@ -185,7 +185,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     if let Some(addr) = args.metrics_addr {
-        if let Err(error) = batchfleet_worker::telemetry::metrics::serve(addr) {
+        if let Err(error) = batchfleet_common::metrics::serve(addr) {
             eprintln!("error: --metrics-addr: {error}");
             return Ok(ExitCode::from(EXIT_CONFIG));
         }

@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::message::QueueNames;
+use batchfleet_common::metrics;
 use batchfleet_common::{ErrorKind, Retry};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::BatchEvents;
 use crate::jobs::JobCache;
-use crate::records::AttemptRecords;
-use crate::telemetry::{metrics, ResourceMonitors};
+use crate::output::attempt_records::AttemptRecords;
+use crate::output::job_events::BatchEvents;
+use crate::telemetry::ResourceMonitors;
 
 /// How a worker runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,13 +38,18 @@ pub struct WorkerConfig {
 /// What a worker did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerSummary {
-    /// Attempts that ran to success (also those that found the batch already finished by
-    /// another attempt, whose rows were discarded).
+    /// Attempts that ran to success and stored the batch's status.
     pub batches_succeeded: u64,
+    /// Attempts that ran to their end and found the batch already final (another attempt
+    /// finished it first, or its dead letter was routed): their rows were discarded.
+    pub batches_settled_elsewhere: u64,
     /// Attempts that failed (each one has a failure record).
     pub batches_failed_attempts: u64,
     /// Batches this worker dead-lettered after their last attempt failed.
     pub batches_dead_lettered: u64,
+    /// Poison items dead-lettered on their own (`--isolate_poison_items`), their batches'
+    /// other rows kept.
+    pub items_dead_lettered: u64,
     /// Messages dead-lettered because they could not be processed at all.
     pub invalid_messages: u64,
     pub runtimes_started: u64,
@@ -56,6 +62,8 @@ pub struct WorkerSummary {
 impl WorkerSummary {
     pub(crate) fn add(&mut self, other: &WorkerSummary) {
         self.batches_succeeded += other.batches_succeeded;
+        self.batches_settled_elsewhere += other.batches_settled_elsewhere;
+        self.items_dead_lettered += other.items_dead_lettered;
         self.batches_failed_attempts += other.batches_failed_attempts;
         self.batches_dead_lettered += other.batches_dead_lettered;
         self.invalid_messages += other.invalid_messages;
@@ -76,8 +84,14 @@ impl std::fmt::Display for WorkerSummary {
             counted(self.batches_succeeded, "mini-batch", "mini-batches")
         )];
         let rest = [
+            (
+                self.batches_settled_elsewhere,
+                "mini-batch already settled elsewhere",
+                "mini-batches already settled elsewhere",
+            ),
             (self.batches_failed_attempts, "failed attempt", "failed attempts"),
             (self.batches_dead_lettered, "mini-batch dead-lettered", "mini-batches dead-lettered"),
+            (self.items_dead_lettered, "poison item dead-lettered", "poison items dead-lettered"),
             (self.invalid_messages, "invalid message", "invalid messages"),
             (self.runtimes_started, "runtime started", "runtimes started"),
             (self.runtime_start_failures, "runtime failed to start", "runtimes failed to start"),
@@ -275,5 +289,16 @@ mod summary_tests {
             "1 mini-batch succeeded, 2 failed attempts, 1 runtime started"
         );
         assert_eq!(WorkerSummary::default().to_string(), "0 mini-batches succeeded");
+        let elsewhere = WorkerSummary {
+            batches_succeeded: 1,
+            batches_settled_elsewhere: 2,
+            items_dead_lettered: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            elsewhere.to_string(),
+            "1 mini-batch succeeded, 2 mini-batches already settled elsewhere, \
+             1 poison item dead-lettered"
+        );
     }
 }

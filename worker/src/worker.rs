@@ -5,19 +5,20 @@ use std::time::Duration;
 
 use batchfleet_common::broker::declare::declare_pool_queues;
 use batchfleet_common::broker::Broker;
+use batchfleet_common::metrics;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::events::BatchEvents;
 use crate::jobs::{JobCache, SWEEP_EVERY};
-use crate::records::AttemptRecords;
+use crate::output::attempt_records::AttemptRecords;
+use crate::output::job_events::BatchEvents;
 use crate::runtime::{install_driver, prepare_interpreter};
 use crate::shared::{
     Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
 };
 use crate::slot::Slot;
-use crate::telemetry::{metrics, ResourceMonitors};
+use crate::telemetry::ResourceMonitors;
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
 pub struct Worker {

@@ -141,18 +141,7 @@ impl Broker for EmbeddedBroker {
     }
 
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
-        if spec.max_deliveries == Some(0) {
-            return Err(BrokerError::Refused(format!(
-                "queue `{}`: max_deliveries must be at least 1",
-                spec.name
-            )));
-        }
-        if spec.dead_letter_queue.as_deref() == Some(spec.name.as_str()) {
-            return Err(BrokerError::Refused(format!(
-                "queue `{}` cannot be its own dead-letter queue",
-                spec.name
-            )));
-        }
+        spec.validate()?;
         let mut state = self.lock();
         if let Some(existing) = state.queues.get(&spec.name) {
             return match spec_difference(&existing.spec, spec) {

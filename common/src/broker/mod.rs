@@ -54,6 +54,24 @@ impl QueueSpec {
     pub fn plain(name: impl Into<String>) -> Self {
         QueueSpec { name: name.into(), max_deliveries: None, dead_letter_queue: None }
     }
+
+    /// Refuse what no backend can declare: a delivery limit of 0, a queue that is its own
+    /// dead-letter queue. Each backend checks this first, then what only it cannot take.
+    pub fn validate(&self) -> Result<(), BrokerError> {
+        if self.max_deliveries == Some(0) {
+            return Err(BrokerError::Refused(format!(
+                "queue `{}`: max_deliveries must be at least 1",
+                self.name
+            )));
+        }
+        if self.dead_letter_queue.as_deref() == Some(self.name.as_str()) {
+            return Err(BrokerError::Refused(format!(
+                "queue `{}` cannot be its own dead-letter queue",
+                self.name
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Identifies one delivery for ack / nack / extend / dead-letter. Opaque to callers.

@@ -22,12 +22,12 @@
 //! calls in their retry policy.
 
 mod attempts;
+mod files;
 pub mod local;
 
 /// `logs/readme.txt`, written with the spec into every job root: what each file under `logs/`
 /// holds and which to open first for a failure (as Azure ML writes one).
 pub const LOGS_README: &str = include_str!("logs_readme.txt");
-pub mod metrics;
 mod records;
 mod status;
 
@@ -44,7 +44,8 @@ use url::Url;
 use crate::error::{ErrorKind, Retry};
 use crate::job::ResolvedJob;
 use crate::layout::JobLayout;
-use crate::message::ItemsRef;
+use crate::message::{ItemsRef, PoisonItem};
+use crate::metrics;
 use crate::status::FailureRecord;
 use crate::store::{self, StoreError, StoreLocation};
 
@@ -196,14 +197,14 @@ impl JobRoot {
         }
     }
 
-    pub async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), JobRootError> {
+    async fn put(&self, key: &Key, bytes: Bytes) -> Result<(), JobRootError> {
         let result = self.location.store.put(key, PutPayload::from_bytes(bytes)).await;
         metrics::observe("put", &result);
         result.map_err(|e| StoreError::io("put", key, e))?;
         Ok(())
     }
 
-    pub async fn get(&self, key: &Key) -> Result<Bytes, JobRootError> {
+    async fn get(&self, key: &Key) -> Result<Bytes, JobRootError> {
         let result = self.location.store.get(key).await;
         metrics::observe("get", &result);
         let result = result.map_err(|e| StoreError::io("get", key, e))?;
@@ -278,6 +279,26 @@ impl JobRoot {
         self.put(&key, json).await
     }
 
+    /// `poison_items/<batch>/<position>.json`, create-only: a poison item dead-lettered again (a
+    /// batch bisected twice) keeps its first record. `false` when it was there already.
+    pub async fn record_poison_item(
+        &self,
+        batch_id: &str,
+        item: &PoisonItem,
+    ) -> Result<bool, JobRootError> {
+        let key = self.layout.poison_item(batch_id, item.position);
+        let json = encode(&key, "poison item record", item, true)?;
+        let options = object_store::PutOptions {
+            mode: object_store::PutMode::Create,
+            ..object_store::PutOptions::default()
+        };
+        match self.location.store.put_opts(&key, json.into(), options).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(StoreError::io("put", &key, e).into()),
+        }
+    }
+
     /// The failure record of the highest attempt under `failures/<batch>/`.
     pub async fn last_failure(
         &self,
@@ -306,13 +327,13 @@ impl JobRoot {
         stored: Bytes,
     ) -> Result<String, JobRootError> {
         let rel = JobLayout::plan_items_rel(batch_id);
-        self.put(&self.layout.relative(&rel), stored).await?;
+        self.put(&self.layout.plan_items(batch_id), stored).await?;
         Ok(rel)
     }
 
     /// The stored item list a claim check points at.
     pub async fn read_claimed_items(&self, items_ref: &ItemsRef) -> Result<Bytes, JobRootError> {
-        self.get(&self.layout.relative(&items_ref.key)).await
+        self.get(&self.layout.claimed_items(items_ref)).await
     }
 
     /// Stop the job early: workers settle its remaining messages without running them.

@@ -64,11 +64,11 @@ impl JobRoot {
     ) -> Result<StatusWrite, JobRootError> {
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let result = self.location.store.put_opts(key, bytes.into(), options).await;
-        super::metrics::observe("create", &result);
+        crate::metrics::observe("create", &result);
         match result {
             Ok(_) => Ok(StatusWrite::Won),
             Err(object_store::Error::AlreadyExists { .. }) => {
-                super::metrics::create_conflict();
+                crate::metrics::create_conflict();
                 self.already_there(status).await
             }
             Err(e) => Err(StoreError::io("put", key, e).into()),
@@ -127,12 +127,12 @@ impl JobRoot {
             };
             match moved.map(|()| local::create_only(&status_file, &json)) {
                 Ok(Ok(true)) => {
-                    super::metrics::request("create", "ok");
+                    crate::metrics::request("create", "ok");
                     return Ok(StatusWrite::Won);
                 }
                 Ok(Ok(false)) => {
-                    super::metrics::request("create", "already_exists");
-                    super::metrics::create_conflict();
+                    crate::metrics::request("create", "already_exists");
+                    crate::metrics::create_conflict();
                     return self.already_there(status).await;
                 }
                 Ok(Err(error)) => {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::job::{InputValue, OutputSpec};
+use crate::job::{ArgPiece, InputValue, OutputSpec};
 
 use super::fields::list;
 use super::suggest::did_you_mean;
@@ -110,6 +110,94 @@ pub(crate) fn pieces(text: &str) -> Vec<Result<&str, &str>> {
 /// Parse one `${{…}}` found by [`pieces`].
 pub(crate) fn parse_inner(inner: &str) -> Result<Binding, String> {
     Binding::inner(inner)
+}
+
+/// Where a text may bind `${{parent.…}}`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ParentBindings<'s> {
+    /// A parallel job's `program_arguments`: the literal values of its pipeline's inputs
+    /// (`None`: the job is no pipeline step, and `${{parent.…}}` binds nothing).
+    Values(Option<&'s Scope>),
+    /// A command step's `command`: nowhere; the step binds the pipeline's data through one of
+    /// its own inputs.
+    Refused,
+}
+
+/// Why [`substitute`] refused a binding: where it starts in the text (in characters) and what
+/// the user is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub offset: usize,
+    pub message: String,
+}
+
+/// `text` with its `${{…}}` bindings substituted, in pieces: a literal input becomes its value
+/// (text as written; `5`, `true` and `2.5` as YAML reads them); a data input or an output stays
+/// a reference by name, which the process that runs the text turns into a path or URL.
+///
+/// A literal input with no value (`null`, `~`, or nothing after its key) is refused, naming the
+/// binding: as in Azure, where a command refuses `${{inputs.X}}` of an input given no value,
+/// since writing `null` (or nothing) into an argument would run the script with a value the
+/// user never gave.
+pub(crate) fn substitute(
+    text: &str,
+    scope: &Scope,
+    parent: ParentBindings<'_>,
+) -> Result<Vec<ArgPiece>, Refusal> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for piece in pieces(text) {
+        let inner = match piece {
+            Ok(text) => {
+                offset += text.chars().count();
+                out.push(ArgPiece::Text(text.to_string()));
+                continue;
+            }
+            Err(inner) => inner,
+        };
+        let refuse = |message: String| Refusal { offset, message };
+        let binding = parse_inner(inner).map_err(refuse)?;
+        out.push(substitute_one(&binding, scope, parent).map_err(refuse)?);
+        offset += inner.chars().count() + 5;
+    }
+    Ok(out)
+}
+
+fn substitute_one(
+    binding: &Binding,
+    scope: &Scope,
+    parent: ParentBindings<'_>,
+) -> Result<ArgPiece, String> {
+    let parent = match parent {
+        ParentBindings::Values(parent) => parent,
+        ParentBindings::Refused if binding.parent => {
+            return Err(format!(
+                "`{}` cannot be used in a command; bind it to one of the step's `inputs` and write `${{{{inputs.NAME}}}}`",
+                binding.display()
+            ))
+        }
+        ParentBindings::Refused => None,
+    };
+    match scope.resolve(binding, parent)? {
+        Bound::Input(InputValue::Literal(serde_json::Value::String(s))) => {
+            Ok(ArgPiece::Text(s.clone()))
+        }
+        Bound::Input(InputValue::Literal(serde_json::Value::Null)) => Err(format!(
+            "`{}` has no value (the input is null); give the input a value, or leave the \
+             binding out",
+            binding.display()
+        )),
+        Bound::Input(InputValue::Literal(value)) => Ok(ArgPiece::Text(value.to_string())),
+        _ if binding.parent => Err(format!(
+            "`{}` binds the pipeline's data directly; declare it as an input or output of this step (`{}: {{NAME: {}}}`) and use `${{{{{}.NAME}}}}` here",
+            binding.display(),
+            binding.side.key(),
+            binding.display(),
+            binding.side.key()
+        )),
+        Bound::Input(InputValue::Data(_)) => Ok(ArgPiece::Input(binding.name.clone())),
+        Bound::Output(_) => Ok(ArgPiece::Output(binding.name.clone())),
+    }
 }
 
 /// What bindings can see: a job's (or step's) inputs and outputs, and its pipeline's.
@@ -227,6 +315,24 @@ mod tests {
         assert!(Binding::whole("./data").is_none());
         assert!(Binding::whole("${{jobs.a.outputs.b}}").unwrap().is_err());
         assert!(Binding::whole("${{inputs}}").unwrap().is_err());
+    }
+
+    /// One substitution for a parallel step's arguments and a command step's command: a null
+    /// literal is refused in both (it was written as `null` into a parallel job's argument).
+    #[test]
+    fn a_literal_becomes_its_value_and_a_null_one_is_refused_naming_the_binding() {
+        let mut scope = Scope::default();
+        scope.inputs.insert("n".into(), InputValue::Literal(serde_json::json!(5)));
+        scope.inputs.insert("s".into(), InputValue::Literal(serde_json::json!("a b")));
+        scope.inputs.insert("none".into(), InputValue::Literal(serde_json::Value::Null));
+        for parent in [ParentBindings::Values(None), ParentBindings::Refused] {
+            let pieces = substitute("-n=${{inputs.n}} ${{inputs.s}}", &scope, parent).unwrap();
+            let text = |t: &str| ArgPiece::Text(t.into());
+            assert_eq!(pieces, [text("-n="), text("5"), text(" "), text("a b")]);
+            let refused = substitute("--x ${{inputs.none}}", &scope, parent).unwrap_err();
+            assert_eq!(refused.offset, 4, "{refused:?}");
+            assert!(refused.message.starts_with("`${{inputs.none}}` has no value"), "{refused:?}");
+        }
     }
 
     #[test]

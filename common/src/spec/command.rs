@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::job::{InputValue, OutputSpec};
+use crate::job::{ArgPiece, InputValue, OutputSpec};
 
-use super::bindings::{parse_inner, pieces, Binding, Scope, Side};
+use super::bindings::{self, ParentBindings, Scope};
 use super::error::SpecError;
 use super::expressions::{self, Document};
 use super::fields::{list, Field, Map};
@@ -369,52 +369,24 @@ fn bind_component_inputs(
     Ok(given)
 }
 
-/// `command`, cut around its `${{inputs.X}}` / `${{outputs.X}}`; a literal input is written in
-/// as its value; anything else is refused where it stands.
+/// `command`, cut around its `${{inputs.X}}` / `${{outputs.X}}` ([`bindings::substitute`]); a
+/// literal input is written in as its value; anything else is refused where it stands.
 fn parse_command(field: &Field<'_>, scope: &Scope) -> Result<Vec<CommandPiece>, SpecError> {
     let scalar: &Scalar = field.scalar("the command as one string")?;
-    let mut out = Vec::new();
-    let mut offset = 0;
-    for piece in pieces(&scalar.text) {
-        let inner = match piece {
-            Ok(text) => {
-                offset += text.chars().count();
-                out.push(CommandPiece::Text(text.to_string()));
-                continue;
-            }
-            Err(inner) => inner,
-        };
-        let pos = scalar.pos_at(offset).unwrap_or_else(|| field.pos());
-        offset += inner.chars().count() + 5;
-        let err = |m: String| SpecError::at(pos, &field.path, m);
-        let binding = parse_inner(inner).map_err(err)?;
-        if binding.parent {
-            return Err(err(format!(
-                "`{}` cannot be used in a command; bind it to one of the step's `inputs` and write `${{{{inputs.NAME}}}}`",
-                binding.display()
-            )));
-        }
-        out.push(command_piece(&binding, scope).map_err(err)?);
-    }
-    Ok(out)
+    let pieces =
+        bindings::substitute(&scalar.text, scope, ParentBindings::Refused).map_err(|refusal| {
+            let pos = scalar.pos_at(refusal.offset).unwrap_or_else(|| field.pos());
+            SpecError::at(pos, &field.path, refusal.message)
+        })?;
+    Ok(pieces.into_iter().map(CommandPiece::from).collect())
 }
 
-fn command_piece(binding: &Binding, scope: &Scope) -> Result<CommandPiece, String> {
-    match binding.side {
-        Side::Inputs => match scope.resolve(binding, None)? {
-            super::bindings::Bound::Input(InputValue::Literal(serde_json::Value::String(s))) => {
-                Ok(CommandPiece::Text(s.clone()))
-            }
-            super::bindings::Bound::Input(InputValue::Literal(serde_json::Value::Null)) => {
-                Err(format!("`{}` has no value", binding.display()))
-            }
-            super::bindings::Bound::Input(InputValue::Literal(value)) => {
-                Ok(CommandPiece::Text(value.to_string()))
-            }
-            _ => Ok(CommandPiece::Input(binding.name.clone())),
-        },
-        Side::Outputs => {
-            scope.resolve(binding, None).map(|_| CommandPiece::Output(binding.name.clone()))
+impl From<ArgPiece> for CommandPiece {
+    fn from(piece: ArgPiece) -> Self {
+        match piece {
+            ArgPiece::Text(text) => CommandPiece::Text(text),
+            ArgPiece::Input(name) => CommandPiece::Input(name),
+            ArgPiece::Output(name) => CommandPiece::Output(name),
         }
     }
 }

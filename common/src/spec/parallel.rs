@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use crate::job::{
-    ArgPiece, InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob,
-    RetrySettings, ScriptArg, TaskSpec, APPEND_ROW_FILE_NAME,
+    InputKind, InputSpec, InputValue, LoggingLevel, MiniBatchSize, ResolvedJob, RetrySettings,
+    ScriptArg, TaskSpec, APPEND_ROW_FILE_NAME,
 };
 
-use super::bindings::{parse_inner, pieces, Binding, Bound, Scope, Side};
+use super::bindings::{self, Binding, Bound, ParentBindings, Scope, Side};
 use super::error::{SpecError, SpecWarning};
 use super::fields::{list, Field, Map};
 use super::io::{self, location};
@@ -347,47 +347,20 @@ fn append_row_to(
     }
 }
 
-/// Resolve `${{…}}` in one program argument: a literal input becomes its value; a data input
-/// or an output stays a reference by name, which each worker turns into a local path (or a URL
-/// for `mode: direct`). A step's argument binds the step's own inputs and outputs, as in Azure,
-/// where a component's command sees only its own: `${{parent.…}}` data is bound through one.
+/// Resolve `${{…}}` in one program argument ([`bindings::substitute`]): a literal input becomes
+/// its value; a data input or an output stays a reference by name, which each worker turns into
+/// a local path (or a URL for `mode: direct`). A step's argument binds the step's own inputs and
+/// outputs, as in Azure, where a component's command sees only its own: `${{parent.…}}` data is
+/// bound through one.
 fn substitute(
     word: &Word,
     key: &str,
     scope: &Scope,
     cx: &Context<'_>,
 ) -> Result<ScriptArg, SpecError> {
-    let err = |m: String| SpecError::at(word.pos, key, m);
-    let mut out = Vec::new();
-    for piece in pieces(&word.text) {
-        let inner = match piece {
-            Ok(text) => {
-                out.push(ArgPiece::Text(text.to_string()));
-                continue;
-            }
-            Err(inner) => inner,
-        };
-        let binding = parse_inner(inner).map_err(err)?;
-        let piece = match scope.resolve(&binding, cx.parent).map_err(err)? {
-            Bound::Input(InputValue::Literal(serde_json::Value::String(s))) => {
-                ArgPiece::Text(s.clone())
-            }
-            Bound::Input(InputValue::Literal(value)) => ArgPiece::Text(value.to_string()),
-            _ if binding.parent => {
-                return Err(err(format!(
-                    "`{}` binds the pipeline's data directly; declare it as an input or output of this step (`{}: {{NAME: {}}}`) and use `${{{{{}.NAME}}}}` here",
-                    binding.display(),
-                    binding.side.key(),
-                    binding.display(),
-                    binding.side.key()
-                )))
-            }
-            Bound::Input(InputValue::Data(_)) => ArgPiece::Input(binding.name.clone()),
-            Bound::Output(_) => ArgPiece::Output(binding.name.clone()),
-        };
-        out.push(piece);
-    }
-    Ok(ScriptArg::from_pieces(out))
+    bindings::substitute(&word.text, scope, ParentBindings::Values(cx.parent))
+        .map(ScriptArg::from_pieces)
+        .map_err(|refusal| SpecError::at(word.pos, key, refusal.message))
 }
 
 #[cfg(test)]

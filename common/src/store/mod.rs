@@ -9,6 +9,7 @@ pub mod conformance;
 pub mod fanout;
 pub mod listing;
 mod local_listing;
+pub mod transfer;
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
-//! What the producer runs on: `steady` (a broker that rides out connection loss), `queues`
-//! (the queues a producer declares), `settings` (the effective settings, echoed at job start).
+//! What the producer runs on: `broker` (its connection to a network broker, and the job's
+//! events queue removed at the end), `steady` (a broker that rides out connection loss),
+//! `settings` (the effective settings, echoed at job start).
 
-pub mod queues;
+pub mod broker;
 pub mod settings;
 pub mod steady;

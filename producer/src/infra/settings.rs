@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use batchfleet_common::job::{InputKind, MiniBatchSize, ResolvedJob};
 
-use crate::job_root::JobRoot;
 use crate::words::{counted, input_kind, input_mode};
+use batchfleet_common::job_root::JobRoot;
 
 pub fn effective_settings(job: &ResolvedJob, root: &JobRoot) -> String {
     let args = &job.task.program_args;

@@ -17,7 +17,7 @@ use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job::tracker::Tracker;
-use crate::job_root::JobRoot;
+use batchfleet_common::job_root::JobRoot;
 
 /// File name used inside an output folder, as Azure names it.
 pub const OUTPUT_FILE_NAME: &str = batchfleet_common::job::APPEND_ROW_FILE_NAME;
@@ -67,7 +67,7 @@ pub fn partial_location(
 ) -> Result<StoreLocation, ProducerError> {
     let name = final_output.prefix.filename().unwrap_or(OUTPUT_FILE_NAME);
     let mut location = root.location.clone();
-    location.prefix = root.layout.relative(&format!("outputs/partial/{name}"));
+    location.prefix = root.layout.partial_output(name);
     location.url = Url::parse(&root.key_url(&location.prefix)).map_err(ProducerError::internal)?;
     Ok(location)
 }

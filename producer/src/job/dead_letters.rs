@@ -5,12 +5,14 @@
 //! router writes the batch's final `status/<batch>.json` — with the last failure a worker
 //! recorded under `failures/<batch>/` — and tells the job's producer through the job's events
 //! queue, exactly as a worker reports a success. Any producer may route any job's dead letters.
+//! A poison item's own dead letter (`MiniBatchMessage::poison_item`) is recorded under
+//! `poison_items/` instead: its batch's status counts it already.
 
 use bytes::Bytes;
 
 use batchfleet_common::broker::{Broker, BrokerError, Delivery};
 use batchfleet_common::job_root::{JobRoot, JobRootError};
-use batchfleet_common::message::{JobEvent, MiniBatchMessage, QueueNames};
+use batchfleet_common::message::{JobEvent, MiniBatchMessage, PoisonItem, QueueNames};
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
 
 use crate::error::ProducerError;
@@ -33,6 +35,9 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         }
     };
     let root = JobRoot::open(&message.job_root)?;
+    if let Some(item) = &message.poison_item {
+        return route_poison_item(broker, delivery, &root, &message, item).await;
+    }
     // Statuses are final once written (create-only): a batch that already has one — a success
     // whose worker died before acking, or a failure routed before — keeps it.
     let status = match root.read_status(&message.batch_id).await {
@@ -64,6 +69,24 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
     broker.ack(&delivery.handle).await?;
     // The job's producer tells the failure on its terminal (one line per kind of error).
     tracing::debug!(job_id = %message.job_id, batch_id = %message.batch_id, "mini-batch failed: dead-lettered");
+    Ok(())
+}
+
+/// A poison item's own dead letter (`--isolate_poison_items`): recorded under
+/// `poison_items/`, create-only. No status and no event: the item's batch succeeded without it
+/// and its status already counts the item as failed (against `error_threshold`, in the job's
+/// result), so routing it again or twice counts nothing twice.
+async fn route_poison_item(
+    broker: &dyn Broker,
+    delivery: &Delivery,
+    root: &JobRoot,
+    message: &MiniBatchMessage,
+    item: &PoisonItem,
+) -> Result<(), ProducerError> {
+    let first = root.record_poison_item(&message.batch_id, item).await?;
+    broker.ack(&delivery.handle).await?;
+    tracing::debug!(job_id = %message.job_id, batch_id = %message.batch_id, item = %item.item,
+        first, "poison item dead-lettered: recorded");
     Ok(())
 }
 

@@ -2,20 +2,18 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use batchfleet_common::broker::{Broker, BrokerError, Delivery};
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::message::{batch_id, JobEvent, QueueNames};
 use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
-use crate::infra::queues::declare_job_queue;
 use crate::job::dead_letters;
 use crate::job::outcome::threshold_exceeded;
 use crate::job::progress::{overview_text, Progress};
 use crate::job::tracker::Tracker;
-use crate::job_root::JobRoot;
+use batchfleet_common::broker::declare::declare_job_queue;
+use batchfleet_common::job_root::JobRoot;
 
 use crate::job::follow_end::{init_failure_summary, LiveWorkers, Startup, StoreDown, Watchdog};
 pub use crate::job::follow_end::{FollowEnd, SAME_START_ERRORS, STORE_DOWN_LIMIT};
@@ -129,7 +127,7 @@ impl Follow<'_> {
             }
             progress.update(&tracker.counts());
             let counts = tracker.counts();
-            batchfleet_worker::telemetry::metrics::job_progress(
+            batchfleet_common::metrics::job_progress(
                 &self.root.job_id,
                 counts.batches_total,
                 counts.batches_ended(),
@@ -158,6 +156,11 @@ impl Follow<'_> {
                     return Ok(FollowEnd::StorageUnavailable(reason));
                 }
             }
+        }
+        // Poison items' own dead letters are published before their batches' statuses
+        // (`--isolate_poison_items`): routed now, they are recorded before the job's result.
+        if let Err(error) = self.route_dead_letters().await {
+            tracing::warn!(%error, "routing the last dead letters failed; another producer of the pool routes them");
         }
         let _ = self.write_overview(tracker, progress).await;
         Ok(FollowEnd::Complete)
@@ -382,7 +385,7 @@ impl Follow<'_> {
             Err(_) => 0,
         };
         let text = overview_text(&tracker.counts(), progress.elapsed(), in_flight);
-        let written = self.root.put(&self.root.layout.progress_overview(), Bytes::from(text)).await;
+        let written = self.root.write_progress_overview(text).await;
         if let Err(error) = &written {
             tracing::warn!(%error, "could not write the progress overview");
         }

@@ -1,29 +1,18 @@
 //! Tests of `follow`: lost events, a removed events queue, a refusing store, start failures.
 
+use bytes::Bytes;
+use object_store::ObjectStoreExt;
+
 use super::*;
+use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::status::{BatchState, BatchStatus, FailureRecord};
+use batchfleet_common::test_support::batch_status;
 
-use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::job::plan::PlanSummary;
 
 fn succeeded(index: u64) -> BatchStatus {
-    BatchStatus {
-        batch_id: batch_id(index),
-        index,
-        state: BatchState::Succeeded,
-        items_in: 1,
-        items_out: 1,
-        rows: 1,
-        extra_lines: 0,
-        result_part: Some("1-w-s0".into()),
-        header: None,
-        attempt: 1,
-        worker: "w".into(),
-        started_at_ms: 0,
-        ended_at_ms: 0,
-        error: None,
-    }
+    batch_status(index, Some("1-w-s0"), BatchState::Succeeded)
 }
 
 /// A job root in a temporary folder, and its queues on an embedded broker.
@@ -53,7 +42,10 @@ async fn batches_whose_events_were_lost_are_taken_from_the_store() {
     // Both batches ended (their statuses are in the store) but no event was ever sent.
     for index in 0..2 {
         let json = serde_json::to_vec(&succeeded(index)).unwrap();
-        root.put(&root.layout.status(&batch_id(index)), Bytes::from(json)).await.unwrap();
+        root.store()
+            .put(&root.layout.status(&batch_id(index)), Bytes::from(json).into())
+            .await
+            .unwrap();
     }
     let job = crate::test_support::minimal_job();
     let follow = Follow {
@@ -90,12 +82,18 @@ async fn a_lost_event_costs_a_second_or_two_not_the_reconcile_period() {
     let store_writes = async {
         for index in 0..2 {
             let json = serde_json::to_vec(&succeeded(index)).unwrap();
-            root.put(&root.layout.status(&batch_id(index)), Bytes::from(json)).await.unwrap();
+            root.store()
+                .put(&root.layout.status(&batch_id(index)), Bytes::from(json).into())
+                .await
+                .unwrap();
         }
         // Batch 2 ends later, also without an event (the first looks found nothing new).
         tokio::time::sleep(Duration::from_secs(3)).await;
         let json = serde_json::to_vec(&succeeded(2)).unwrap();
-        root.put(&root.layout.status(&batch_id(2)), Bytes::from(json)).await.unwrap();
+        root.store()
+            .put(&root.layout.status(&batch_id(2)), Bytes::from(json).into())
+            .await
+            .unwrap();
     };
     let following = tokio::time::timeout(
         RECONCILE_AFTER / 2,
@@ -115,7 +113,10 @@ async fn a_follower_whose_events_queue_another_producer_removed_finishes_from_th
     // Another producer of the job saw both batches end and removed the events queue.
     for index in 0..2 {
         let json = serde_json::to_vec(&succeeded(index)).unwrap();
-        root.put(&root.layout.status(&batch_id(index)), Bytes::from(json)).await.unwrap();
+        root.store()
+            .put(&root.layout.status(&batch_id(index)), Bytes::from(json).into())
+            .await
+            .unwrap();
     }
     let events = QueueNames::events(&root.job_id);
     broker.delete_queue(&events).await.unwrap();

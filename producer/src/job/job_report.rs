@@ -7,7 +7,6 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
-use bytes::Bytes;
 
 /// What [`write_job_report`] wrote.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -34,7 +33,7 @@ pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRoo
         (NODE_SUMMARY, summary_csv(&records.records, Group::Worker)),
     ];
     for (name, text) in files {
-        root.put(&root.layout.job_report(name), Bytes::from(text)).await?;
+        root.write_job_report(name, text).await?;
     }
     Ok(JobReportSummary { attempts: records.records.len(), unreadable: records.skipped.len() })
 }

@@ -12,20 +12,21 @@ use url::Url;
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::retry::{retry, RetryPolicy};
 use batchfleet_common::spec::{self, Datastores};
+use batchfleet_common::status::elapsed_ms;
 use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
-use crate::infra::queues::remove_events_queue;
+use crate::infra::broker::remove_events_queue;
 use crate::job::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
 use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
 use crate::job::progress::Progress;
 use crate::job::tracker::Tracker;
-use crate::job_root::{new_job_id, JobRoot};
 
 /// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
 pub const DEFAULT_STORE: &str = "batchfleet-jobs";
@@ -96,12 +97,61 @@ pub fn store_url(store: Option<&str>) -> Result<Url, ProducerError> {
     Ok(resolve_location(raw, &cwd)?)
 }
 
+/// A job id that sorts by start time and does not collide: `<name>-<yyyymmdd-hhmmss>-<4 hex>`.
+pub fn new_job_id(name: &str) -> String {
+    let now = std::time::SystemTime::now();
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let stamp: String = stamp.chars().filter(|c| c.is_ascii_digit()).collect();
+    let (date, time) = stamp.split_at(8.min(stamp.len()));
+    let nanos = now.duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
+    let safe_name: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' })
+        .collect();
+    format!("{safe_name}-{date}-{time}-{salt:04x}")
+}
+
 /// A new job root under `store` for `job`; outputs without `path` get their default location
 /// under it (`<job root>/outputs/<name>/`), before `job.json` is written.
 pub fn create_root(store: Option<&str>, job: &mut ResolvedJob) -> Result<JobRoot, ProducerError> {
     let root = JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?;
     job.fill_default_outputs(&root.location.url);
     Ok(root)
+}
+
+/// The job root `job` names: an existing folder or a URL is a root, anything else a job id.
+pub fn locate(job: &str, store: Option<&str>) -> Result<JobRoot, ProducerError> {
+    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
+    let is_root = job.contains("://") || job.contains('/') || std::path::Path::new(job).is_dir();
+    if !is_root {
+        return Ok(JobRoot::create(&store_url(store)?, job)?);
+    }
+    let url = resolve_location(job, &cwd)?;
+    let (parent, job_id) = split_root(&url).ok_or_else(|| {
+        ProducerError::Unsupported(format!("`{job}` does not name a job root folder"))
+    })?;
+    Ok(JobRoot::create(&parent, &job_id)?)
+}
+
+/// `…/store/<job id>/` → (`…/store/`, job id).
+fn split_root(url: &Url) -> Option<(Url, String)> {
+    let trimmed = url.path().trim_end_matches('/').to_string();
+    let (parent, name) = trimmed.rsplit_once('/')?;
+    if name.is_empty() {
+        return None;
+    }
+    let mut parent_url = url.clone();
+    parent_url.set_path(&format!("{parent}/"));
+    let name = percent_decode(name);
+    Some((parent_url, name))
+}
+
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_else(|| text.to_string())
 }
 
 /// Plan and publish the job's mini-batches to `queues.work`.
@@ -184,7 +234,7 @@ pub async fn write_producer_log(root: &JobRoot, started_ms: u64) {
     use batchfleet_common::logging::capture::{lines_for, Process};
     let lines = lines_for(Process::Producer, &root.job_id, started_ms);
     if !lines.is_empty() {
-        if let Err(error) = root.put(&root.layout.sys_log("producer"), Bytes::from(lines)).await {
+        if let Err(error) = root.write_sys_log("producer", Bytes::from(lines)).await {
             eprintln!("logs/sys/producer.log could not be written: {error}");
         }
     }
@@ -252,7 +302,7 @@ pub async fn could_not_start(root: &JobRoot, error: &ProducerError) {
         _ => format!("failed: could not start: {error}"),
     };
     let text = format!("{headline}\njob: {}\njob root: {}\n", root.job_id, root.url());
-    if let Err(write_error) = root.put(&root.layout.job_result(), Bytes::from(text)).await {
+    if let Err(write_error) = root.write_job_result(Bytes::from(text)).await {
         tracing::warn!(%write_error, "could not write the job result of a job that could not start");
     }
 }
@@ -336,14 +386,14 @@ async fn write_result(
 ) -> Result<(), ProducerError> {
     let key = root.layout.job_result();
     let bytes = Bytes::from(text);
-    retry(&RESULT_WRITE, "write the job result", || root.put(&key, bytes.clone())).await.map_err(
-        |source| ProducerError::ResultNotWritten {
+    retry(&RESULT_WRITE, "write the job result", || root.write_job_result(bytes.clone()))
+        .await
+        .map_err(|source| ProducerError::ResultNotWritten {
             verdict: verdict.headline(),
             url: root.key_url(&key),
             root: root.url(),
             source: Box::new(source),
-        },
-    )
+        })
 }
 
 /// Aggregate the succeeded batches, decide the verdict, write `logs/job_result.txt`.
@@ -500,6 +550,6 @@ async fn aggregate_output(
     Ok(Finished { verdict, text, output: Some(output) })
 }
 
-fn elapsed_ms(started: std::time::Instant) -> u64 {
-    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

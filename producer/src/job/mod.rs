@@ -2,14 +2,21 @@
 //! for MLTable inputs and partitions; `plan_writer` records and publishes), `follow` (events,
 //! `dead_letters` routing, `progress`; `follow_end`: why following stops), `tracker` (compact
 //! per-batch state), `aggregate`, `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a
-//! job's life from spec to verdict); `confine` checks every place a job names against an
-//! allow-list.
+//! job's life from spec to verdict, and the job root a command names); `confine` checks every
+//! place a job names against an allow-list. `fleet` hosts an in-process fleet (`run`, and
+//! `resume` of a job that ran that way; `runtime_parent` is the shell its runtimes start
+//! under); `fleet_note` is the fleet a submitted job serves and the `resume` command that
+//! finishes a job; `interrupt` is Ctrl-C and SIGTERM on `run` and `submit`.
 
 pub mod aggregate;
+pub mod code;
 pub mod confine;
 pub mod dead_letters;
+pub mod fleet;
+pub mod fleet_note;
 pub mod follow;
 mod follow_end;
+pub mod interrupt;
 pub mod job_report;
 pub mod lifecycle;
 pub mod outcome;
@@ -18,4 +25,5 @@ mod plan_ranges;
 mod plan_table;
 mod plan_writer;
 pub mod progress;
+mod runtime_parent;
 pub mod tracker;

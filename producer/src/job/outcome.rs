@@ -7,7 +7,7 @@ use batchfleet_common::message::batch_id;
 
 use crate::job::aggregate::Aggregated;
 use crate::job::tracker::{Counts, Tracker};
-use crate::job_root::JobRoot;
+use batchfleet_common::job_root::JobRoot;
 
 /// The verdict of a job.
 #[derive(Debug, Clone, PartialEq, Eq)]

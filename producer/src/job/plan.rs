@@ -14,7 +14,7 @@ use batchfleet_common::store::{self, StoreLocation};
 use crate::error::ProducerError;
 use crate::job::plan_writer::PlanWriter;
 pub use crate::job::plan_writer::{publish, PlanSummary, PlanTarget};
-use crate::job_root::JobRoot;
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::store::listing::{list_reporting_sizes, Sizes, Skipped};
 
 /// Plan the job's mini-batches and publish them; returns the totals.

@@ -13,7 +13,7 @@ use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHE
 use batchfleet_common::table::{TableBatch, TableFormat};
 
 use crate::error::ProducerError;
-use crate::job_root::JobRoot;
+use batchfleet_common::job_root::JobRoot;
 
 /// Batches per plan chunk (one `plan/batches-*.jsonl` object, published in one go).
 const BATCHES_PER_CHUNK: usize = 1000;
@@ -90,7 +90,7 @@ impl<'a> PlanWriter<'a> {
         let text: String =
             skipped.iter().map(|(path, why)| format!("{}\t{why}\n", path.escape_debug())).collect();
         let root = self.target.root;
-        root.put(&root.layout.skipped_inputs(), Bytes::from(text)).await?;
+        root.write_skipped_inputs(text).await?;
         self.summary.skipped_inputs = skipped.len() as u64;
         Ok(())
     }
@@ -121,6 +121,7 @@ impl<'a> PlanWriter<'a> {
             items_ref: None,
             table,
             published_ms: Some(batchfleet_common::status::now_ms()),
+            poison_item: None,
         }
     }
 
@@ -149,10 +150,7 @@ impl<'a> PlanWriter<'a> {
         flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
         let summary = self.summary;
         let summary_json = serde_json::to_vec_pretty(&summary).map_err(ProducerError::internal)?;
-        self.target
-            .root
-            .put(&self.target.root.layout.plan_summary(), Bytes::from(summary_json))
-            .await?;
+        self.target.root.write_plan_summary(Bytes::from(summary_json)).await?;
         Ok(summary)
     }
 }
@@ -192,7 +190,7 @@ async fn flush_chunk(
         return Ok(());
     }
     let lines = Bytes::from(std::mem::take(&mut chunk.lines));
-    target.root.put(&target.root.layout.plan_chunk(chunk_no), lines.clone()).await?;
+    target.root.write_plan_chunk(chunk_no, lines.clone()).await?;
     let ended = |index: &u64| target.skip.is_some_and(|skip| skip.contains(index));
     let payloads: Vec<Bytes> = chunk
         .messages

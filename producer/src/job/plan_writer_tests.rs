@@ -6,7 +6,7 @@ use super::*;
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::message::QueueNames;
 
-use crate::infra::queues::declare_pool_queues;
+use batchfleet_common::broker::declare::declare_pool_queues;
 
 /// A plan of `batches` batches of `items` items each, published to an embedded broker; returns
 /// the chunk objects' contents and the published payloads, in order.

@@ -11,7 +11,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use batchfleet_common::store::{self, resolve_location, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
-use crate::modes::submit::collect_files;
+use crate::job::code::collect_files;
 use crate::words::counted;
 
 /// What was copied, for the closing line.

@@ -7,12 +7,10 @@
 
 pub mod autoscale;
 pub mod copy;
-pub mod interrupt;
 pub mod pipeline;
 pub mod profile;
 pub mod resume;
 pub mod run;
-pub mod runtime_parent;
 pub mod status;
 pub mod submit;
 pub mod watch;

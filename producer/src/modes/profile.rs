@@ -11,13 +11,10 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::error::ProducerError;
-use crate::modes::status::locate;
+use crate::job::lifecycle::locate;
 use crate::report::analysis::Profile;
 use crate::report::load::load;
 use crate::report::{page, trace, ReportError};
-
-/// Where the profile goes in the job root.
-pub const ROOT_FOLDER: &str = "logs/sys/profile";
 
 /// What `profile` needs.
 #[derive(Debug, Clone)]
@@ -86,10 +83,10 @@ pub async fn profile(options: &ProfileOptions) -> Result<ProfileWritten, Profile
     write(&out, &html_path, html.as_bytes())?;
     write(&out, &trace_path, &trace_json)?;
 
-    let html_key = root.layout.relative(&format!("{ROOT_FOLDER}/profile.html"));
-    let trace_key = root.layout.relative(&format!("{ROOT_FOLDER}/trace.json"));
-    let in_root = match root.put(&html_key, Bytes::from(html)).await {
-        Ok(()) => match root.put(&trace_key, Bytes::from(trace_json)).await {
+    let html_key = root.layout.profile_file("profile.html");
+    let trace_key = root.layout.profile_file("trace.json");
+    let in_root = match root.write_profile_file("profile.html", Bytes::from(html)).await {
+        Ok(()) => match root.write_profile_file("trace.json", Bytes::from(trace_json)).await {
             Ok(()) => Some((root.key_url(&html_key), root.key_url(&trace_key))),
             Err(error) => {
                 eprintln!("warning: the job root did not take {trace_key}: {error}");

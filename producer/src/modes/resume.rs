@@ -18,23 +18,21 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::job_root::JobRootError;
+use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
-use crate::infra::queues::{declare_job_queue, declare_pool_queues};
-use crate::job::lifecycle::{self, finish, stop_the_rest, JobReport};
-use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
-use crate::job_root::JobRoot;
-use crate::modes::run::{
+use crate::infra::broker::{producer_broker, remove_events_queue};
+use crate::job::fleet::{
     finish_in_process, fleet_gone, scratch_dir, start_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
-use crate::modes::status::locate;
-use crate::modes::submit::{producer_broker, remove_events_queue};
+use crate::job::lifecycle::{self, finish, locate, stop_the_rest, JobReport};
+use crate::job::plan::{plan_and_publish, publish, read_plan, PlanSummary, PlanTarget};
 use batchfleet_worker::runtime::resolve_interpreter;
 
 /// Options of `batchfleet resume`.
@@ -59,7 +57,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     check_state(&root, options.failed_only).await?;
     eprintln!("{}", code_note(&job, &root.url()));
     // A producer follows the job again: it is no longer an interrupted one.
-    root.delete(&root.layout.relative(crate::modes::interrupt::MARKER)).await?;
+    root.clear_interrupted().await?;
     let mut statuses = root.read_statuses().await?;
     if options.failed_only {
         statuses = forget_unsuccessful(&root, statuses).await?;

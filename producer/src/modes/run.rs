@@ -4,36 +4,32 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::QueueNames;
 use batchfleet_common::spec::Datastores;
 use batchfleet_worker::runtime::resolve_interpreter;
-use batchfleet_worker::{Prestart, Worker, WorkerConfig};
 
 use crate::error::ProducerError;
-use crate::infra::queues::{declare_job_queue, declare_pool_queues};
 use crate::infra::settings::effective_settings;
 use crate::job::confine::{self, AllowList};
+use crate::job::fleet::{
+    finish_in_process, fleet_gone, scratch_dir, start_workers, stop_workers, EARLY_STOP_GRACE,
+    WORKER_STOP_GRACE,
+};
+use crate::job::fleet_note::resume_command;
 use crate::job::follow::FollowEnd;
-use crate::job::lifecycle::{self, create_root, finish_alongside, load_spec, stop_the_rest};
+use crate::job::interrupt;
+use crate::job::lifecycle::{self, create_root, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::job::tracker::Tracker;
-use crate::job_root::JobRoot;
-use crate::modes::interrupt;
-use crate::modes::runtime_parent::runtime_parent;
-use crate::modes::status::resume_command;
-
-/// How long workers get to finish and call `shutdown()` once the job is over.
-pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
-/// After an early stop nothing in flight counts any more: workers get little time.
-pub const EARLY_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Options of `batchfleet run`.
 #[derive(Debug, Clone)]
@@ -112,44 +108,6 @@ pub async fn run_job(
     finish_in_process(&job, &root, result, fleet, grace, started_ms).await
 }
 
-/// The end of a job whose workers run in this process (`run`, and `resume` of an embedded
-/// job), once they were told to stop: the workers stop (the runtimes' `shutdown()`, their
-/// records and logs into the root) and the job report is made from the records — in a task of
-/// their own — while the output is aggregated; the result is written once both are done, so
-/// that the workers' logs and the report are in the root when it appears (the producer's own
-/// log follows it). A job that could not be followed only has its workers stopped.
-pub async fn finish_in_process(
-    job: &ResolvedJob,
-    root: &JobRoot,
-    followed: Result<(Tracker, FollowEnd), ProducerError>,
-    mut fleet: JoinSet<Result<(), String>>,
-    grace: Duration,
-    started_ms: u64,
-) -> Result<JobReport, ProducerError> {
-    let (tracker, end) = match followed {
-        Ok(followed) => followed,
-        Err(error) => {
-            stop_workers(&mut fleet, grace).await;
-            return Err(error);
-        }
-    };
-    let workers_done = tokio::spawn({
-        let root = root.clone();
-        async move {
-            stop_workers(&mut fleet, grace).await;
-            lifecycle::write_attempts_report(&root).await;
-        }
-    });
-    let workers_done = async {
-        if let Err(error) = workers_done.await {
-            tracing::error!(%error, "stopping the workers and writing the job report failed");
-        }
-    };
-    let report = finish_alongside(job, root, &tracker, end, workers_done).await;
-    lifecycle::write_producer_log(root, started_ms).await;
-    report
-}
-
 /// Entry-script processes `run` starts per core of this machine, at most: every instance's
 /// every slot is one, all on this machine.
 pub const RUNTIMES_PER_CORE: u64 = 32;
@@ -175,48 +133,6 @@ fn check_fits_this_machine(job: &ResolvedJob, cores: u64) -> Result<(), Producer
     )))
 }
 
-/// The in-process workers' scratch space (driver, runtime folders, downloads), removed when the
-/// run ends.
-pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
-    tempfile::Builder::new().prefix("batchfleet-").tempdir().map_err(|e| {
-        ProducerError::internal(format!("cannot create a scratch folder for the workers: {e}"))
-    })
-}
-
-/// Start `job`'s in-process workers; their slots start the job's runtimes at once, while the
-/// producer plans. `python` is used as given (resolve it first: see
-/// `batchfleet_worker::runtime::resolve_interpreter`), through the runtimes' parent shell.
-pub fn start_workers(
-    broker: &Arc<dyn Broker>,
-    queues: &QueueNames,
-    job: &ResolvedJob,
-    root: &JobRoot,
-    python: &std::path::Path,
-    scratch: &std::path::Path,
-    stop: &CancellationToken,
-) -> JoinSet<Result<(), String>> {
-    let mut fleet = JoinSet::new();
-    // Runtimes are not the producer's children: a script that kills its parent kills a shell.
-    let python = runtime_parent(python, scratch);
-    for instance in 0..job.instance_count {
-        let config = WorkerConfig {
-            worker_id: format!("local-{instance}"),
-            concurrency: job.max_concurrency_per_instance as usize,
-            queues: queues.clone(),
-            python: python.clone(),
-            scratch_dir: scratch.join(format!("worker-{instance}")),
-            idle_exit: None,
-        };
-        let prestart = Prestart { job_id: root.job_id.clone(), job_root: root.url() };
-        let worker = Worker::new(Arc::clone(broker), config)
-            .with_prestart(prestart)
-            .with_interpreter_as_given();
-        let stop = stop.clone();
-        fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });
-    }
-    fleet
-}
-
 async fn plan_and_follow(
     job: &ResolvedJob,
     root: &JobRoot,
@@ -231,41 +147,6 @@ async fn plan_and_follow(
         fleet_gone(fleet, &mut last_worker_error)
     })
     .await
-}
-
-/// `Some(reason)` once every worker has stopped.
-pub fn fleet_gone(
-    fleet: &mut JoinSet<Result<(), String>>,
-    last_error: &mut Option<String>,
-) -> Option<String> {
-    while let Some(joined) = fleet.try_join_next() {
-        let error = match joined {
-            Ok(Ok(())) => "a worker stopped".to_string(),
-            Ok(Err(error)) => error,
-            Err(join_error) => format!("a worker panicked: {join_error}"),
-        };
-        tracing::error!(%error, "worker stopped during the job");
-        *last_error = Some(error);
-    }
-    if fleet.is_empty() {
-        Some(format!("every worker stopped; last: {}", last_error.as_deref().unwrap_or("unknown")))
-    } else {
-        None
-    }
-}
-
-pub async fn stop_workers(fleet: &mut JoinSet<Result<(), String>>, grace: Duration) {
-    let all_stopped = async {
-        while let Some(joined) = fleet.join_next().await {
-            if let Ok(Err(error)) = joined {
-                tracing::warn!(%error, "worker ended with an error");
-            }
-        }
-    };
-    if tokio::time::timeout(grace, all_stopped).await.is_err() {
-        tracing::warn!("workers did not stop within {grace:?}; aborting them");
-        fleet.abort_all();
-    }
 }
 
 #[cfg(test)]

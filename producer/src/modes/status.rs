@@ -5,17 +5,13 @@
 //! job. That is enough to show a detached job's progress from any machine.
 
 use object_store::ObjectStoreExt;
-use url::Url;
-
-use batchfleet_common::store::resolve_location;
 
 use crate::error::ProducerError;
-use crate::job::lifecycle::store_url;
+use crate::job::fleet_note::{fleet_of, resume_line, Fleet};
+use crate::job::lifecycle::locate;
 use crate::job::plan::PlanSummary;
 use crate::job::tracker::{Counts, Tracker};
-use crate::job_root::JobRoot;
-use crate::modes::interrupt;
-use crate::modes::submit::{DETACHED_MARKER, FLEET_NOTE};
+use batchfleet_common::job_root::JobRoot;
 
 /// Where a job stands.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,14 +34,6 @@ pub enum JobStatus {
         detached: bool,
         fleet: Option<Fleet>,
     },
-}
-
-/// The broker (password redacted) and pool a job was submitted to (`control/fleet`, or the
-/// detached marker of a job submitted before that file existed).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fleet {
-    pub broker: String,
-    pub pool: String,
 }
 
 /// Whether a producer follows a running job: one rewrites `logs/job_progress_overview.txt`
@@ -141,24 +129,6 @@ impl StatusReport {
     }
 }
 
-/// The `resume` command that finishes the job at `root_url`: on its fleet's broker and pool, or
-/// with workers in the resuming process when it ran that way (`batchfleet run`).
-/// The command works when pasted: a broker URL with credentials is never printed (the job
-/// root keeps it without its password); the command reads it from `BATCHFLEET_BROKER`, and
-/// a second line says which broker that must be.
-fn resume_line(root_url: &str, fleet: &Option<Fleet>) -> String {
-    match fleet {
-        Some(Fleet { broker, pool }) => match crate::words::pasteable_broker(broker) {
-            (arg, Some(note)) => format!(
-                "batchfleet resume {root_url} --broker {arg} --pool {pool}\n  {note} (the job \
-                 root does not keep them)"
-            ),
-            (arg, None) => format!("batchfleet resume {root_url} --broker {arg} --pool {pool}"),
-        },
-        None => format!("batchfleet resume {root_url}"),
-    }
-}
-
 fn counts_line(counts: &Counts) -> String {
     format!(
         "mini-batches: {} ended of {} ({} succeeded, {} failed, {} cancelled); items: {} \
@@ -193,40 +163,6 @@ pub async fn job_status(job: &str, store: Option<&str>) -> Result<StatusReport, 
     Ok(StatusReport { job_id: root.job_id.clone(), root_url: root.url(), status })
 }
 
-/// The job root `job` names: an existing folder or a URL is a root, anything else a job id.
-pub fn locate(job: &str, store: Option<&str>) -> Result<JobRoot, ProducerError> {
-    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
-    let is_root = job.contains("://") || job.contains('/') || std::path::Path::new(job).is_dir();
-    if !is_root {
-        return Ok(JobRoot::create(&store_url(store)?, job)?);
-    }
-    let url = resolve_location(job, &cwd)?;
-    let (parent, job_id) = split_root(&url).ok_or_else(|| {
-        ProducerError::Unsupported(format!("`{job}` does not name a job root folder"))
-    })?;
-    Ok(JobRoot::create(&parent, &job_id)?)
-}
-
-/// `…/store/<job id>/` → (`…/store/`, job id).
-fn split_root(url: &Url) -> Option<(Url, String)> {
-    let trimmed = url.path().trim_end_matches('/').to_string();
-    let (parent, name) = trimmed.rsplit_once('/')?;
-    if name.is_empty() {
-        return None;
-    }
-    let mut parent_url = url.clone();
-    parent_url.set_path(&format!("{parent}/"));
-    let name = percent_decode(name);
-    Some((parent_url, name))
-}
-
-fn percent_decode(text: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, value)| value.into_owned())
-        .unwrap_or_else(|| text.to_string())
-}
-
 async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     let cancelled = root.cancel_reason().await?;
     let summary = match root.read_text(&root.layout.plan_summary()).await? {
@@ -247,7 +183,7 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
         tracker.record(status);
     }
     let counts = tracker.counts();
-    let detached = root.read_text(&root.layout.relative(DETACHED_MARKER)).await?;
+    let detached = root.detached_note().await?;
     let fleet = fleet_of(root, detached.clone()).await?;
     if summary.is_some() && tracker.is_complete() {
         return Ok(JobStatus::Unaggregated { counts, detached: detached.is_some(), fleet });
@@ -257,33 +193,10 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled, producer, fleet })
 }
 
-/// The fleet a job was submitted to: `control/fleet`, or `detached` (the detached marker's
-/// text) for a job submitted before that file existed; `None` for a job of `batchfleet run`.
-async fn fleet_of(
-    root: &JobRoot,
-    detached: Option<String>,
-) -> Result<Option<Fleet>, ProducerError> {
-    let note = match root.read_text(&root.layout.relative(FLEET_NOTE)).await? {
-        Some(text) => Some(text),
-        None => detached,
-    };
-    Ok(note.map(|text| {
-        let note: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let field = |name: &str| note[name].as_str().unwrap_or("URL").to_string();
-        Fleet { broker: field("broker"), pool: field("pool") }
-    }))
-}
-
-/// The `resume` command that finishes the job in `root` (what `status` prints).
-pub async fn resume_command(root: &JobRoot) -> String {
-    let fleet = fleet_of(root, None).await.unwrap_or_default();
-    resume_line(&root.url(), &fleet)
-}
-
 /// How long the job root has heard nothing from a producer: the age of the progress overview,
 /// or of `job.json` before the first overview.
 async fn producer_silence(root: &JobRoot) -> Producer {
-    let interrupted = root.read_text(&root.layout.relative(interrupt::MARKER)).await;
+    let interrupted = root.interrupted_note().await;
     if let Ok(Some(text)) = interrupted {
         return Producer::Interrupted(text.lines().next().unwrap_or("interrupted").to_owned());
     }
@@ -309,47 +222,27 @@ async fn producer_silence(root: &JobRoot) -> Producer {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use url::Url;
 
-    #[test]
-    fn a_root_url_splits_into_store_and_job_id() {
-        let url = Url::parse("file:///data/jobs/my-job-1/").unwrap();
-        let (store, id) = split_root(&url).unwrap();
-        assert_eq!(store.as_str(), "file:///data/jobs/");
-        assert_eq!(id, "my-job-1");
-        let url = Url::parse("file:///data/jobs/my-job-1").unwrap();
-        assert_eq!(split_root(&url).unwrap().1, "my-job-1");
-    }
+    use super::*;
 
     #[tokio::test]
     async fn an_unaggregated_job_names_the_command_and_says_detached_only_when_it_was() {
-        use batchfleet_common::status::{BatchState, BatchStatus};
+        use batchfleet_common::status::BatchState;
+        use batchfleet_common::test_support::batch_status;
         let dir = tempfile::tempdir().unwrap();
         let store = Url::from_directory_path(dir.path()).unwrap();
         let root = JobRoot::create(&store, "j1").unwrap();
         let put = |key: object_store::path::Path, text: String| {
             let root = &root;
-            async move { root.put(&key, bytes::Bytes::from(text)).await.unwrap() }
+            async move {
+                root.store().put(&key, text.into()).await.unwrap();
+            }
         };
         put(root.layout.job_json(), "{}".into()).await;
         let plan = PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 };
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
-        let status = BatchStatus {
-            batch_id: "00000000".into(),
-            index: 0,
-            state: BatchState::Succeeded,
-            items_in: 1,
-            items_out: 1,
-            rows: 1,
-            extra_lines: 0,
-            result_part: Some("1-w-s0".into()),
-            header: None,
-            attempt: 1,
-            worker: "w".into(),
-            started_at_ms: 0,
-            ended_at_ms: 0,
-            error: None,
-        };
+        let status = batch_status(0, Some("1-w-s0"), BatchState::Succeeded);
         put(root.layout.status("00000000"), serde_json::to_string(&status).unwrap()).await;
         let root_arg = dir.path().join("j1");
         let root_arg = root_arg.to_str().unwrap();
@@ -359,7 +252,7 @@ mod tests {
         assert!(!text.contains("--detach"), "not detached: {text}");
 
         let note = r#"{"broker": "amqp://guest:***@host/%2f", "pool": "p1"}"#;
-        put(root.layout.relative(DETACHED_MARKER), note.into()).await;
+        put(root.layout.detached_marker(), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("submitted with --detach"), "{text}");
         assert!(text.contains("--broker \"$BATCHFLEET_BROKER\" --pool p1\n"), "{text}");
@@ -377,7 +270,9 @@ mod tests {
         let root = JobRoot::create(&store, "j2").unwrap();
         let put = |key: object_store::path::Path, text: String| {
             let root = &root;
-            async move { root.put(&key, bytes::Bytes::from(text)).await.unwrap() }
+            async move {
+                root.store().put(&key, text.into()).await.unwrap();
+            }
         };
         put(root.layout.job_json(), "{}".into()).await;
         let plan = PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 };
@@ -406,18 +301,18 @@ mod tests {
         assert!(!text.contains("--broker"), "a `run` job resumes with workers in process: {text}");
 
         let note = r#"{"broker": "amqp://guest:***@host/%2f", "pool": "p1"}"#;
-        put(root.layout.relative(FLEET_NOTE), note.into()).await;
+        put(root.layout.fleet_note(), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("--broker \"$BATCHFLEET_BROKER\" --pool p1\n"), "{text}");
         assert!(!text.contains("***"), "never a redacted URL to paste: {text}");
 
         // A broker without credentials is printed as it is.
         let note = r#"{"broker": "sqs://", "pool": "p1"}"#;
-        put(root.layout.relative(FLEET_NOTE), note.into()).await;
+        put(root.layout.fleet_note(), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("--broker sqs:// --pool p1\n"), "{text}");
 
-        put(root.layout.relative(DETACHED_MARKER), note.into()).await;
+        put(root.layout.detached_marker(), note.into()).await;
         let text = job_status(root_arg, None).await.unwrap().text();
         assert!(text.contains("submitted with --detach"), "{text}");
         assert!(!text.contains("no producer follows it:"), "detached is not silent: {text}");

@@ -6,15 +6,11 @@
 //! thresholds, early stop, watchdog, aggregation, `logs/job_result.txt`), or, with `--detach`,
 //! left to the fleet once it is published.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use batchfleet_common::broker::connect::{
-    connect, kind_of, redact, BrokerKind, ConnectOptions, RabbitMqConnect,
-};
+use batchfleet_common::broker::connect::{kind_of, redact, BrokerKind, RabbitMqConnect};
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::message::QueueNames;
@@ -22,25 +18,23 @@ use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::spec::Datastores;
 
 use crate::error::ProducerError;
-pub use crate::infra::queues::remove_events_queue;
-use crate::infra::queues::{declare_job_queue, declare_pool_queues};
+use crate::infra::broker::{producer_broker, remove_events_queue};
 use crate::infra::settings::effective_settings;
-use crate::infra::steady::SteadyBroker;
+use crate::job::code::{shippable_code, upload_code};
 use crate::job::confine::{self, AllowList};
+use crate::job::fleet_note::{fleet_note, resume_command};
+use crate::job::interrupt;
 use crate::job::lifecycle::JobReport;
-use crate::job::lifecycle::{self, create_root, finish, load_spec, local_code_dir, stop_the_rest};
+use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
 use crate::job::plan::PlanSummary;
-use crate::job_root::JobRoot;
-use crate::modes::interrupt;
-use crate::modes::status::resume_command;
+use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
+use batchfleet_common::job_root::JobRoot;
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;
 /// Time a worker may hold a delivery beyond `run()` and loading its inputs: writing the
 /// result part, status and event, acking, or holding it for a delayed nack (at most 10 s).
 pub const SETTLE_MARGIN: Duration = Duration::from_secs(60);
-/// The folder under the job root that holds the job's code.
-const CODE_FOLDER: &str = "code";
 
 /// Options of `batchfleet submit`.
 #[derive(Debug, Clone)]
@@ -91,13 +85,6 @@ pub struct Published {
 /// How long a followed job's pool may have no worker connected before `submit` says so.
 pub const NO_WORKER_AFTER: Duration = Duration::from_secs(30);
 
-/// Under the job root: present when the job was submitted with `--detach`; holds the broker
-/// (password redacted) and the pool.
-pub const DETACHED_MARKER: &str = "control/detached";
-/// Under the job root: the broker (password redacted) and pool of a submitted job, so that
-/// `batchfleet status` can say how to resume it.
-pub const FLEET_NOTE: &str = "control/fleet";
-
 /// Submit a job to the fleet behind `options.broker`.
 pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError> {
     let published = publish_job(options).await?;
@@ -105,8 +92,8 @@ pub async fn submit(options: &SubmitOptions) -> Result<Submitted, ProducerError>
         // `batchfleet status` tells a detached job from one whose producer died, and says
         // how to aggregate it (the broker without its password).
         let root = &published.root;
-        let note = fleet_note(options);
-        root.put(&root.layout.relative(DETACHED_MARKER), bytes::Bytes::from(note)).await?;
+        let note = fleet_note(&options.broker, &options.pool);
+        root.mark_detached(note).await?;
         return Ok(Submitted::Detached {
             job_id: published.root.job_id.clone(),
             root_url: published.root.url(),
@@ -148,7 +135,8 @@ pub async fn publish_loaded(
             job.task.code = upload_code(&root, &code).await?;
         }
         root.write_spec(spec_text, &job).await?;
-        root.put(&root.layout.relative(FLEET_NOTE), Bytes::from(fleet_note(options))).await?;
+        let note = fleet_note(&options.broker, &options.pool);
+        root.write_fleet_note(note).await?;
         eprintln!("{}", effective_settings(&job, &root));
         eprintln!("  broker: {}; pool: {}", redact(&options.broker), options.pool);
         declare_job_queue(broker.as_ref(), &root.job_id).await?;
@@ -249,15 +237,6 @@ async fn say_when_no_worker(broker: Arc<dyn Broker>, queues: QueueNames, command
     }
 }
 
-/// `{"broker": <URL without its password>, "pool": …}`.
-fn fleet_note(options: &SubmitOptions) -> String {
-    format!(
-        "{{\"broker\": {}, \"pool\": {}}}\n",
-        serde_json::Value::from(redact(&options.broker)),
-        serde_json::Value::from(options.pool.as_str())
-    )
-}
-
 /// Check the job against the limits of the broker it goes to, and only those: RabbitMQ's
 /// `consumer_timeout`. SQS has none to check here (a lease is renewed by the worker's heartbeat).
 pub fn check_backend_limits(
@@ -282,7 +261,9 @@ pub const RUNS_PER_DELIVERY: u64 = 2;
 /// (and every other delivery on that channel), burning attempts on batches that were fine.
 /// The hold counted is the longest a worker can really keep one delivery:
 /// [`RUNS_PER_DELIVERY`] × (`timeout` + `--task_overhead_timeout`) +
-/// [`RetryPolicy::IN_PLACE_WINDOW`] + [`SETTLE_MARGIN`].
+/// `--first_task_creation_timeout` (init() and its retries under one delivery: the worker gives
+/// the batch back once they took that long) + [`RetryPolicy::IN_PLACE_WINDOW`] +
+/// [`SETTLE_MARGIN`].
 pub fn check_consumer_timeout(
     job: &ResolvedJob,
     consumer_timeout: Option<Duration>,
@@ -304,8 +285,11 @@ pub fn check_consumer_timeout(
         n => format!(", and {n} to isolate poison items (--isolate_poison_items)"),
     };
     let window = RetryPolicy::IN_PLACE_WINDOW.as_secs();
+    // init() and its retries, under one delivery, altogether (the worker's `Slot::init_by`).
+    let init = job.task.program_args.first_task_creation_timeout_secs;
     let held = runs
         .saturating_mul(timeout.saturating_add(overhead))
+        .saturating_add(init)
         .saturating_add(window)
         .saturating_add(SETTLE_MARGIN.as_secs());
     if held <= limit.as_secs() {
@@ -314,117 +298,21 @@ pub fn check_consumer_timeout(
     Err(ProducerError::Unsupported(format!(
         "{}: a worker may hold one mini-batch for {runs} runs of retry_settings.timeout \
          ({timeout} s) + --task_overhead_timeout ({overhead} s) (the first, and one in a fresh \
-         runtime when the script broke its runtime{why}) + {window} s of in-place retries when \
-         storage fails under it + {} s to settle = {held} s, longer than the broker's consumer \
-         timeout ({} s): RabbitMQ would take mini-batches away from a worker still running \
-         them. Lower retry_settings.timeout, or raise RabbitMQ's consumer_timeout \
-         (rabbitmq.conf: consumer_timeout = <ms>) and pass --consumer-timeout <secs>",
+         runtime when the script broke its runtime{why}) + --first_task_creation_timeout \
+         ({init} s, for init() and its retries) + {window} s of in-place retries when storage \
+         fails under it + {} s to settle = {held} s, longer than the broker's consumer timeout \
+         ({} s): RabbitMQ would take mini-batches away from a worker still running them. Lower \
+         retry_settings.timeout or --first_task_creation_timeout, or raise RabbitMQ's \
+         consumer_timeout (rabbitmq.conf: consumer_timeout = <ms>) and pass \
+         --consumer-timeout <secs>",
         job.spec_file,
         SETTLE_MARGIN.as_secs(),
         limit.as_secs()
     )))
 }
 
-/// The local code folder to copy into the job root; `None` when `task.code` is already in an
-/// object store, where workers download it from.
-fn shippable_code(job: &ResolvedJob) -> Result<Option<PathBuf>, ProducerError> {
-    let Some(dir) = local_code_dir(job) else {
-        return Ok(None);
-    };
-    if dir.is_dir() {
-        // Refused before anything is made: a file linked in from outside the folder.
-        refuse_links_out(&dir, &code_files(&dir)?)?;
-        return Ok(Some(dir));
-    }
-    Err(ProducerError::Unsupported(format!(
-        "{}: task.code `{}` is not a folder",
-        job.spec_file, job.task.code
-    )))
-}
-
 async fn connect_broker(options: &SubmitOptions) -> Result<Arc<dyn Broker>, ProducerError> {
     producer_broker(&options.broker, &options.pool).await
-}
-
-/// The producer's connection to a network broker, named after its pool, retried through
-/// connection losses.
-pub async fn producer_broker(url: &str, pool: &str) -> Result<Arc<dyn Broker>, ProducerError> {
-    let name = format!("batchfleet-producer/{pool}/{}", std::process::id());
-    let options = ConnectOptions { connection_name: Some(name), ..ConnectOptions::default() };
-    let connected = connect(url, options).await?;
-    Ok(Arc::new(SteadyBroker::new(connected)))
-}
-
-/// Copy the code folder to `<job root>/code/`; returns the URL `task.code` now points at.
-async fn upload_code(root: &JobRoot, code: &Path) -> Result<String, ProducerError> {
-    let files = code_files(code)?;
-    refuse_links_out(code, &files)?;
-    for (relative, path) in &files {
-        let bytes = tokio::fs::read(path).await.map_err(|e| {
-            ProducerError::Unsupported(format!("reading `{}`: {e}", path.display()))
-        })?;
-        let key = root.location.child_key(&format!("{CODE_FOLDER}/{relative}"));
-        root.put(&key, Bytes::from(bytes)).await?;
-    }
-    tracing::debug!(files = files.len(), "code uploaded to the job root");
-    let folder = root.location.child_key(CODE_FOLDER);
-    Ok(format!("{}/", root.key_url(&folder)))
-}
-
-/// The files of the code folder `code` (see [`collect_files`]).
-fn code_files(code: &Path) -> Result<Vec<(String, PathBuf)>, ProducerError> {
-    let mut files = Vec::new();
-    collect_files(code, code, &mut files).map_err(|e| {
-        ProducerError::Unsupported(format!("reading task.code `{}`: {e}", code.display()))
-    })?;
-    Ok(files)
-}
-
-/// `task.code` carries only the code folder's own files: a file reached through a link that
-/// leads out of it (a credentials file linked in) is refused by name.
-fn refuse_links_out(code: &Path, files: &[(String, PathBuf)]) -> Result<(), ProducerError> {
-    let reading = |path: &Path, e: std::io::Error| {
-        ProducerError::Unsupported(format!("reading `{}`: {e}", path.display()))
-    };
-    let folder = code.canonicalize().map_err(|e| reading(code, e))?;
-    for (_, path) in files {
-        let real = path.canonicalize().map_err(|e| reading(path, e))?;
-        if !real.starts_with(&folder) {
-            return Err(ProducerError::Unsupported(format!(
-                "task.code: `{}` is a link to `{}`, outside the code folder `{}`; only the \
-                 folder's own files are sent with the job",
-                path.display(),
-                real.display(),
-                code.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Every file under `dir`, with its `/`-separated path relative to `base`; caches skipped.
-pub(crate) fn collect_files(
-    base: &Path,
-    dir: &Path,
-    out: &mut Vec<(String, PathBuf)>,
-) -> std::io::Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
-    entries.sort_by_key(std::fs::DirEntry::file_name);
-    for entry in entries {
-        let path = entry.path();
-        let name = entry.file_name();
-        if name == "__pycache__" || name == ".git" {
-            continue;
-        }
-        if entry.file_type()?.is_dir() {
-            collect_files(base, &path, out)?;
-        } else if let Ok(relative) = path.strip_prefix(base) {
-            let parts: Vec<String> =
-                relative.components().map(|c| c.as_os_str().to_string_lossy().into()).collect();
-            out.push((parts.join("/"), path.clone()));
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -434,16 +322,17 @@ mod tests {
     #[test]
     fn a_timeout_the_broker_cannot_honour_is_refused_with_the_numbers() {
         let mut job = crate::test_support::minimal_job();
-        // 2 runs of (810 + 30 s) + 60 s of in-place retries + 60 s: 1,800 s.
-        job.retry.timeout_secs = 810;
+        job.task.program_args.first_task_creation_timeout_secs = 10;
+        // 2 runs of (805 + 30 s) + 10 s of init() + 60 s of in-place retries + 60 s: 1,800 s.
+        job.retry.timeout_secs = 805;
         job.task.program_args.task_overhead_timeout_secs = 30;
         assert!(check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).is_ok());
-        job.retry.timeout_secs = 811;
+        job.retry.timeout_secs = 806;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
         assert!(
-            text.contains("811 s") && text.contains("1802 s") && text.contains("1800 s"),
+            text.contains("806 s") && text.contains("1802 s") && text.contains("1800 s"),
             "{text}"
         );
         assert!(check_consumer_timeout(&job, None).is_ok(), "no consumer timeout, no limit");
@@ -455,13 +344,31 @@ mod tests {
     fn the_hold_counts_every_run_a_worker_makes_of_one_delivery() {
         let mut job = crate::test_support::minimal_job();
         job.task.program_args.task_overhead_timeout_secs = 30;
-        // 2 × (800 + 30) + 60 + 60 = 1,780 s fits in 1,800 s.
-        job.retry.timeout_secs = 800;
+        job.task.program_args.first_task_creation_timeout_secs = 10;
+        // 2 × (795 + 30) + 10 + 60 + 60 = 1,780 s fits in 1,800 s.
+        job.retry.timeout_secs = 795;
         check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits");
-        // 800 + 30 + 60 = 890 s would fit as well, but two runs of 900 + 30 do not.
+        // 900 + 30 + 60 = 990 s would fit as well, but two runs of 900 + 30 do not.
         job.retry.timeout_secs = 900;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
-        assert!(err.to_string().contains("2 runs") && err.to_string().contains("1980 s"), "{err}");
+        assert!(err.to_string().contains("2 runs") && err.to_string().contains("1990 s"), "{err}");
+    }
+
+    /// Regression (#32): init() and its retries hold the delivery too (up to
+    /// --first_task_creation_timeout under one delivery), and were not counted.
+    #[test]
+    fn the_hold_counts_init_and_its_retries() {
+        let mut job = crate::test_support::minimal_job();
+        job.task.program_args.task_overhead_timeout_secs = 30;
+        // 2 × (60 + 30) + 60 + 60 = 300 s without init(); with the default 600 s: 900 s.
+        job.retry.timeout_secs = 60;
+        check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits");
+        // 2 × 90 + 120 = 300 s fits; with 1,600 s of init(): 1,900 s does not.
+        job.task.program_args.first_task_creation_timeout_secs = 1_600;
+        let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("--first_task_creation_timeout (1600 s"), "{text}");
+        assert!(text.contains("= 1900 s"), "{text}");
     }
 
     #[test]
@@ -469,17 +376,18 @@ mod tests {
         let mut job = crate::test_support::minimal_job();
         job.mini_batch_size = MiniBatchSize::Count(64);
         job.task.program_args.task_overhead_timeout_secs = 30;
-        // 2 × (30 + 30) + 60 + 60 = 240 s without isolation; 26 × 60 + 120 = 1,680 s with it.
+        job.task.program_args.first_task_creation_timeout_secs = 10;
+        // 2 × (30 + 30) + 130 = 250 s without isolation; 26 × 60 + 130 = 1,690 s with it.
         job.retry.timeout_secs = 30;
         check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits");
         job.task.program_args.isolate_poison_items = true;
         check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("fits too");
-        // 26 × 70 + 120 = 1,940 s does not.
+        // 26 × 70 + 130 = 1,950 s does not.
         job.retry.timeout_secs = 40;
         let err = check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("26 runs") && text.contains("24 to isolate"), "{text}");
-        assert!(text.contains("1940 s"), "{text}");
+        assert!(text.contains("1950 s"), "{text}");
         job.task.program_args.isolate_poison_items = false;
         check_consumer_timeout(&job, Some(DEFAULT_CONSUMER_TIMEOUT)).expect("off: 2 runs");
     }
@@ -497,18 +405,5 @@ mod tests {
         assert!(err.to_string().contains("consumer timeout"), "{err}");
         check_backend_limits(&job, BrokerKind::Sqs, &rabbitmq)
             .expect("SQS has no consumer timeout: the job is accepted");
-    }
-
-    #[test]
-    fn code_files_are_listed_relative_and_without_caches() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("pkg/__pycache__")).unwrap();
-        std::fs::write(dir.path().join("entry.py"), "").unwrap();
-        std::fs::write(dir.path().join("pkg/util.py"), "").unwrap();
-        std::fs::write(dir.path().join("pkg/__pycache__/util.pyc"), "").unwrap();
-        let mut files = Vec::new();
-        collect_files(dir.path(), dir.path(), &mut files).unwrap();
-        let names: Vec<&str> = files.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(names, ["entry.py", "pkg/util.py"]);
     }
 }

@@ -33,14 +33,13 @@ use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::infra::broker::{producer_broker, remove_events_queue};
 use crate::job::confine::AllowList;
 use crate::job::lifecycle::JobReport;
 use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
-use crate::modes::submit::{
-    follow_published, producer_broker, publish_job, remove_events_queue, Published, SubmitOptions,
-};
+use crate::modes::submit::{follow_published, publish_job, Published, SubmitOptions};
 
 pub mod claims;
 pub mod datastores;
@@ -415,6 +414,22 @@ async fn submitted(
         Err(error) if error.exit_code() == 2 => return Ok(Work::Done(invalid(error.to_string()))),
         Err(error) => return Err(error),
     };
+    if let Some(reason) = record_started(held, manifest, &published).await? {
+        return Ok(Work::StoodDown(reason));
+    }
+    Ok(Work::Done(from_report(follow_published(published, false).await?)))
+}
+
+/// Record the job a manifest became in `<manifest>.job.json` (create-only, while the claim
+/// stands). A job that cannot be recorded is stopped and its error returned: unrecorded, the
+/// next pass would submit the manifest again while this job's batches run with nobody
+/// following them. `Some(why)` when another watcher took the manifest over meanwhile (its job
+/// is the manifest's; this one is stopped too).
+async fn record_started(
+    held: &HeldClaim,
+    manifest: &Path,
+    published: &Published,
+) -> Result<Option<String>, ProducerError> {
     let started = StartedJob {
         job_id: published.root.job_id.clone(),
         job_root: published.root.url(),
@@ -423,24 +438,21 @@ async fn submitted(
     let recorded = match held.write_once(&beside(manifest, ".job.json"), &started).await {
         Ok(recorded) => recorded,
         Err(error) => {
-            // Unrecorded, the next pass would submit the manifest again while this job's
-            // batches run with nobody following them: this one is stopped.
             let reason = format!("recording the job of {manifest} failed: {error}");
-            abandon(&published, &reason).await;
+            abandon(published, &reason).await;
             return Err(error);
         }
     };
     if recorded != Written::Written {
-        // Another watcher took the manifest over while this one was publishing: its job is the
-        // manifest's. Workers settle this job's messages without running them.
+        // Workers settle this job's messages without running them.
         let reason = format!("the manifest {manifest} was taken over by another watcher");
-        abandon(&published, &reason).await;
-        return Ok(Work::StoodDown(format!(
+        abandon(published, &reason).await;
+        return Ok(Some(format!(
             "{reason} while job {} was being published",
             published.root.job_id
         )));
     }
-    Ok(Work::Done(from_report(follow_published(published, false).await?)))
+    Ok(None)
 }
 
 /// Stop a job this watcher published but will not follow: workers settle its messages without
@@ -580,3 +592,7 @@ async fn exists(location: &StoreLocation, key: &Path) -> Result<bool, ProducerEr
         Err(e) => Err(StoreError::io("head", key, e).into()),
     }
 }
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod tests;

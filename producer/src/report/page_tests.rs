@@ -1,6 +1,7 @@
 //! Tests of the page, the trace and `batchfleet profile` on a job root written by hand.
 
 use bytes::Bytes;
+use object_store::ObjectStoreExt;
 use url::Url;
 
 use batchfleet_common::job_root::JobRoot;
@@ -14,7 +15,7 @@ use crate::modes::profile::{profile, ProfileOptions};
 async fn job_root(dir: &std::path::Path, records: usize) -> JobRoot {
     let store = Url::from_directory_path(dir).expect("a folder URL");
     let root = JobRoot::create(&store, "job-1").expect("a job root");
-    root.put(&root.layout.job_json(), Bytes::from("{}")).await.expect("job.json");
+    root.store().put(&root.layout.job_json(), Bytes::from("{}").into()).await.expect("job.json");
     let all = simulate(records as u64, 4, 3, 10);
     for worker in ["w1", "w2"] {
         let mut text = String::new();
@@ -25,7 +26,10 @@ async fn job_root(dir: &std::path::Path, records: usize) -> JobRoot {
         if worker == "w2" {
             text.push_str("{\"batch_id\": \"cut short\n");
         }
-        root.put(&root.layout.records_file(worker, "i1", 1), Bytes::from(text)).await.expect("put");
+        root.store()
+            .put(&root.layout.records_file(worker, "i1", 1), Bytes::from(text).into())
+            .await
+            .expect("put");
     }
     root
 }

@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use clap::Parser;
 use futures::TryStreamExt;
 
 use batchfleet_common::store::listing::list_in_key_order;
@@ -70,19 +71,21 @@ fn median(mut times: Vec<Duration>) -> Duration {
     times[times.len() / 2]
 }
 
+#[derive(Parser)]
+#[command(about = "Listing 100,000 objects as the planner does, against the raw listing")]
+struct Options {
+    /// Rounds, each running both once.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Keys per mini-batch of the planner's cut.
+    #[arg(long, default_value_t = 100)]
+    batch: usize,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut rounds = 3usize;
-    let mut batch = 100usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let value = args.next().context("a value after each option")?;
-        match arg.as_str() {
-            "--rounds" => rounds = value.parse().context("--rounds")?,
-            "--batch" => batch = value.parse().context("--batch")?,
-            other => anyhow::bail!("unknown option {other} (--rounds N, --batch N)"),
-        }
-    }
+    let Options { rounds, batch } = Options::parse();
+    ensure!(rounds > 0 && batch > 0, "--rounds and --batch must be at least 1");
     let bucket = std::env::var("BATCHFLEET_TEST_LARGE_BUCKET")
         .context("BATCHFLEET_TEST_LARGE_BUCKET: run infra/test-services, source its env file")?;
     let location = open_str(&format!("s3://{bucket}/{PREFIX}"))?;

@@ -59,6 +59,12 @@ struct Options {
     /// Leave planning by size out.
     #[arg(long)]
     skip_size: bool,
+    /// (A measured peer, run by the benchmark itself) plan SPEC into STORE.
+    #[arg(long, hide = true, num_args = 2, value_names = ["SPEC", "STORE"])]
+    child_plan: Option<Vec<PathBuf>>,
+    /// (A measured peer, run by the benchmark itself) `find | sort` of FOLDER.
+    #[arg(long, hide = true, value_name = "FOLDER")]
+    child_find: Option<PathBuf>,
 }
 
 /// `files` sparse files over `folders` folders, made once; the folder that holds them.
@@ -226,16 +232,13 @@ fn measure(args: &[&std::ffi::OsStr]) -> Result<(f64, f64, f64, String)> {
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1).peekable();
-    match args.peek().map(String::as_str) {
-        Some("--child-plan") => {
-            let (spec, store) = (args.nth(1).context("spec")?, args.next().context("store")?);
-            return child_plan(Path::new(&spec), Path::new(&store));
-        }
-        Some("--child-find") => return child_find(Path::new(&args.nth(1).context("folder")?)),
-        _ => {}
-    }
     let options = Options::parse();
+    if let Some([spec, store]) = options.child_plan.as_deref() {
+        return child_plan(spec, store);
+    }
+    if let Some(folder) = &options.child_find {
+        return child_find(folder);
+    }
     ensure!(options.files > 0 && options.folders > 0 && options.rounds > 0, "counts must be > 0");
     let data = data(&options)?;
     let store = options.dir.join("jobs");

@@ -11,34 +11,37 @@
 
 use std::process::ExitCode;
 
+use clap::Parser;
+
 use batchfleet_tests::chaos::{campaign, soak, Fault};
 
 /// The soak's bound on a worker's growth (KiB).
 const SOAK_GROWTH_LIMIT_KIB: i64 = 5 * 1024;
 
+#[derive(Parser)]
+#[command(about = "The fault campaign: each fault's runs checked exact; or the soak")]
+struct Options {
+    /// Runs of each fault.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// A fault to run (repeatable; default: every fault).
+    #[arg(long = "fault", value_name = "FAULT", value_parser = fault)]
+    faults: Vec<Fault>,
+    /// Run the soak instead: this many small jobs through the same two workers.
+    #[arg(long = "soak", value_name = "JOBS")]
+    soak_jobs: Option<usize>,
+}
+
+/// `--fault NAME`: one of the faults' names.
+fn fault(name: &str) -> Result<Fault, String> {
+    Fault::parse(name).ok_or_else(|| {
+        let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown; one of {}", names.join(", "))
+    })
+}
+
 fn main() -> ExitCode {
-    let mut runs = 20usize;
-    let mut faults = Vec::new();
-    let mut soak_jobs = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let value = args.next().unwrap_or_default();
-        match arg.as_str() {
-            "--runs" => match value.parse() {
-                Ok(n) => runs = n,
-                Err(_) => return usage(&format!("--runs {value}: not a number")),
-            },
-            "--soak" => match value.parse() {
-                Ok(n) => soak_jobs = Some(n),
-                Err(_) => return usage(&format!("--soak {value}: not a number")),
-            },
-            "--fault" => match Fault::parse(&value) {
-                Some(fault) => faults.push(fault),
-                None => return usage(&format!("--fault {value}: unknown")),
-            },
-            other => return usage(&format!("unknown option {other}")),
-        }
-    }
+    let Options { runs, mut faults, soak_jobs } = Options::parse();
     if let Some(jobs) = soak_jobs {
         return match soak(jobs) {
             Ok(report) => {
@@ -67,13 +70,4 @@ fn main() -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-fn usage(problem: &str) -> ExitCode {
-    let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
-    eprintln!(
-        "chaos: {problem}\nusage: chaos [--runs N] [--fault {}]... | chaos --soak N",
-        names.join("|")
-    );
-    ExitCode::from(2)
 }

@@ -13,17 +13,18 @@ use batchfleet_common::table::TableFormat;
 use tokio_util::sync::CancellationToken;
 
 use crate::infra::InfraError;
+use crate::input::materialize::{materialize, memory_folder, InputBase, InputFolders};
+use crate::input::table_input::{self, InPlace};
 use crate::jobs::LoadedJob;
-use crate::materialize::{materialize, memory_folder, InputBase, InputFolders};
 use crate::output;
+use crate::output::user_logs;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeError, UserFailure,
     UserFailureKind,
 };
 use crate::shared::Shared;
-use crate::table_input::{self, InPlace};
-use crate::user_logs;
 
+use super::counting::LeaseState;
 use super::Slot;
 
 /// Why an attempt at a batch failed; becomes its `FailureRecord`.
@@ -319,8 +320,16 @@ impl Slot {
         let mut status =
             succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
         status.error = isolated;
-        if !self.still_held().await {
-            return Err(AttemptEnd::LeaseLost);
+        match self.still_held().await {
+            LeaseState::Held => {}
+            LeaseState::Lost => return Err(AttemptEnd::LeaseLost),
+            LeaseState::Unknown(why) => {
+                // Not written, not counted: the batch goes back (or returns when its lease ends).
+                return Err(AttemptEnd::GiveBack(format!(
+                    "the lease could not be confirmed past the attempt's longest try ({why}); \
+                     its rows discarded"
+                )));
+            }
         }
         let finished = self.write_success(job, message, output, status).await?;
         self.phases.written_ms = Some(now_ms());

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use batchfleet_common::broker::{BrokerError, DeliveryHandle};
 use batchfleet_common::job_root::AttemptCount;
 use batchfleet_common::status::now_ms;
+use batchfleet_common::Retry;
 
 use crate::infra::InfraError;
 use crate::jobs::LoadedJob;
@@ -114,8 +115,8 @@ impl Slot {
 
     /// Whether the attempt may commit its result: always within [`longest_try`]; past it, only
     /// while the delivery's lease is still held (asked of the broker now).
-    pub(super) async fn still_held(&self) -> bool {
-        let Some(holding) = &self.holding else { return true };
+    pub(super) async fn still_held(&self) -> LeaseState {
+        let Some(holding) = &self.holding else { return LeaseState::Held };
         let (broker, lease) = (self.shared.broker.as_ref(), self.shared.lease);
         lease_confirmed(holding.commit_by, Instant::now(), || {
             broker.extend_lease(&holding.handle, lease)
@@ -124,22 +125,53 @@ impl Slot {
     }
 }
 
-/// [`Slot::still_held`] at `now`, with the broker's extension as a function.
-async fn lease_confirmed<F>(commit_by: Instant, now: Instant, extend: impl FnOnce() -> F) -> bool
+/// What the broker says of an attempt's lease past its longest try.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum LeaseState {
+    /// Held (or not asked: within the longest try).
+    Held,
+    /// Gone: the delivery was settled or went back to the queue (the batch runs elsewhere).
+    Lost,
+    /// The broker did not answer (a transient error, retried a few times): not known to be
+    /// held, so no status may be written, but not known to be lost either.
+    Unknown(String),
+}
+
+/// The pauses between asks of [`lease_confirmed`] while the broker fails transiently.
+const CONFIRM_PAUSES: [Duration; 3] =
+    [Duration::from_millis(200), Duration::from_millis(500), Duration::from_secs(1)];
+
+/// [`Slot::still_held`] at `now`, with the broker's extension as a function. An error the
+/// broker may get over (its retry hint) is asked again a few times; any other is a lost lease.
+async fn lease_confirmed<F>(
+    commit_by: Instant,
+    now: Instant,
+    mut extend: impl FnMut() -> F,
+) -> LeaseState
 where
     F: Future<Output = Result<(), BrokerError>>,
 {
     if now <= commit_by {
-        return true;
+        return LeaseState::Held;
     }
-    match extend().await {
-        Ok(()) => true,
-        Err(BrokerError::StaleDelivery(_)) => false,
-        Err(error) => {
-            // Not known to be held: the batch may run elsewhere, whose result must not be
-            // undercut by a status written now.
-            tracing::warn!(%error, "could not confirm the lease past the attempt's longest try");
-            false
+    let mut pauses = CONFIRM_PAUSES.iter();
+    loop {
+        let error = match extend().await {
+            Ok(()) => return LeaseState::Held,
+            Err(error) => error,
+        };
+        if error.retry() == Retry::Permanent {
+            // Stale (settled, or the lease ran out) or refused: the batch may run elsewhere,
+            // whose result must not be undercut by a status written now.
+            tracing::warn!(%error, "the lease is gone past the attempt's longest try");
+            return LeaseState::Lost;
+        }
+        match pauses.next() {
+            Some(pause) => tokio::time::sleep(*pause).await,
+            None => {
+                tracing::warn!(%error, "could not confirm the lease past the attempt's longest try");
+                return LeaseState::Unknown(error.to_string());
+            }
         }
     }
 }
@@ -180,14 +212,44 @@ mod tests {
         let (before, after) = (now + Duration::from_secs(1), now - Duration::from_secs(1));
         // Within the longest try: no question asked (a lost lease there is judged by time).
         let never = || async { Err::<(), _>(BrokerError::StaleDelivery("unasked".into())) };
-        assert!(lease_confirmed(before, now, never).await);
+        assert_eq!(lease_confirmed(before, now, never).await, LeaseState::Held);
         // Past it, held: the broker confirms.
-        assert!(lease_confirmed(after, now, extend).await);
+        assert_eq!(lease_confirmed(after, now, extend).await, LeaseState::Held);
         // Past it, the lease gone (the message went back to the queue): no commit.
         broker.nack(handle, Duration::ZERO).await.unwrap();
-        assert!(!lease_confirmed(after, now, extend).await);
-        // Past it, the broker not answering: no commit either.
-        let down = || async { Err::<(), _>(BrokerError::Connection("down".into())) };
-        assert!(!lease_confirmed(after, now, down).await);
+        assert_eq!(lease_confirmed(after, now, extend).await, LeaseState::Lost);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broker_that_does_not_answer_is_asked_again_and_is_not_taken_for_a_lost_lease() {
+        let now = Instant::now();
+        let after = now - Duration::from_secs(1);
+        // Down for good: not held, but not lost either (the slot gives the batch back).
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let down = || {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Err::<(), _>(BrokerError::Connection("down".into())) }
+        };
+        let state = lease_confirmed(after, now, down).await;
+        assert_eq!(state, LeaseState::Unknown("broker connection failed: down".into()));
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::Relaxed),
+            1 + CONFIRM_PAUSES.len() as u32
+        );
+        // A blip: the second ask confirms the lease.
+        let blips = std::sync::atomic::AtomicU32::new(0);
+        let blip = || {
+            let first = blips.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0;
+            async move {
+                match first {
+                    true => Err(BrokerError::Connection("reset".into())),
+                    false => Ok(()),
+                }
+            }
+        };
+        assert_eq!(lease_confirmed(after, now, blip).await, LeaseState::Held);
+        // Refused for good: lost.
+        let refused = || async { Err::<(), _>(BrokerError::Refused("no".into())) };
+        assert_eq!(lease_confirmed(after, now, refused).await, LeaseState::Lost);
     }
 }

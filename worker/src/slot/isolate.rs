@@ -16,16 +16,17 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use batchfleet_common::message::MiniBatchMessage;
+use batchfleet_common::message::{MiniBatchMessage, PoisonItem};
 use batchfleet_common::status::FailureRecord;
 use tokio_util::sync::CancellationToken;
 
+use crate::infra::{retrying, InfraError};
 use crate::jobs::LoadedJob;
 use crate::output;
 use crate::runtime::RunSuccess;
 
 use super::attempt::{remove_output, AttemptEnd, AttemptFailure, Finished, Ran};
-use super::settle::ATTEMPTS;
+use super::settle::{one_line, ATTEMPTS};
 use super::Slot;
 
 /// Items named in an isolated failure's message; the rest are counted.
@@ -112,6 +113,9 @@ impl Slot {
                 tracing::warn!(%error, "writing the failure record of the isolated items failed");
             }
         }
+        // Before the status: the job's producer routes the items' dead letters by the time it
+        // learns the batch ended.
+        self.dead_letter_poison_items(message, &found.poison, attempt).await;
         let part = self.part_name(attempt);
         let in_place = output::local_part_file(job, &message.batch_id, &part);
         let joined = match &in_place {
@@ -188,6 +192,67 @@ impl Slot {
             }
         }
         Ok(found)
+    }
+
+    /// Each item that failed on its own goes to the pool's dead-letter queue as a message of its
+    /// own (`MiniBatchMessage::poison_item`), which the dead-letter router records under
+    /// `poison_items/`. The batch's status counts the items: the dead letters count nothing
+    /// again. One that cannot be published stays named in the batch's status and failure record.
+    async fn dead_letter_poison_items(
+        &mut self,
+        message: &MiniBatchMessage,
+        poison: &[(usize, AttemptFailure)],
+        attempt: u32,
+    ) {
+        if poison.is_empty() {
+            return;
+        }
+        let worker = &self.shared.config.worker_id;
+        let mut payloads = Vec::with_capacity(poison.len());
+        for (position, failure) in poison {
+            let item = message.items[*position].clone();
+            let record = FailureRecord {
+                kind: failure.kind,
+                message: one_line(&failure.message),
+                detail: None,
+                attempt,
+                worker: worker.clone(),
+                duration_ms: 0,
+            };
+            let leaf = MiniBatchMessage {
+                items: vec![item.clone()],
+                items_ref: None,
+                poison_item: Some(PoisonItem {
+                    item,
+                    position: *position as u64,
+                    batch_items: message.items.len() as u64,
+                    failure: record,
+                }),
+                ..message.clone()
+            };
+            match serde_json::to_vec(&leaf) {
+                Ok(json) => payloads.push(bytes::Bytes::from(json)),
+                Err(error) => {
+                    tracing::warn!(%error, "could not encode a poison item's dead letter")
+                }
+            }
+        }
+        let count = payloads.len() as u64;
+        let (broker, queue) = (self.shared.broker.as_ref(), &self.shared.config.queues.dead_letter);
+        let published = retrying("dead-letter poison items", || {
+            let payloads = payloads.clone();
+            async move { broker.publish(queue, payloads).await.map_err(InfraError::from) }
+        })
+        .await;
+        match published {
+            Ok(()) => {
+                self.summary.items_dead_lettered += count;
+                (0..count).for_each(|_| batchfleet_common::metrics::dead_lettered());
+                tracing::info!(items = count, "poison items dead-lettered on their own");
+            }
+            Err(error) => tracing::warn!(%error,
+                "could not dead-letter the poison items; the batch's status names them"),
+        }
     }
 
     /// The failure record naming the items that failed on their own (and any left unsplit).

@@ -17,21 +17,21 @@ use batchfleet_common::job::{MiniBatchSize, ResolvedJob};
 use batchfleet_common::job_root::{lost_lease_budget, AttemptCount};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
-use batchfleet_common::status::now_ms;
+use batchfleet_common::status::{elapsed_ms, now_ms};
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::heartbeat::hold_lease;
+use crate::input::table_input::TableReaders;
 use crate::jobs::JobLoadError;
 use crate::output;
 use crate::shared::{Shared, WorkerError, WorkerSummary};
-use crate::table_input::TableReaders;
 
 use attempt::{AttemptEnd, Finished, Phases};
 use counting::{longest_try, Holding};
 use runtimes::ActiveRuntime;
-use settle::nack_delay;
+use settle::{nack_delay, DeadLetter, Decision, Handled};
 
 mod attempt;
 mod counting;
@@ -82,9 +82,13 @@ pub(crate) struct Slot {
     phases: Phases,
     /// The delivery the current attempt holds (see `counting::longest_try`).
     holding: Option<Holding>,
+    /// Until when the current delivery may start runtimes: init() and its retries under one
+    /// delivery take `first_task_creation_timeout` at most altogether (what `submit` counts
+    /// against RabbitMQ's `consumer_timeout`); past it the batch is given back uncounted.
+    init_by: Option<Instant>,
     /// The slot's folder in memory for small batches' input copies (`materialize`), looked
     /// for on the first batch (`Some(None)`: there is none); removed with the slot.
-    memory: Option<Option<crate::materialize::MemoryFolder>>,
+    memory: Option<Option<crate::input::materialize::MemoryFolder>>,
 }
 
 /// How a slot ended.
@@ -110,6 +114,7 @@ impl Slot {
             ended_checked: None,
             phases: Phases::default(),
             holding: None,
+            init_by: None,
             memory: None,
         }
     }
@@ -210,59 +215,66 @@ impl Slot {
     }
 
     async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
-        let message = match serde_json::from_slice::<MiniBatchMessage>(&delivery.payload) {
+        let message = serde_json::from_slice::<MiniBatchMessage>(&delivery.payload)
+            .map_err(|error| error.to_string())
+            .and_then(|message| match message.check_well_formed() {
+                Ok(()) => Ok(message),
+                Err(error) => Err(error.to_string()),
+            });
+        let message = match message {
             Ok(message) => message,
             Err(error) => {
                 let reason = format!("invalid message: {error}");
                 tracing::error!(%reason, delivery = delivery.delivery_count, "dead-lettering");
-                self.dead_letter(&delivery.handle, &reason).await;
-                self.summary.invalid_messages += 1;
+                self.settle(&delivery.handle, Decision::DeadLetter(DeadLetter::Invalid(reason)))
+                    .await;
                 return;
             }
         };
-        if let Err(error) = message.check_well_formed() {
-            let reason = format!("invalid message: {error}");
-            tracing::error!(%reason, delivery = delivery.delivery_count, "dead-lettering");
-            self.dead_letter(&delivery.handle, &reason).await;
-            self.summary.invalid_messages += 1;
-            return;
-        }
         let span = tracing::info_span!("batch", job_id = %message.job_id,
             batch_id = %message.batch_id, delivery = delivery.delivery_count,
             attempt = tracing::field::Empty);
-        self.handle_batch(delivery, message, stop).instrument(span).await;
+        async {
+            let Handled { decision, record } = self.handle_batch(&delivery, message, stop).await;
+            self.settle(&delivery.handle, decision).await;
+            if let Some((job, mut record)) = record {
+                record.settled_ms = now_ms();
+                batchfleet_common::metrics::attempt_finished(&record);
+                if self.shared.records.push(&job, record) {
+                    self.shared.records.flush_job(&job.job_id).await;
+                }
+            }
+        }
+        .instrument(span)
+        .await;
     }
 
+    /// What to do with the delivery (carried out by [`Slot::settle`]), and the record of the
+    /// attempt when one ran.
     async fn handle_batch(
         &mut self,
-        delivery: Delivery,
+        delivery: &Delivery,
         message: MiniBatchMessage,
         stop: &CancellationToken,
-    ) {
+    ) -> Handled {
         let job = match self.shared.jobs.get(&message).await {
             Ok(job) => job,
             Err(JobLoadError::Unusable(reason)) => {
                 tracing::error!(%reason, "cannot process this message; dead-lettering");
-                self.dead_letter(&delivery.handle, &reason).await;
-                self.summary.invalid_messages += 1;
-                return;
+                return DeadLetter::Invalid(reason).into();
             }
             Err(error @ JobLoadError::Infra(_)) => {
                 tracing::warn!(%error, "could not load the job; giving the message back");
-                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
-                return;
+                return Decision::Nack(nack_delay(delivery.delivery_count)).into();
             }
         };
         if let Some(reason) = beyond_the_plan(&job.job, &message) {
             tracing::error!(%reason, "dead-lettering");
-            self.dead_letter(&delivery.handle, &reason).await;
-            self.summary.invalid_messages += 1;
-            return;
+            return DeadLetter::Invalid(reason).into();
         }
         if job.is_cancelled().await {
             tracing::info!("the job was stopped by its producer; batch settled without running");
-            self.ack(&delivery.handle, false).await;
-            return;
+            return Decision::Ack { lease_lost: false }.into();
         }
         let max = job.job.retry.max_deliveries();
         let counted = match self
@@ -272,8 +284,7 @@ impl Slot {
             Ok(counted) => counted,
             Err(error) => {
                 tracing::warn!(%error, "could not count the batch's attempts; giving the message back");
-                self.nack(&delivery.handle, nack_delay(delivery.delivery_count)).await;
-                return;
+                return Decision::Nack(nack_delay(delivery.delivery_count)).into();
             }
         };
         let count = counted.count;
@@ -287,14 +298,11 @@ impl Slot {
                 delivery.delivery_count
             );
             tracing::error!(%reason, "dead-lettering");
-            self.dead_letter(&delivery.handle, &reason).await;
-            self.summary.batches_dead_lettered += 1;
-            return;
+            return DeadLetter::Spent(reason).into();
         }
         let budget = lost_lease_budget(max);
         if count.lost >= budget {
-            self.lost_too_often(&job, &delivery, &message, count, budget).await;
-            return;
+            return self.lost_too_often(&job, &message, count, budget).await.into();
         }
         if count.lost > 0 {
             tracing::info!(
@@ -308,8 +316,7 @@ impl Slot {
         let commit_by = Instant::now() + longest_try(&job);
         if let Err(error) = self.mark_attempt(&job, &message.batch_id, &counted).await {
             tracing::warn!(%error, "could not mark the attempt; giving the message back");
-            self.nack(&delivery.handle, nack_delay(attempt)).await;
-            return;
+            return Decision::Nack(nack_delay(attempt)).into();
         }
         // Only a delivery after the first has a marker to take back (no clone on the first).
         let marked = counted.is_marked().then(|| message.batch_id.clone());
@@ -318,9 +325,7 @@ impl Slot {
             Err(error) if error.retry() == Retry::Permanent => {
                 let reason = format!("invalid message: {error}");
                 tracing::error!(%reason, "dead-lettering");
-                self.dead_letter(&delivery.handle, &reason).await;
-                self.summary.invalid_messages += 1;
-                return;
+                return DeadLetter::Invalid(reason).into();
             }
             Err(error) => {
                 tracing::warn!(%error, "could not read the batch's items; giving the message back");
@@ -328,24 +333,23 @@ impl Slot {
                 if let Some(batch_id) = &marked {
                     self.unmark_attempt(&job, batch_id, &counted).await;
                 }
-                self.nack(&delivery.handle, nack_delay(attempt)).await;
-                return;
+                return Decision::Nack(nack_delay(attempt)).into();
             }
         };
         let started_ms = now_ms();
         let started = Instant::now();
         let (broker, lease) = (Arc::clone(&self.shared.broker), self.shared.lease);
         self.holding = Some(Holding { handle: delivery.handle.clone(), commit_by });
+        self.init_by = Some(Instant::now() + runtimes::init_timeout(&job));
         let last_try = count.try_number() >= max;
         let work = self.attempt_or_isolate(&job, &message, attempt, started_ms, stop, last_try);
         let (result, lease_lost) = hold_lease(broker.as_ref(), &delivery.handle, lease, work).await;
-        self.holding = None;
+        (self.holding, self.init_by) = (None, None);
         let lease_lost = lease_lost || matches!(result, Err(AttemptEnd::LeaseLost));
         let mut record = self.record(&message, &count, started_ms, &result);
         record.lease_lost = lease_lost;
-        match result {
+        let decision = match result {
             Ok(Finished { status, won: true }) => {
-                self.ack(&delivery.handle, lease_lost).await;
                 self.summary.batches_succeeded += 1;
                 if let Some(error) = &status.error {
                     // Poison items isolated (`isolate`): the batch's other rows are in.
@@ -359,13 +363,14 @@ impl Slot {
                     duration_ms = elapsed_ms(started),
                     "batch succeeded"
                 );
+                Decision::Ack { lease_lost }
             }
             Ok(Finished { status, won: false }) => {
-                self.ack(&delivery.handle, lease_lost).await;
-                self.summary.batches_succeeded += 1;
+                self.summary.batches_settled_elsewhere += 1;
                 tracing::info!(winner_attempt = status.attempt, winner = %status.worker,
                     state = status.state.as_str(), duration_ms = elapsed_ms(started),
                     "batch already finished by another attempt; this attempt's rows discarded");
+                Decision::Ack { lease_lost }
             }
             Err(AttemptEnd::LeaseLost) => {
                 // The batch runs elsewhere: its marker stays, a lost lease.
@@ -374,36 +379,30 @@ impl Slot {
                     "lease lost and the attempt ran past its longest try; its rows discarded, \
                      the batch runs again elsewhere"
                 );
+                Decision::Leave
             }
             Err(AttemptEnd::Failed(failure)) if self.fatal.is_some() => {
                 tracing::warn!(message = %failure.message, "giving the batch back to other workers");
                 self.unmark_attempt(&job, &message.batch_id, &counted).await;
-                self.nack(&delivery.handle, Duration::ZERO).await;
+                Decision::Nack(Duration::ZERO)
             }
-            Err(AttemptEnd::Failed(failure)) => {
-                self.fail(&job, &delivery, &count, &message, failure, elapsed_ms(started)).await;
+            Err(AttemptEnd::Failed(failure) | AttemptEnd::RuntimeBroken { failure, .. }) => {
+                // `counted` turned every broken runtime into a failure above.
+                self.fail(&job, &count, &message, failure, elapsed_ms(started)).await
             }
             Err(AttemptEnd::GiveBack(why)) => {
                 tracing::info!(%why, "giving the batch back without counting an attempt");
                 self.unmark_attempt(&job, &message.batch_id, &counted).await;
-                self.nack(&delivery.handle, Duration::ZERO).await;
-            }
-            Err(AttemptEnd::RuntimeBroken { failure, .. }) => {
-                // `counted` turned every one into a failure above.
-                self.fail(&job, &delivery, &count, &message, failure, elapsed_ms(started)).await;
+                Decision::Nack(Duration::ZERO)
             }
             Err(AttemptEnd::Cancelled) => {
                 tracing::info!(
                     "the job was stopped by its producer; batch settled without running"
                 );
-                self.ack(&delivery.handle, lease_lost).await;
+                Decision::Ack { lease_lost }
             }
-        }
-        record.settled_ms = now_ms();
-        crate::telemetry::metrics::attempt_finished(&record);
-        if self.shared.records.push(&job, record) {
-            self.shared.records.flush_job(&job.job_id).await;
-        }
+        };
+        Handled { decision, record: Some((job, record)) }
     }
 
     /// The record of the attempt that just ended (settled by the caller).
@@ -473,10 +472,6 @@ fn beyond_the_plan(job: &ResolvedJob, message: &MiniBatchMessage) -> Option<Stri
     ))
 }
 
-fn elapsed_ms(since: Instant) -> u64 {
-    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
 /// One message from the work queue, or `None` after `wait` (see `Slot::receive`).
 async fn receive_one(
     shared: &Shared,
@@ -497,7 +492,7 @@ async fn receive_one(
     };
     let delivery = got.pop();
     if let Some(delivery) = &delivery {
-        crate::telemetry::metrics::delivered(delivery.delivery_count);
+        batchfleet_common::metrics::delivered(delivery.delivery_count);
     }
     Ok(delivery)
 }

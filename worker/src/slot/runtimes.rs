@@ -14,17 +14,17 @@ use batchfleet_common::status::FailureRecord;
 use batchfleet_common::ErrorKind;
 use tokio_util::sync::CancellationToken;
 
-use crate::events;
+use crate::input::mounts;
 use crate::jobs::LoadedJob;
-use crate::mounts;
-use crate::output_folder::{publish_after_shutdown, RuntimeOutputs, OUTPUT_PATH_ENV};
+use crate::output::job_events as events;
+use crate::output::output_folder::{publish_after_shutdown, RuntimeOutputs, OUTPUT_PATH_ENV};
+use crate::output::user_logs;
 use crate::runtime::{
     read_only, RuntimeConfig, RuntimeError, RuntimeProcess, LOGGING_LEVEL_ENV, LOG_DIR_ENV,
     NODE_ID_ENV, PROCESS_NAME_ENV, TABULAR_ENV,
 };
 use crate::shared::WorkerError;
-use crate::telemetry::metrics;
-use crate::user_logs;
+use batchfleet_common::metrics;
 
 use super::attempt::{AttemptEnd, AttemptFailure};
 use super::{elapsed_ms, Slot};
@@ -71,9 +71,16 @@ impl Slot {
         }
         self.stop_runtime().await;
         let mut delays = RetryPolicy::RUNTIME_START.delays();
+        let init_timeout = init_timeout(job);
+        // The delivery's budget for init() and its retries (see `init_budget`).
+        let init_by = self.init_by.unwrap_or_else(|| Instant::now() + init_timeout);
         loop {
             let started = Instant::now();
-            let error = match self.start_runtime(job, tabular).await {
+            let Some(left) = init_by.checked_duration_since(started).filter(|d| !d.is_zero())
+            else {
+                return Err(AttemptEnd::GiveBack(init_spent(init_timeout)));
+            };
+            let error = match self.start_runtime(job, tabular, left.min(init_timeout)).await {
                 Ok(()) => {
                     let ready = JobEvent::RuntimeReady {
                         job_id: job.job_id.clone(),
@@ -108,6 +115,10 @@ impl Slot {
             };
             self.publish_best_effort(job, &event).await;
             let delay = delays.next().unwrap_or(MAX_INIT_RETRY_DELAY);
+            if Instant::now() + delay >= init_by {
+                tracing::warn!(message = %failure.message, "starting the entry script failed");
+                return Err(AttemptEnd::GiveBack(init_spent(init_timeout)));
+            }
             tracing::warn!(message = %failure.message, retry_in_ms = delay.as_millis() as u64,
                 "starting the entry script failed; retrying");
             tokio::select! {
@@ -141,7 +152,7 @@ impl Slot {
         if job.job.input.kind == InputKind::Mltable {
             return;
         }
-        match self.start_runtime(&job, false).await {
+        match self.start_runtime(&job, false, init_timeout(&job)).await {
             Ok(()) => {
                 let ready = JobEvent::RuntimeReady {
                     job_id: job.job_id.clone(),
@@ -194,10 +205,12 @@ impl Slot {
         }
     }
 
+    /// Start a runtime for `job` whose init() may take `init_timeout` at most.
     async fn start_runtime(
         &mut self,
         job: &Arc<LoadedJob>,
         tabular: bool,
+        init_timeout: Duration,
     ) -> Result<(), RuntimeError> {
         self.seq += 1;
         let process_name = format!("slot-{}-{}", self.index, self.seq);
@@ -232,9 +245,7 @@ impl Slot {
             env,
             work_dir: self.dir.join("work"),
             log_path: log_path.clone(),
-            init_timeout: Duration::from_secs(
-                job.job.task.program_args.first_task_creation_timeout_secs,
-            ),
+            init_timeout,
             read_only,
         };
         let started = Instant::now();
@@ -357,4 +368,18 @@ impl Slot {
             self.stop_runtime().await;
         }
     }
+}
+
+/// The job's `first_task_creation_timeout`: how long one init() may take, and how long one
+/// delivery may spend in init() and its retries altogether (`Slot::init_by`).
+pub(super) fn init_timeout(job: &LoadedJob) -> Duration {
+    Duration::from_secs(job.job.task.program_args.first_task_creation_timeout_secs)
+}
+
+/// Why a batch goes back when its delivery's init() budget is spent.
+fn init_spent(init_timeout: Duration) -> String {
+    format!(
+        "init() kept failing for first_task_creation_timeout ({} s) under this delivery",
+        init_timeout.as_secs()
+    )
 }

@@ -17,10 +17,10 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics;
 use super::resources::Sampler;
 use crate::infra::{retrying, InfraError};
 use crate::jobs::LoadedJob;
+use batchfleet_common::metrics;
 
 /// Samplers of stopped jobs kept, so that a job whose runtimes start again continues its files.
 const KEEP_STOPPED: usize = 16;
@@ -192,7 +192,9 @@ async fn upload(root: &JobRoot, worker: &str, sampler: &Sampler, last: bool) -> 
     for (name, text) in sampler.buffers.files() {
         let key = root.layout.perf_file(worker, name);
         let bytes = Bytes::from(text.to_owned());
-        let put = || async { root.put(&key, bytes.clone()).await.map_err(InfraError::from) };
+        let put = || async {
+            root.write_perf_file(worker, name, bytes.clone()).await.map_err(InfraError::from)
+        };
         let result =
             if last { retrying("uploading resource usage", put).await } else { put().await };
         if let Err(error) = result {

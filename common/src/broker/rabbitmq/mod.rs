@@ -486,9 +486,9 @@ impl Broker for RabbitMqBroker {
     ) -> Result<(), BrokerError> {
         // Copy first, take the lease after: a failed copy leaves the handle usable.
         let held = self.inner.leases.peek(delivery)?;
-        let session = self.session().await?;
-        let copied =
-            publish::dead_letter_copy(&session, &held.queue, &held.payload, reason).await?;
+        // A channel of its own: publishing to a missing exchange closes it.
+        let channel = self.session().await?.channel().await?;
+        let copied = publish::dead_letter_copy(channel, &held.queue, &held.payload, reason).await?;
         let lease = self.inner.leases.take(delivery)?;
         if copied {
             lease.ack();

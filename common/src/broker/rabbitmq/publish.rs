@@ -8,7 +8,6 @@ use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::error;
 use super::headers;
-use super::session::Session;
 use super::topology::{self, short};
 use crate::broker::BrokerError;
 
@@ -72,9 +71,10 @@ pub(super) fn persistent(properties: BasicProperties) -> BasicProperties {
 
 /// Publish the dead-letter copy of a held message of `queue` to the queue's dead-letter
 /// exchange; `false` when the queue has no dead-letter queue (or it was deleted) and the
-/// message is to be dropped.
+/// message is to be dropped. `channel` is a fresh channel of its own: publishing to a missing
+/// exchange closes it.
 pub(super) async fn dead_letter_copy(
-    session: &Session,
+    channel: Channel,
     queue: &str,
     payload: &[u8],
     reason: &str,
@@ -83,8 +83,6 @@ pub(super) async fn dead_letter_copy(
     let Ok(exchange_name) = short(&exchange) else {
         return Ok(false); // too long to have been declared
     };
-    // A channel of its own: publishing to a missing exchange closes it.
-    let channel = session.channel().await?;
     confirm_mode(&channel).await?;
     let properties = persistent(
         BasicProperties::default().with_headers(headers::dead_letter_copy(reason, queue)),

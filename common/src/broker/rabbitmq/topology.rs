@@ -44,20 +44,10 @@ pub(super) fn short(name: &str) -> Result<ShortString, BrokerError> {
     })
 }
 
-/// Refuse what the embedded broker refuses, and names RabbitMQ could not take.
+/// Refuse what every backend refuses ([`QueueSpec::validate`]), and names RabbitMQ could not
+/// take.
 pub(super) fn validate(spec: &QueueSpec) -> Result<(), BrokerError> {
-    if spec.max_deliveries == Some(0) {
-        return Err(BrokerError::Refused(format!(
-            "queue `{}`: max_deliveries must be at least 1",
-            spec.name
-        )));
-    }
-    if spec.dead_letter_queue.as_deref() == Some(spec.name.as_str()) {
-        return Err(BrokerError::Refused(format!(
-            "queue `{}` cannot be its own dead-letter queue",
-            spec.name
-        )));
-    }
+    spec.validate()?;
     short(&spec.name)?;
     if let Some(dlq) = &spec.dead_letter_queue {
         short(dlq)?;

@@ -37,16 +37,16 @@ pub(super) struct Redrive {
     pub(super) max_receive_count: u32,
 }
 
-/// Refuse what SQS cannot express; the redrive `spec` asks for, if any.
+/// Refuse what every backend refuses ([`QueueSpec::validate`]) and what SQS cannot express;
+/// the redrive `spec` asks for, if any.
 pub(super) fn validate(spec: &QueueSpec) -> Result<Option<Redrive>, BrokerError> {
     let refuse = |why: &str| Err(BrokerError::Refused(format!("queue `{}`: {why}", spec.name)));
+    spec.validate()?;
     sqs_name(&spec.name)?;
     match (spec.max_deliveries, spec.dead_letter_queue.as_deref()) {
-        (Some(0), _) => refuse("max_deliveries must be at least 1"),
         (Some(max), _) if max > MAX_RECEIVE_COUNT => {
             refuse(&format!("SQS allows at most {MAX_RECEIVE_COUNT} deliveries (maxReceiveCount)"))
         }
-        (_, Some(dlq)) if dlq == spec.name => refuse("a queue cannot be its own dead-letter queue"),
         (Some(_), None) => refuse(
             "SQS enforces a delivery limit only by moving messages to a dead-letter queue: \
              name one",

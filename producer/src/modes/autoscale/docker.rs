@@ -3,8 +3,8 @@
 //! Every container the autoscaler creates carries the label `batchfleet.autoscale.fleet=<fleet>`;
 //! it lists, signals and removes only containers with its fleet's label, so it touches no
 //! other container, and a restarted autoscaler finds (adopts) the ones it made. What a running
-//! worker is doing comes from its status file (`batchfleet_worker::health`), read out of the
-//! container through the archive endpoint (no process started in the container).
+//! worker is doing comes from its status file (`batchfleet_common::worker_status`), read out
+//! of the container through the archive endpoint (no process started in the container).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures::TryStreamExt;
 
-use batchfleet_worker::health::{WorkerStatus, STATUS_DIR};
+use batchfleet_common::worker_status::{WorkerStatus, STATUS_DIR};
 
 use super::policy::{Worker, WorkerState};
 use super::AutoscaleError;

@@ -21,11 +21,11 @@ use bytes::Bytes;
 use url::Url;
 
 use batchfleet_common::job::InputValue;
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::spec::{CommandPiece, CommandStep};
 use batchfleet_common::store::local_path;
 
 use super::{staging, StepVerdict};
-use crate::job_root::JobRoot;
 
 /// How many lines of a failed command's log go into its verdict.
 const LOG_TAIL_LINES: usize = 5;
@@ -63,7 +63,7 @@ pub async fn run_step(
     folder: &JobRoot,
     python: StepPython<'_>,
 ) -> (StepVerdict, String) {
-    let log_key = folder.location.child_key(&format!("{name}/log.txt"));
+    let log_key = folder.layout.step_log(name);
     let log_url = folder.key_url(&log_key);
     let staging = match tempfile::Builder::new().prefix("batchfleet-step-").tempdir() {
         Ok(dir) => dir,
@@ -75,7 +75,9 @@ pub async fn run_step(
     let verdict = run(step, staging.path(), &local_log, python.python).await;
     if local_path_of(&log_url).is_none() {
         let uploaded = match std::fs::read(&local_log) {
-            Ok(bytes) => folder.put(&log_key, Bytes::from(bytes)).await.map_err(|e| e.to_string()),
+            Ok(bytes) => {
+                folder.write_step_log(name, Bytes::from(bytes)).await.map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = uploaded {

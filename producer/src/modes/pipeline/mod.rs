@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::spec::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};
 
 pub use command::DEFAULT_TIMEOUT;
@@ -29,20 +30,11 @@ pub use interpreters::Interpreters;
 
 use crate::error::ProducerError;
 use crate::job::confine::AllowList;
-use crate::job::lifecycle::{check_entry_script, store_url, JobReport};
-use crate::job_root::{new_job_id, JobRoot};
+use crate::job::lifecycle::{check_entry_script, locate, new_job_id, store_url, JobReport};
 use crate::modes::run::{run_job, RunOptions};
-use crate::modes::status::locate;
 use crate::modes::submit::{follow_published, publish_loaded, SubmitOptions};
 
-/// The file in the pipeline folder that records how the pipeline ended.
-pub const RESULT_FILE: &str = "pipeline_result.txt";
-/// The resolved pipeline, in its folder (what `resume` runs).
-const RESOLVED_FILE: &str = "pipeline.json";
 /// `<step>/step.json`: how a step ended (`{"succeeded": true, "location": …}`).
-const STEP_FILE: &str = "step.json";
-
-/// `<step>/step.json`.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct StepRecord {
     succeeded: bool,
@@ -162,9 +154,8 @@ pub async fn start_pipeline(
         eprintln!("{warning}");
     }
     check(&pipeline)?;
-    folder.put(&folder.location.child_key("pipeline.yaml"), Bytes::from(file.text.clone())).await?;
     let resolved = serde_json::to_vec_pretty(&pipeline).map_err(ProducerError::internal)?;
-    folder.put(&folder.location.child_key(RESOLVED_FILE), Bytes::from(resolved)).await?;
+    folder.write_pipeline_spec(file.text.clone(), Bytes::from(resolved)).await?;
     Ok(StartedPipeline { pipeline_id, folder, pipeline, text: file.text.clone() })
 }
 
@@ -182,13 +173,13 @@ pub async fn run_started(
 /// Whether `job` (an id under `store`, or a folder) is a pipeline's folder.
 pub async fn is_pipeline_folder(job: &str, store: Option<&str>) -> bool {
     let Ok(folder) = locate(job, store) else { return false };
-    folder.exists(&folder.location.child_key(RESOLVED_FILE)).await.unwrap_or(false)
+    folder.exists(&folder.layout.pipeline_json()).await.unwrap_or(false)
 }
 
 /// How a pipeline ended, when it did: its `pipeline_result.txt`.
 pub async fn finished(job: &str) -> Option<String> {
     let folder = locate(job, None).ok()?;
-    folder.read_text(&folder.location.child_key(RESULT_FILE)).await.ok()?
+    folder.read_text(&folder.layout.pipeline_result()).await.ok()?
 }
 
 /// The store a pipeline folder is in (where its steps' job roots go).
@@ -201,11 +192,12 @@ pub fn store_of(job: &str, store: Option<&str>) -> Result<String, ProducerError>
 
 /// The pipeline as it was resolved when it started (`pipeline.json` in its folder).
 async fn read_resolved(folder: &JobRoot) -> Result<ParsedPipeline, ProducerError> {
-    let key = folder.location.child_key(RESOLVED_FILE);
+    let key = folder.layout.pipeline_json();
     let resolved = folder.read_text(&key).await?.ok_or_else(|| {
         ProducerError::Unsupported(format!(
-            "{}: not a pipeline folder (no {RESOLVED_FILE})",
-            folder.url()
+            "{}: not a pipeline folder (no {})",
+            folder.url(),
+            key.filename().unwrap_or_default()
         ))
     })?;
     serde_json::from_str(&resolved).map_err(|e| {
@@ -234,7 +226,7 @@ pub async fn resume_pipeline(
 ) -> Result<PipelineReport, ProducerError> {
     let folder = locate(job, store)?;
     let pipeline = read_resolved(&folder).await?;
-    if let Some(result) = folder.read_text(&folder.location.child_key(RESULT_FILE)).await? {
+    if let Some(result) = folder.read_text(&folder.layout.pipeline_result()).await? {
         if result.starts_with("succeeded") {
             return Err(ProducerError::Unsupported(format!(
                 "pipeline {} already succeeded; nothing to resume",
@@ -242,11 +234,10 @@ pub async fn resume_pipeline(
             )));
         }
     }
-    let text =
-        folder.read_text(&folder.location.child_key("pipeline.yaml")).await?.unwrap_or_default();
+    let text = folder.read_text(&folder.layout.pipeline_yaml()).await?.unwrap_or_default();
     let mut done = BTreeMap::new();
     for step in &pipeline.steps {
-        let key = folder.location.child_key(&format!("{}/{STEP_FILE}", step.name));
+        let key = folder.layout.step_record(&step.name);
         let Some(record) = folder.read_text(&key).await? else { continue };
         match serde_json::from_str::<StepRecord>(&record) {
             Ok(record) if record.succeeded => {
@@ -329,9 +320,8 @@ async fn run_steps(
         }
         let record =
             StepRecord { succeeded: verdict == StepVerdict::Succeeded, location: location.clone() };
-        let key = folder.location.child_key(&format!("{}/{STEP_FILE}", step.name));
         let record = serde_json::to_vec(&record).map_err(ProducerError::internal)?;
-        folder.put(&key, Bytes::from(record)).await?;
+        folder.write_step_record(&step.name, Bytes::from(record)).await?;
         ended[i] = Some(StepOutcome { name: step.name.clone(), kind, verdict, location });
     }
     let outcomes = steps
@@ -346,14 +336,14 @@ async fn run_steps(
             })
         })
         .collect();
-    let result_key = folder.location.child_key(RESULT_FILE);
+    let result_key = folder.layout.pipeline_result();
     let report = PipelineReport {
         pipeline_id: pipeline_id.clone(),
         folder_url: folder.url(),
         result_url: folder.key_url(&result_key),
         steps: outcomes,
     };
-    folder.put(&result_key, Bytes::from(report.text())).await?;
+    folder.write_pipeline_result(report.text()).await?;
     Ok(report)
 }
 

@@ -126,8 +126,9 @@ impl AttemptRecords {
         }
         let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst);
         let root = &pending.job.root;
-        let key = root.layout.records_file(&self.inner.worker, &self.inner.instance, seq);
-        if let Err(error) = root.put(&key, Bytes::from(text)).await {
+        let (worker, instance) = (&self.inner.worker, &self.inner.instance);
+        if let Err(error) = root.write_records_file(worker, instance, seq, Bytes::from(text)).await
+        {
             tracing::warn!(job_id = %pending.job.job_id, %error, records = pending.records.len(),
                 "writing attempt records failed; they are tried again with the next ones");
             self.keep(pending);

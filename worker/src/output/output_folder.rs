@@ -13,11 +13,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use object_store::ObjectStoreExt;
 use url::Url;
 
 use batchfleet_common::job::{OutputSpec, ResolvedJob};
-use batchfleet_common::store::{self, StoreError, StoreLocation};
+use batchfleet_common::store::{self, transfer, StoreError, StoreLocation};
 
 use crate::infra::{retrying, InfraError};
 
@@ -189,19 +188,7 @@ impl OutputFolder {
         let mut uploaded = 0;
         for (local, rel) in files_under(staging)? {
             let key = location.child_key(&rel);
-            let bytes = tokio::fs::read(&local)
-                .await
-                .map_err(|e| InfraError::io(format!("reading {}", local.display()), e))?;
-            let bytes = Bytes::from(bytes);
-            retrying("upload an output file", || async {
-                location
-                    .store
-                    .put(&key, bytes.clone().into())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| InfraError::from(StoreError::io("put", &key, e)))
-            })
-            .await?;
+            transfer::upload_file(location, &key, &local, "upload an output file").await?;
             tokio::fs::remove_file(&local)
                 .await
                 .map_err(|e| InfraError::io(format!("removing {}", local.display()), e))?;
@@ -232,10 +219,9 @@ pub(crate) async fn publish_after_shutdown(
     if missing.is_empty() {
         return;
     }
-    let key = job.root.layout.missing_outputs().join(format!("{worker}-{runtime}"));
     let text = format!("worker {worker}, runtime {runtime}: {missing}");
     let written = retrying("record the missing output", || async {
-        Ok(job.root.put(&key, Bytes::from(text.clone())).await?)
+        Ok(job.root.write_missing_outputs(worker, runtime, Bytes::from(text.clone())).await?)
     })
     .await;
     if let Err(error) = written {

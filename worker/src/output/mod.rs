@@ -1,13 +1,20 @@
 //! What a worker writes for a batch under the job root: its result part, its status and
 //! failure records, and what it reads back (claim-checked items). The protocol itself is
 //! `common::job_root::JobRoot`'s; this module wraps it in the worker's on-the-spot retries.
-//! Batch events are in `events`, user logs in `user_logs`.
+//! Beside it: `job_events` (what the job's producer is told), `attempt_records` (each
+//! attempt's phase timestamps), `output_folder` (the script's own output folders), `user_logs`
+//! (the script's stdout and stderr).
 //!
 //! Exactly-once output: every attempt uploads its rows to its own part
 //! (`results/<batch>.<part>`), then writes the batch's status *create-only*. The first
 //! successful attempt to create the status wins and its part is the batch's output; a later
 //! attempt finds the status there, deletes its own part and settles the message. A crash
 //! between the two writes leaves only an unreferenced part, never a duplicated row.
+
+pub(crate) mod attempt_records;
+pub(crate) mod job_events;
+pub(crate) mod output_folder;
+pub(crate) mod user_logs;
 
 use std::path::{Path, PathBuf};
 
@@ -62,7 +69,7 @@ pub(crate) async fn claim_items(
         Ok(job.root.read_claimed_items(items_ref).await?)
     })
     .await?;
-    let key = job.root.layout.relative(&items_ref.key);
+    let key = job.root.layout.claimed_items(items_ref);
     message.restore_claimed(&bytes).map_err(|e| {
         InfraError::io(
             format!("the item list at {key}"),

@@ -19,7 +19,7 @@ use batchfleet_common::table::records::{read_first_line, read_records};
 use batchfleet_common::table::{TableBatch, TableFormat, TablePiece};
 
 use crate::infra::{retrying, InfraError};
-use crate::materialize::{batch_folder, Materialized};
+use crate::input::materialize::{batch_folder, Materialized};
 use crate::runtime::protocol::{TablePieceRequest, TableRequest};
 
 /// Header lines kept per slot before the cache starts over.

@@ -5,8 +5,9 @@
 //! taking new work (`run` stops its in-process workers, which write their records and logs
 //! into the job root; `submit` stops following, the fleet keeps what it holds, and the
 //! runtimes it knows run are left on the events queue for the resuming producer), writes
-//! [`MARKER`] so that `batchfleet status` says at once that the job was interrupted, and ends
-//! with [`ProducerError::Interrupted`], whose one line says how to finish the job (exit 130).
+//! `control/interrupted` so that `batchfleet status` says at once that the job was
+//! interrupted, and ends with [`ProducerError::Interrupted`], whose one line says how to finish
+//! the job (exit 130).
 //! A second signal ends the process at once. Commands that never call [`listen`] keep the
 //! default signal behaviour.
 
@@ -20,10 +21,7 @@ use batchfleet_common::message::{JobEvent, QueueNames};
 
 use crate::error::ProducerError;
 use crate::job::tracker::Tracker;
-use crate::job_root::JobRoot;
-
-/// Under the job root: written when a signal stopped the job's producer (its text says which).
-pub const MARKER: &str = "control/interrupted";
+use batchfleet_common::job_root::JobRoot;
 
 /// The exit code of a command stopped by a signal (128 + SIGINT, as a shell reports it).
 pub const EXIT_CODE: u8 = 130;
@@ -98,14 +96,14 @@ pub async fn hand_over_runtimes(broker: &dyn Broker, job_id: &str, tracker: &Tra
 }
 
 /// Mark the job interrupted in its root and make the error that says how to finish it.
-/// `resume` is the command that does (see `status::resume_command`).
+/// `resume` is the command that does (see `fleet_note::resume_command`).
 pub async fn interrupted(root: &JobRoot, resume: String) -> ProducerError {
     let signal = SIGNAL.get().copied().unwrap_or("a signal");
     let text = format!(
         "interrupted by {signal} at {} (ms since the epoch)\nfinish it with: {resume}\n",
         batchfleet_common::status::now_ms()
     );
-    if let Err(error) = root.put(&root.layout.relative(MARKER), Bytes::from(text)).await {
+    if let Err(error) = root.mark_interrupted(text).await {
         tracing::warn!(%error, "could not mark the job interrupted in its root");
     }
     ProducerError::Interrupted { job_id: root.job_id.clone(), resume }

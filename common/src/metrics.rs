@@ -1,19 +1,21 @@
 //! Every Prometheus metric batchfleet exports (`--metrics-addr`): the names, what they mean,
-//! and the one function that records each. Workers record here; the producer (`run`,
-//! `submit`) records its job progress here too, so that the names live in one place
-//! (docs/metrics.md lists them with example alerts). The storage metrics are counted inside
-//! common's `JobRoot` (`batchfleet_common::job_root::metrics`) and only described here.
+//! and the one function that records each, so that the names live in one place
+//! (docs/metrics.md lists them with example alerts). Workers record their attempts, slots and
+//! deliveries; the producer (`run`, `submit`) records its job progress; a [`JobRoot`] counts
+//! its store traffic (the storage metrics).
 //!
 //! Recording goes through the `metrics` facade: without an exporter installed (no
 //! `--metrics-addr`) every call is a no-op. No label carries a batch id, an attempt or a pid.
+//!
+//! [`JobRoot`]: crate::job_root::JobRoot
 
 use std::net::SocketAddr;
 
-use batchfleet_common::job_root::metrics as storage;
-use batchfleet_common::records::AttemptRecord;
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
-use metrics::{SharedString, Unit};
+use ::metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use ::metrics::{SharedString, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+
+use crate::records::AttemptRecord;
 
 /// Attempts at mini-batches that ended, by `outcome` (`succeeded`, `failed`, `given_back`,
 /// `cancelled`).
@@ -40,6 +42,13 @@ pub const REDELIVERIES: &str = "batchfleet_broker_redeliveries_total";
 pub const DEAD_LETTERS: &str = "batchfleet_dead_letters_total";
 /// Resource usage samples written (`--resource_monitor_interval`), by `result`.
 pub const RESOURCE_SAMPLES: &str = "batchfleet_resource_samples_total";
+/// Requests to the store, by `operation` (`put`, `get`, `head`, `delete`, `list`, `create`)
+/// and `result` (`ok`, `not_found`, `already_exists`, `error`).
+pub const STORAGE_REQUESTS: &str = "batchfleet_storage_requests_total";
+/// Create-only puts (statuses) that found the key already there: another attempt or the
+/// dead-letter router was first.
+pub const STORAGE_CREATE_CONFLICTS: &str = "batchfleet_storage_create_conflicts_total";
+
 /// The producer's job: mini-batches planned so far (final once planning is complete).
 pub const JOB_BATCHES_PLANNED: &str = "batchfleet_job_batches_planned";
 /// The producer's job: mini-batches with a final status (succeeded or failed).
@@ -99,12 +108,12 @@ fn describe() {
     describe_counter!(DEAD_LETTERS, Unit::Count, "Messages this worker dead-lettered");
     describe_counter!(RESOURCE_SAMPLES, Unit::Count, "Resource usage samples, by result");
     describe_counter!(
-        storage::STORAGE_REQUESTS,
+        STORAGE_REQUESTS,
         Unit::Count,
         "Requests to a job root's store, by operation and result"
     );
     describe_counter!(
-        storage::STORAGE_CREATE_CONFLICTS,
+        STORAGE_CREATE_CONFLICTS,
         Unit::Count,
         "Create-only status writes that found the status already there"
     );
@@ -218,9 +227,34 @@ pub fn job_progress(job_id: &str, planned: u64, ended: u64, failed: u64) {
     gauge!(JOB_BATCHES_FAILED, "job_id" => job_id).set(failed as f64);
 }
 
+/// The `result` label of a store call's outcome.
+pub(crate) fn result_label<T>(result: &Result<T, object_store::Error>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(object_store::Error::NotFound { .. }) => "not_found",
+        Err(object_store::Error::AlreadyExists { .. }) => "already_exists",
+        Err(_) => "error",
+    }
+}
+
+/// Count one store request.
+pub(crate) fn observe<T>(operation: &'static str, result: &Result<T, object_store::Error>) {
+    request(operation, result_label(result));
+}
+
+/// Count one store request whose outcome is already a label.
+pub(crate) fn request(operation: &'static str, result: &'static str) {
+    counter!(STORAGE_REQUESTS, "operation" => operation, "result" => result).increment(1);
+}
+
+/// Count a create-only put that found its key taken.
+pub(crate) fn create_conflict() {
+    counter!(STORAGE_CREATE_CONFLICTS).increment(1);
+}
+
 #[cfg(test)]
 mod tests {
-    use batchfleet_common::records::AttemptOutcome;
+    use crate::records::AttemptOutcome;
 
     use super::*;
 
@@ -285,7 +319,7 @@ mod tests {
             .unwrap()
             .build_recorder();
         let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
+        ::metrics::with_local_recorder(&recorder, || {
             attempt_finished(&record());
             attempt_finished(&AttemptRecord { outcome: AttemptOutcome::Failed, ..record() });
             delivered(1);
@@ -314,5 +348,19 @@ mod tests {
             assert!(text.lines().any(|line| line == expected), "no `{expected}` in:\n{text}");
         }
         assert!(!text.contains("00000007"), "no per-batch label: {text}");
+    }
+
+    #[test]
+    fn outcomes_get_their_labels() {
+        let not_found: Result<(), _> =
+            Err(object_store::Error::NotFound { path: "k".into(), source: "gone".into() });
+        let exists: Result<(), _> =
+            Err(object_store::Error::AlreadyExists { path: "k".into(), source: "there".into() });
+        let other: Result<(), _> =
+            Err(object_store::Error::Generic { store: "s", source: "broken".into() });
+        assert_eq!(result_label(&Ok::<_, object_store::Error>(())), "ok");
+        assert_eq!(result_label(&not_found), "not_found");
+        assert_eq!(result_label(&exists), "already_exists");
+        assert_eq!(result_label(&other), "error");
     }
 }

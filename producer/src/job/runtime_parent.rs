@@ -48,7 +48,7 @@ fn script_text(python: &Path) -> String {
     format!(
         "#!/bin/sh\n\
          # Written by batchfleet: the parent of one entry-script runtime (see the producer's\n\
-         # modes/runtime_parent.rs).\n\
+         # job/runtime_parent.rs).\n\
          {} \"$@\"\n\
          status=$?\n\
          if [ \"$status\" -gt 128 ] && [ \"$status\" -lt 160 ]; then\n  \

@@ -7,19 +7,22 @@ use bytes::Bytes;
 use crate::infra::{retrying, InfraError};
 use crate::jobs::LoadedJob;
 
-/// Upload a local file to `key` under the job root.
+/// Upload a local file as the user log `file` of `worker_id` under the job root.
 async fn upload(
     job: &LoadedJob,
     local: &Path,
-    key: &object_store::path::Path,
+    worker_id: &str,
+    file: &str,
 ) -> Result<(), InfraError> {
     let bytes = Bytes::from(
         tokio::fs::read(local)
             .await
             .map_err(|e| InfraError::io(format!("reading {}", local.display()), e))?,
     );
-    retrying("write to the job root", || async { Ok(job.root.put(key, bytes.clone()).await?) })
-        .await
+    retrying("write to the job root", || async {
+        Ok(job.root.write_user_log(worker_id, file, bytes.clone()).await?)
+    })
+    .await
 }
 
 /// Write this worker's captured WARN/ERROR lines of the job (every line for a DEBUG job) to
@@ -33,7 +36,7 @@ pub(crate) async fn upload_sys_log(job: &LoadedJob, worker_id: &str) {
     let key = job.root.layout.sys_log(worker_id);
     let bytes = Bytes::from(text);
     let written = retrying("write to the job root", || async {
-        Ok(job.root.put(&key, bytes.clone()).await?)
+        Ok(job.root.write_sys_log(worker_id, bytes.clone()).await?)
     })
     .await;
     if let Err(error) = written {
@@ -97,7 +100,7 @@ async fn upload_one(job: &LoadedJob, worker_id: &str, local: &Path, file: &str) 
         return;
     }
     let key = job.root.layout.user_log(worker_id, file);
-    match upload(job, local, &key).await {
+    match upload(job, local, worker_id, file).await {
         Ok(()) => {
             tracing::debug!(job_id = %job.job_id, key = %key, "user log uploaded");
             if let Err(error) = tokio::fs::remove_file(local).await {

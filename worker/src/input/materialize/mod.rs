@@ -16,12 +16,10 @@
 use std::path::{Path, PathBuf};
 
 use batchfleet_common::job::{InputKind, InputMode, InputSpec};
-use batchfleet_common::store::{self, StoreLocation};
-use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
+use batchfleet_common::store::{self, transfer, StoreLocation};
 use url::Url;
 
-use crate::infra::{retrying, InfraError};
+use crate::infra::InfraError;
 use crate::runtime::protocol::TableRequest;
 
 mod copies;
@@ -46,9 +44,6 @@ pub(crate) enum InputBase {
     /// `mode: direct` on an object store: items are passed as URLs.
     Direct(Url),
 }
-
-/// Downloads in flight at once for one batch.
-const PARALLEL_DOWNLOADS: usize = 8;
 
 impl InputBase {
     /// Items are copied from a local folder (the case a slot's memory folder serves).
@@ -140,7 +135,7 @@ pub(crate) async fn materialize(
             let paths = items
                 .iter()
                 .map(|item| {
-                    safe_parts(item)?;
+                    transfer::safe_parts(item)?;
                     url.join(item).map(|u| u.to_string()).map_err(|e| {
                         InfraError::io(
                             format!("input key `{item}`"),
@@ -176,30 +171,12 @@ pub(crate) fn batch_folder(scratch: &Path, prefix: &str) -> Result<tempfile::Tem
 }
 
 /// Download every object under `location` into `folder`, keeping their relative paths;
-/// returns how many there were.
+/// returns how many there were (common's `store::transfer`, retried on the spot).
 pub(crate) async fn download_folder(
     location: &StoreLocation,
     folder: &Path,
 ) -> Result<usize, InfraError> {
-    let objects: Vec<object_store::ObjectMeta> = retrying("list a folder", || async {
-        location
-            .store
-            .list(Some(&location.prefix))
-            .try_collect()
-            .await
-            .map_err(|e| InfraError::from(store::StoreError::io("list", &location.prefix, e)))
-    })
-    .await?;
-    let prefix = format!("{}/", location.prefix);
-    let items: Vec<String> = objects
-        .iter()
-        .map(|meta| {
-            let key = meta.location.as_ref();
-            key.strip_prefix(&prefix).unwrap_or(key).to_string()
-        })
-        .collect();
-    download_into(location, &items, folder).await?;
-    Ok(items.len())
+    Ok(transfer::download_folder(location, folder).await?)
 }
 
 /// Download `items` (keys relative to `location`) into `folder`, keeping their relative paths;
@@ -209,58 +186,12 @@ pub(crate) async fn download_into(
     items: &[String],
     folder: &Path,
 ) -> Result<Vec<PathBuf>, InfraError> {
-    let locals = items.iter().map(|item| join_item(folder, item)).collect::<Result<Vec<_>, _>>()?;
-    let jobs: Vec<(String, PathBuf)> = items.iter().cloned().zip(locals.iter().cloned()).collect();
-    futures::stream::iter(jobs)
-        .map(|(item, local)| download_one(location.clone(), item, local))
-        .buffer_unordered(PARALLEL_DOWNLOADS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(locals)
-}
-
-async fn download_one(
-    location: StoreLocation,
-    item: String,
-    local: PathBuf,
-) -> Result<(), InfraError> {
-    let key = location.child_key(&item);
-    let bytes = retrying("download input", || async {
-        let got =
-            location.store.get(&key).await.map_err(|e| store::StoreError::io("get", &key, e))?;
-        got.bytes().await.map_err(|e| InfraError::from(store::StoreError::io("read", &key, e)))
-    })
-    .await?;
-    if let Some(parent) = local.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| InfraError::io(format!("creating {}", parent.display()), e))?;
-    }
-    tokio::fs::write(&local, &bytes)
-        .await
-        .map_err(|e| InfraError::io(format!("writing {}", local.display()), e))
+    Ok(transfer::download_into(location, items, folder).await?)
 }
 
 /// `folder` joined with a `/`-separated item path that must stay inside it.
 pub(crate) fn join_item(folder: &Path, item: &str) -> Result<PathBuf, InfraError> {
-    Ok(safe_parts(item)?.into_iter().fold(folder.to_path_buf(), |p, part| p.join(part)))
-}
-
-/// The parts of an object key, refusing one that would escape the folder it is placed in.
-fn safe_parts(item: &str) -> Result<Vec<&str>, InfraError> {
-    let escapes = item.starts_with('/')
-        || item.contains('\\')
-        || item.split('/').any(|part| part == ".." || part == ".");
-    if escapes {
-        return Err(InfraError::io(
-            format!("input key `{item}`"),
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "it would land outside the batch's folder (absolute, `.` or `..` parts); refused",
-            ),
-        ));
-    }
-    Ok(item.split('/').filter(|part| !part.is_empty()).collect())
+    Ok(transfer::join_item(folder, item)?)
 }
 
 fn path_string(path: &Path) -> String {

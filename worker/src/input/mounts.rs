@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use url::Url;
 
 use crate::infra::InfraError;
-use crate::output_folder::{path_string, RuntimeOutputs};
+use crate::output::output_folder::{path_string, RuntimeOutputs};
 
 /// Why a binding could not be given to the script.
 #[derive(Debug, thiserror::Error)]
@@ -178,7 +178,7 @@ async fn download(
     let local = match spec.kind {
         InputKind::UriFile => download_file(&location, &target).await?,
         InputKind::UriFolder | InputKind::Mltable => {
-            let files = crate::materialize::download_folder(&location, &target).await?;
+            let files = crate::input::materialize::download_folder(&location, &target).await?;
             if files == 0 {
                 return Err(InfraError::from(StoreError::InvalidLocation {
                     location: spec.url.clone(),
@@ -195,16 +195,7 @@ async fn download(
 
 /// One object, as `<target>/<its file name>`.
 async fn download_file(location: &StoreLocation, target: &Path) -> Result<PathBuf, InfraError> {
-    let name = location.prefix.filename().unwrap_or("file").to_string();
-    let parent = location.prefix.parts().collect::<Vec<_>>();
-    let mut folder = location.clone();
-    folder.prefix = parent[..parent.len().saturating_sub(1)].iter().cloned().collect();
-    crate::materialize::download_into(&folder, std::slice::from_ref(&name), target)
-        .await?
-        .pop()
-        .ok_or_else(|| {
-            InfraError::io("downloading a file input", std::io::Error::other("nothing downloaded"))
-        })
+    Ok(store::transfer::download_file(location, target).await?)
 }
 
 /// A path as the script gets it: absolute, without a trailing `/`.

@@ -10,17 +10,17 @@ use clap::{Args, Parser, Subcommand};
 use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
 
 use crate::error::ProducerError;
-use crate::job::lifecycle::JobReport;
-use crate::modes::pipeline::{
+use crate::flows::pipeline::{
     is_pipeline_folder, resume_pipeline, run_pipeline, store_of, Fleet, Interpreters,
     PipelineReport,
 };
+use crate::flows::watch::{watch, WatchOptions};
+use crate::job::lifecycle::JobReport;
 use crate::modes::profile::ProfileOptions;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::run::{run_embedded, RunOptions};
 use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{submit, SubmitOptions, Submitted, DEFAULT_CONSUMER_TIMEOUT};
-use crate::modes::watch::{watch, WatchOptions};
 
 /// Exit codes of `run`, `submit` and `resume`, shown under their `--help`.
 const JOB_EXIT_CODES: &str = "Exit codes:
@@ -189,7 +189,7 @@ pub enum Command {
         /// Seconds of this watcher's claim leases (renewed every third of it). A claim that
         /// another watcher has not renewed for this long (or its own longer lease) is taken over.
         #[arg(long, env = "BATCHFLEET_CLAIM_LEASE",
-            default_value_t = crate::modes::watch::DEFAULT_CLAIM_LEASE.as_secs())]
+            default_value_t = crate::flows::watch::DEFAULT_CLAIM_LEASE.as_secs())]
         claim_lease: u64,
         /// Start even when the store fails the create-only race check run at start (several
         /// concurrent create-only puts to one key, exactly one must win): exactly-once output

@@ -6,6 +6,10 @@ use batchfleet_common::spec::SpecError;
 use batchfleet_common::store::StoreError;
 use batchfleet_common::ErrorKind;
 
+/// The exit code of a command Ctrl-C or SIGTERM stopped (`job::interrupt`): 128 + SIGINT, as
+/// a shell reports it.
+pub const INTERRUPTED_EXIT_CODE: u8 = 130;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
     #[error(transparent)]
@@ -18,7 +22,7 @@ pub enum ProducerError {
     JobRoot(#[from] JobRootError),
     /// A place the job names is outside the allow-list (`--allow`, `watch`).
     #[error(transparent)]
-    Confined(#[from] crate::job::confine::ConfineError),
+    Confined(#[from] ConfineError),
     #[error("input `{input}` ({url}) holds no files: there is nothing to run")]
     EmptyInput { input: String, url: String },
     #[error("input `{input}` ({url}) does not exist")]
@@ -98,11 +102,36 @@ impl ProducerError {
     /// input); 1 for a job that ran and failed or broke; 130 for one a signal interrupted.
     pub fn exit_code(&self) -> u8 {
         if let ProducerError::Interrupted { .. } = self {
-            return crate::job::interrupt::EXIT_CODE;
+            return INTERRUPTED_EXIT_CODE;
         }
         match self.kind() {
             ErrorKind::Config | ErrorKind::InputData => 2,
             ErrorKind::UserCode | ErrorKind::Infra => 1,
         }
     }
+}
+
+/// Why a place a job names is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// The place (or what it resolves to) is under no allowed prefix.
+    #[error(
+        "{key}: `{place}`{via} is outside the allow-list ({allowed}); add its prefix with \
+         --allow PREFIX to let jobs reach it"
+    )]
+    Outside { key: String, place: String, via: String, allowed: String },
+    /// A relative path in a job file read from a store (a manifest): it has no folder.
+    #[error(
+        "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative path \
+         has no folder to be relative to"
+    )]
+    Relative { key: String },
+    /// A local place could not be resolved or listed to be checked.
+    #[error("{key}: `{place}` could not be checked against the allow-list: {source}")]
+    Unreadable {
+        key: String,
+        place: String,
+        #[source]
+        source: Box<StoreError>,
+    },
 }

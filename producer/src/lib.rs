@@ -2,7 +2,9 @@
 //! end, aggregates the output and writes the job result. The `batchfleet` binary is a thin
 //! shell over [`cli`].
 //!
-//! - [`modes`]: the commands (`run`, `submit`, `resume`, `watch`, `status`, pipeline files);
+//! - [`flows`]: the commands made of other commands (`watch`, pipeline files);
+//! - [`modes`]: the commands that each run or look at one job (`run`, `submit`, `resume`,
+//!   `status`, `profile`, `copy`, `autoscale`);
 //! - [`job`]: the stages of one parallel job (plan, follow, track, aggregate, verdict);
 //! - [`infra`]: the producer's broker (connection, steady wrapper), settings;
 //! - [`report`]: where a job's time went (attempt records → `batchfleet profile`'s page and trace);
@@ -11,6 +13,7 @@
 
 pub mod cli;
 pub mod error;
+pub mod flows;
 pub mod infra;
 pub mod job;
 pub mod modes;

@@ -22,33 +22,9 @@ use url::Url;
 use batchfleet_common::job::{InputKind, InputSpec, InputValue, ResolvedJob};
 use batchfleet_common::store::{self, resolved_path, StoreError};
 
+pub use crate::error::ConfineError;
 use crate::error::ProducerError;
 use crate::job::plan_table::{table_files, table_paths};
-
-/// Why a place a job names is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfineError {
-    /// The place (or what it resolves to) is under no allowed prefix.
-    #[error(
-        "{key}: `{place}`{via} is outside the allow-list ({allowed}); add its prefix with \
-         --allow PREFIX to let jobs reach it"
-    )]
-    Outside { key: String, place: String, via: String, allowed: String },
-    /// A relative path in a job file read from a store (a manifest): it has no folder.
-    #[error(
-        "{key}: a manifest's paths must be URLs (s3://…) or absolute paths; a relative path \
-         has no folder to be relative to"
-    )]
-    Relative { key: String },
-    /// A local place could not be resolved or listed to be checked.
-    #[error("{key}: `{place}` could not be checked against the allow-list: {source}")]
-    Unreadable {
-        key: String,
-        place: String,
-        #[source]
-        source: Box<StoreError>,
-    },
-}
 
 /// One allowed prefix: a canonical local folder, or a store URL prefix ending with `/`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -23,8 +23,7 @@ use crate::error::ProducerError;
 use crate::job::tracker::Tracker;
 use batchfleet_common::job_root::JobRoot;
 
-/// The exit code of a command stopped by a signal (128 + SIGINT, as a shell reports it).
-pub const EXIT_CODE: u8 = 130;
+pub use crate::error::INTERRUPTED_EXIT_CODE as EXIT_CODE;
 
 fn token() -> &'static CancellationToken {
     static TOKEN: OnceLock<CancellationToken> = OnceLock::new();

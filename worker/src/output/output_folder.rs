@@ -16,6 +16,7 @@ use bytes::Bytes;
 use url::Url;
 
 use batchfleet_common::job::{OutputSpec, ResolvedJob};
+use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::store::{self, transfer, StoreError, StoreLocation};
 
 use crate::infra::{retrying, InfraError};
@@ -203,7 +204,7 @@ impl OutputFolder {
 /// so that the job's result names them instead of saying a plain `succeeded`.
 pub(crate) async fn publish_after_shutdown(
     outputs: &RuntimeOutputs,
-    job: &crate::jobs::LoadedJob,
+    root: &JobRoot,
     worker: &str,
     // The runtime's user log's name: unique on the worker.
     runtime: &str,
@@ -211,7 +212,7 @@ pub(crate) async fn publish_after_shutdown(
     let mut missing = String::new();
     for (url, folder) in &outputs.folders {
         if let Err(error) = folder.publish().await {
-            tracing::warn!(job_id = %job.job_id, output = %url, %error,
+            tracing::warn!(job_id = %root.job_id, output = %url, %error,
                 "storing the output files shutdown() wrote failed");
             missing.push_str(&format!("{url}: {error}\n"));
         }
@@ -221,11 +222,11 @@ pub(crate) async fn publish_after_shutdown(
     }
     let text = format!("worker {worker}, runtime {runtime}: {missing}");
     let written = retrying("record the missing output", || async {
-        Ok(job.root.write_missing_outputs(worker, runtime, Bytes::from(text.clone())).await?)
+        Ok(root.write_missing_outputs(worker, runtime, Bytes::from(text.clone())).await?)
     })
     .await;
     if let Err(error) = written {
-        tracing::error!(job_id = %job.job_id, %error,
+        tracing::error!(job_id = %root.job_id, %error,
             "could not record in the job root that shutdown()'s output is missing");
     }
 }

@@ -328,7 +328,8 @@ impl Slot {
         }
         // What shutdown() wrote (a summary, a last model) is stored as run()'s output is.
         let worker_id = &self.shared.config.worker_id;
-        publish_after_shutdown(&active.outputs, &active.job, worker_id, &active.log_name).await;
+        publish_after_shutdown(&active.outputs, &active.job.root, worker_id, &active.log_name)
+            .await;
         user_logs::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name)
             .await;
         self.log_uploaded(&active.job).await;

@@ -1,5 +1,5 @@
 //! Pipeline manifests under `watch`: a `type: pipeline` manifest runs as a pipeline
-//! ([`crate::modes::pipeline`]), its folder recorded in `<manifest>.job.json`
+//! ([`crate::flows::pipeline`]), its folder recorded in `<manifest>.job.json`
 //! (`"pipeline": true`); a watcher that takes one over resumes the pipeline.
 
 use object_store::path::Path;
@@ -10,7 +10,7 @@ use batchfleet_common::spec;
 use super::claims::{HeldClaim, Written};
 use super::{beside, failed_resume, invalid, ManifestResult, StartedJob, WatchOptions, Work};
 use crate::error::ProducerError;
-use crate::modes::pipeline;
+use crate::flows::pipeline;
 use crate::modes::submit::SubmitOptions;
 
 /// Why a watcher without `--python` takes no pipeline with a command step.

@@ -33,10 +33,10 @@ use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::flows::pipeline;
 use crate::infra::broker::{producer_broker, remove_events_queue};
 use crate::job::confine::AllowList;
 use crate::job::lifecycle::JobReport;
-use crate::modes::pipeline;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::status::{job_status, JobStatus};
 use crate::modes::submit::{follow_published, publish_job, Published, SubmitOptions};

@@ -555,6 +555,8 @@ fn a_watcher_killed_for_good_is_taken_over_once_its_lease_runs_out_and_the_job_e
     assert_eq!(result["generation"], 1, "{result}");
     assert_eq!(result["job_id"], published["job_id"], "B finished A's job: {result}");
     job.assert_ran_once();
+    // The line is logged just after the result is written: wait for it, then count.
+    b.wait_for_line(&["manifest processed"], Duration::from_secs(30), "B's processed line");
     assert_eq!(b.lines_with("manifest processed"), 1, "one result written:\n{}", b.log());
     assert_eq!(a.lines_with("manifest processed"), 0, "{}", a.log());
 }

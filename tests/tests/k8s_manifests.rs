@@ -7,6 +7,7 @@
 //!   in the manifest with a reason; a deliberately weakened copy in the same run must fail;
 //! - then what neither can say (`k8s_manifests/rules.rs`): the hardening of every pod, the
 //!   credentials kept from user code, and the scaling numbers derived from the longest batch.
+//!
 //! A deliberately broken copy of each kind must be refused by the schemas.
 //!
 //! Needs `infra/k8s-validate` (infra/run-tests runs it): the venv `target/k8s-validate`

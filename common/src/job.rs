@@ -40,6 +40,10 @@ pub struct ResolvedJob {
     pub environment_variables: BTreeMap<String, String>,
     /// `compute`, accepted and recorded; batchfleet runs where its workers run.
     pub compute: Option<String>,
+    /// The job was checked against an allow-list (`watch`, `run`/`submit --allow`): its entry
+    /// script never inherits the workers' store credentials (docs/security.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confined: bool,
 }
 
 impl ResolvedJob {

@@ -26,6 +26,7 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
+use batchfleet_worker::runtime::environment::StorageKeys;
 use batchfleet_worker::{health, Worker, WorkerConfig};
 
 /// Exit code for a usage or configuration error (bad URL, bad option).
@@ -109,6 +110,12 @@ struct Args {
     /// `0.0.0.0:9464` in a container); off by default. docs/metrics.md lists them.
     #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Whether entry scripts inherit this worker's store credentials (AWS_*, AZURE_*,
+    /// GOOGLE_*): `inherit` (default) or `none` (a job then passes its own keys in its
+    /// `environment_variables`). Jobs confined to an allow-list (`watch`, `--allow`) never
+    /// inherit them; broker credentials never reach a script (docs/security.md).
+    #[arg(long, env = "BATCHFLEET_SCRIPT_STORAGE_KEYS", value_enum, default_value = "inherit")]
+    script_storage_keys: StorageKeys,
     /// Health check (a container's HEALTHCHECK): exit 0 when a worker using the same scratch
     /// folder still runs and wrote its status file (`<scratch dir>/status/<pid>.json`, at least
     /// every 5 s) in the last 20 s.
@@ -225,6 +232,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         python: args.python.clone(),
         scratch_dir,
         idle_exit: args.idle_exit.map(Duration::from_secs),
+        script_storage_keys: args.script_storage_keys,
     };
     let (scratch, id) = (config.scratch_dir.clone(), config.worker_id.clone());
     let mut worker = Worker::new(Arc::clone(&broker), config)

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::jobs::JobCache;
 use crate::output::attempt_records::AttemptRecords;
 use crate::output::job_events::BatchEvents;
+use crate::runtime::environment::StorageKeys;
 use crate::telemetry::ResourceMonitors;
 
 /// How a worker runs.
@@ -33,6 +34,9 @@ pub struct WorkerConfig {
     pub scratch_dir: PathBuf,
     /// Stop after this long without any message received while no slot is busy.
     pub idle_exit: Option<Duration>,
+    /// Whether entry scripts inherit this worker's store credentials (a job confined to an
+    /// allow-list never does): `runtime::environment`.
+    pub script_storage_keys: StorageKeys,
 }
 
 /// What a worker did, returned when it stops.

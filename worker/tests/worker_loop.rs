@@ -107,6 +107,7 @@ impl Fleet {
                 self.path("markers").display().to_string(),
             )]),
             compute: None,
+            confined: false,
         }
     }
 
@@ -147,6 +148,7 @@ impl Fleet {
             python,
             scratch_dir: self.path("scratch"),
             idle_exit: None,
+            script_storage_keys: Default::default(),
         }
     }
 

@@ -94,6 +94,7 @@ pub fn start_workers(
             python: python.clone(),
             scratch_dir: scratch.join(format!("worker-{instance}")),
             idle_exit: None,
+            script_storage_keys: Default::default(),
         };
         let prestart = Prestart { job_id: root.job_id.clone(), job_root: root.url() };
         let worker = Worker::new(Arc::clone(broker), config)

@@ -62,6 +62,7 @@ pub async fn run_job(
     check_fits_this_machine(&job, available_cores())?;
     if let Some(allow) = &options.allow {
         confine::check_job(&job, allow).await?;
+        job.confined = true;
     }
     let started_ms = batchfleet_common::status::now_ms();
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)

@@ -123,6 +123,7 @@ pub async fn publish_loaded(
     check_backend_limits(&job, kind, &options.rabbitmq)?;
     if let Some(allow) = &options.allow {
         confine::check_job(&job, allow).await?;
+        job.confined = true;
     }
     let code = shippable_code(&job)?;
     let broker = connect_broker(options).await?;

@@ -5,6 +5,7 @@
 //! connection) runs once per process, as in Azure. It is disposable all the same: after a
 //! timeout or a crash the caller drops it and starts a fresh one.
 
+pub mod environment;
 mod error;
 mod interpreter;
 mod process;
@@ -105,8 +106,11 @@ pub struct RuntimeConfig {
     pub entry_script: String,
     /// `sys.argv[1:]` of the entry script.
     pub script_args: Vec<String>,
-    /// Added to the worker's own environment.
+    /// Added to the worker's own environment, of which the runtime inherits what
+    /// [`environment`] lets through under `storage_keys`.
     pub env: BTreeMap<String, String>,
+    /// Whether the worker's store credentials reach the runtime ([`environment`]).
+    pub storage_keys: environment::StorageKeys,
     /// The process runs in a fresh temporary folder created under this one (removed when the
     /// process stops), so relative paths never collide between processes.
     pub work_dir: PathBuf,

@@ -398,6 +398,7 @@ impl Drop for RuntimeProcess {
 /// The command that starts the runtime's interpreter with the driver.
 fn command(config: &RuntimeConfig, work_dir: &Path, token: &str) -> Command {
     let mut command = Command::new(&config.python);
+    super::environment::scrub(&mut command, config.storage_keys);
     command
         .args(["-c", super::DRIVER_START])
         .arg(config.driver.parent().unwrap_or(Path::new(".")))

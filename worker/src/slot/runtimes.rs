@@ -247,6 +247,7 @@ impl Slot {
             log_path: log_path.clone(),
             init_timeout,
             read_only,
+            storage_keys: self.shared.config.script_storage_keys.for_job(job.job.confined),
         };
         let started = Instant::now();
         match RuntimeProcess::start(&config).await {

@@ -62,6 +62,7 @@ impl Scratch {
             log_path: self.path().join("logs").join("user.txt"),
             init_timeout: Duration::from_secs(60),
             read_only: Vec::new(),
+            storage_keys: Default::default(),
         }
     }
 }

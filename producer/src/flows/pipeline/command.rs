@@ -246,6 +246,9 @@ fn shell(line: &str) -> tokio::process::Command {
     let bash = ["/bin/bash", "/usr/bin/bash"].into_iter().find(|p| Path::new(p).exists());
     let mut command = tokio::process::Command::new(bash.unwrap_or("sh"));
     command.arg("-c").arg(line).kill_on_drop(true);
+    // A command step is user code too: batchfleet's broker credentials never reach it (its
+    // staging goes through this process, so store keys reach it as they reach `run`'s scripts).
+    batchfleet_worker::runtime::environment::scrub(&mut command, Default::default());
     command
 }
 

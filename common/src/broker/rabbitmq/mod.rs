@@ -287,7 +287,7 @@ impl Broker for RabbitMqBroker {
         if let Some(dlq) = &spec.dead_letter_queue {
             self.ready_count(&session, dlq).await?;
         }
-        let channel = session.channel().await?;
+        let mut channel = session.channel().await?;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
         let declared = channel
             .queue_declare(short(&spec.name)?, durable, topology::arguments(spec, self.inner.quorum_size))
@@ -295,6 +295,16 @@ impl Broker for RabbitMqBroker {
             .map_err(|e| error::on_declare(&e, &spec.name));
         match (declared, topology::legacy_unlimited_arguments(spec, self.inner.quorum_size)) {
             (Ok(_), _) => {}
+            (Err(BrokerError::QueueMismatch { detail, .. }), _)
+                if detail.contains(topology::QUORUM_SIZE_ARGUMENT) =>
+            {
+                // The size matters only when a queue is created: one that exists with another
+                // (or none) is used as it is.
+                self.ready_count(&session, &spec.name).await?;
+                channel = session.channel().await?; // the refused declare closed the other
+                tracing::debug!(queue = %spec.name, %detail,
+                    "queue exists with another replication size; used as it is");
+            }
             (Err(mismatch @ BrokerError::QueueMismatch { .. }), Some(legacy)) => {
                 // Declared by an older batchfleet without an explicit limit: used as it is.
                 let channel = session.channel().await?;

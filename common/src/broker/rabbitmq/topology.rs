@@ -13,8 +13,10 @@
 //! - `x-quorum-initial-group-size` is sent only when a size is set
 //!   ([`RabbitMqOptions::quorum_size`](super::RabbitMqOptions::quorum_size),
 //!   `BATCHFLEET_QUORUM_SIZE`): without it RabbitMQ replicates a queue over
-//!   `quorum_cluster_size` nodes (3 by default), or every node of a smaller cluster. A queue
-//!   declared before with another size is a `QueueMismatch` (RabbitMQ checks the argument).
+//!   `quorum_cluster_size` nodes (3 by default), or every node of a smaller cluster. The size
+//!   counts only when a queue is created: RabbitMQ refuses a declare whose size differs from
+//!   the queue's (or that has none when the queue has one), and such a queue is used as it is
+//!   (`RabbitMqBroker::declare_queue`), so processes given different sizes, or none, share it.
 //! - Dead-lettering uses RabbitMQ's default `at-most-once` strategy.
 //! - `max_deliveries = None` is declared as an explicit limit of [`UNLIMITED_DELIVERIES`]:
 //!   RabbitMQ 3.x sets no limit when the argument is absent, but 4.x gives every quorum queue a
@@ -31,6 +33,9 @@ use crate::broker::{BrokerError, QueueSpec};
 
 /// The prefix of the per-queue dead-letter exchange.
 const DEAD_LETTER_EXCHANGE_PREFIX: &str = "batchfleet.dlx.";
+
+/// The argument that sets how many nodes a quorum queue is replicated over at its creation.
+pub(super) const QUORUM_SIZE_ARGUMENT: &str = "x-quorum-initial-group-size";
 
 /// The `x-delivery-limit` of a queue declared without a delivery limit: so large that it is
 /// never reached (a dead letter nack-requeued once a second would take 31 years), and explicit
@@ -74,7 +79,7 @@ fn arguments_but_the_limit(spec: &QueueSpec, quorum_size: Option<u16>) -> FieldT
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), long_string("quorum"));
     if let Some(size) = quorum_size {
-        arguments.insert("x-quorum-initial-group-size".into(), AMQPValue::LongLongInt(size.into()));
+        arguments.insert(QUORUM_SIZE_ARGUMENT.into(), AMQPValue::LongLongInt(size.into()));
     }
     if let Some(dlq) = &spec.dead_letter_queue {
         arguments.insert(

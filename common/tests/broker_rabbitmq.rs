@@ -310,9 +310,12 @@ async fn handles_of_another_broker_are_refused() {
 async fn a_queue_created_with_a_quorum_size_is_shared_by_brokers_given_another_or_none() {
     let queue = format!("{}-sized", unique_prefix("quorum"));
     let sized = |size| async move {
-        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { quorum_size: size, ..options() })
-            .await
-            .unwrap()
+        RabbitMqBroker::connect_with(
+            &amqp_url(),
+            RabbitMqOptions { quorum_size: size, ..options() },
+        )
+        .await
+        .unwrap()
     };
     let three = sized(Some(3)).await;
     three.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();

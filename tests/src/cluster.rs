@@ -118,9 +118,7 @@ pub fn queue_leader(queue: &str) -> Option<(usize, Vec<usize>)> {
 
 /// Wait (bounded) until `queue` exists on the cluster and has a leader.
 pub fn await_leader(queue: &str) -> (usize, Vec<usize>) {
-    eventually(Duration::from_secs(60), &format!("a leader for `{queue}`"), || {
-        queue_leader(queue)
-    })
+    eventually(Duration::from_secs(60), &format!("a leader for `{queue}`"), || queue_leader(queue))
 }
 
 fn pid_file(node: usize) -> PathBuf {

@@ -39,8 +39,7 @@ pub(super) fn run(fault: Fault, dir: &Path, jobs: &Path) -> Result<ClusterRun, S
     ];
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     // The first worker declares the pool's queues from node 0: their leader is placed there.
-    let mut workers: Vec<WorkerProcess> =
-        vec![pool.worker_with_env(dir, "w0", 2, &[], &env_refs)];
+    let mut workers: Vec<WorkerProcess> = vec![pool.worker_with_env(dir, "w0", 2, &[], &env_refs)];
     let (leader, members) = await_leader(&pool.work_queue());
     if members.len() != NODES {
         return Err(format!("the work queue has members {members:?}, not all {NODES} nodes"));

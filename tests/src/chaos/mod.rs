@@ -87,7 +87,10 @@ impl Fault {
     }
 
     pub fn parse(name: &str) -> Option<Fault> {
-        std::iter::once(Fault::None).chain(Fault::ALL).chain(Fault::CLUSTER).find(|f| f.name() == name)
+        std::iter::once(Fault::None)
+            .chain(Fault::ALL)
+            .chain(Fault::CLUSTER)
+            .find(|f| f.name() == name)
     }
 
     /// The store faults need a tmpfs, so root.

@@ -290,7 +290,11 @@ impl Broker for RabbitMqBroker {
         let mut channel = session.channel().await?;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
         let declared = channel
-            .queue_declare(short(&spec.name)?, durable, topology::arguments(spec, self.inner.quorum_size))
+            .queue_declare(
+                short(&spec.name)?,
+                durable,
+                topology::arguments(spec, self.inner.quorum_size),
+            )
             .await
             .map_err(|e| error::on_declare(&e, &spec.name));
         match (declared, topology::legacy_unlimited_arguments(spec, self.inner.quorum_size)) {

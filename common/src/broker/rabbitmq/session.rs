@@ -273,10 +273,7 @@ impl Sessions {
                         endpoint.redacted
                     ));
                 }
-                BrokerError::Connection(format!(
-                    "cannot connect to {}: {e}",
-                    endpoint.redacted
-                ))
+                BrokerError::Connection(format!("cannot connect to {}: {e}", endpoint.redacted))
             })?;
         tracing::info!(broker = %endpoint.redacted, connection = %self.connection_name,
             "connected to RabbitMQ");

@@ -132,7 +132,8 @@ mod tests {
             arguments.inner().get("x-delivery-limit"),
             Some(&AMQPValue::LongLongInt(UNLIMITED_DELIVERIES))
         );
-        let legacy = legacy_unlimited_arguments(&QueueSpec::plain("dead"), None).expect("unlimited");
+        let legacy =
+            legacy_unlimited_arguments(&QueueSpec::plain("dead"), None).expect("unlimited");
         assert_eq!(legacy.inner().get("x-delivery-limit"), None);
         assert_eq!(legacy.inner().get("x-queue-type"), Some(&long_string("quorum")));
     }

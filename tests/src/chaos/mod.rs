@@ -7,7 +7,9 @@
 //! then `resume`, dropped broker connections (also under batches of `max_retries: 0` caught
 //! mid-run: `lease-loss`) and a broker outage (through a TCP proxy the
 //! campaign owns: the machine's RabbitMQ is never restarted), and the job root read-only or full
-//! for a few seconds (a small tmpfs the campaign mounts: root only).
+//! for a few seconds (a small tmpfs the campaign mounts: root only). On the three-node cluster
+//! of `infra/rabbitmq-cluster` ([`Fault::CLUSTER`], module `cluster_faults`): the work queue's
+//! leader killed, another node stopped, the node of some workers killed.
 //!
 //! `tests/tests/chaos.rs` runs a short campaign in the test suite; `bench`-style long runs:
 //! `cargo run -p batchfleet-tests --bin chaos -- --runs 20` (docs/chaos.md).

@@ -307,6 +307,45 @@ async fn handles_of_another_broker_are_refused() {
 }
 
 #[tokio::test]
+async fn a_queue_created_with_a_quorum_size_is_shared_by_brokers_given_another_or_none() {
+    let queue = format!("{}-sized", unique_prefix("quorum"));
+    let sized = |size| async move {
+        RabbitMqBroker::connect_with(
+            &amqp_url(),
+            RabbitMqOptions { quorum_size: size, ..options() },
+        )
+        .await
+        .unwrap()
+    };
+    let three = sized(Some(3)).await;
+    three.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    for other in [sized(None).await, sized(Some(2)).await] {
+        other.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+        other.publish(&queue, vec![Bytes::from("a")]).await.unwrap();
+        let delivery = receive_one(&other, &queue, LONG).await;
+        other.ack(&delivery.handle).await.unwrap();
+    }
+    cleanup(&three, &[&queue]).await;
+}
+
+#[tokio::test]
+async fn a_node_list_connects_to_the_first_node_that_answers() {
+    let options = RabbitMqOptions { connect_attempts: 1, ..options() };
+    let list = format!("amqp://guest:s3cret@127.0.0.1:1/%2f,{}", amqp_url());
+    let broker = RabbitMqBroker::connect_with(&list, options.clone()).await.unwrap();
+    let queue = format!("{}-list", unique_prefix("nodes"));
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    cleanup(&broker, &[&queue]).await;
+
+    let none = "amqp://guest:s3cret@127.0.0.1:1/%2f,amqp://guest:s3cret@127.0.0.1:2/%2f";
+    let err = RabbitMqBroker::connect_with(none, options).await.unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, BrokerError::Connection(_)), "{err:?}");
+    assert!(message.contains("none of the 2 RabbitMQ nodes answered"), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+}
+
+#[tokio::test]
 async fn an_unreachable_broker_is_a_transient_connection_error_without_the_password() {
     let options = RabbitMqOptions { connect_attempts: 1, ..RabbitMqOptions::default() };
     let err = RabbitMqBroker::connect_with("amqp://guest:s3cret@127.0.0.1:1/%2f", options)

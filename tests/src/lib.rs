@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 pub mod bench;
 pub mod chaos;
+pub mod cluster;
 pub mod fleet;
 pub mod proxy;
 pub mod venv;

@@ -8,6 +8,12 @@
 //! - Anything else is refused naming only the scheme: a broker URL carries a password, and
 //!   errors end up in logs.
 //!
+//! - A RabbitMQ cluster is a comma-separated list of `amqp://` URLs, one per node: a
+//!   connection goes to the first that answers and moves on when its node goes.
+//!   `BATCHFLEET_RABBITMQ_MANAGEMENT` (comma-separated `http://` URLs) names the nodes'
+//!   management APIs when they are not on each node's host at port 15672, and
+//!   `BATCHFLEET_QUORUM_SIZE` the number of nodes each queue is replicated over when declared.
+//!
 //! Options that only one backend has live in that backend's part of [`ConnectOptions`]
 //! ([`RabbitMqConnect`]); they are read, and checked, only when the URL names that backend.
 
@@ -86,7 +92,11 @@ pub async fn connect(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broke
 async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>, BrokerError> {
     use super::rabbitmq::{RabbitMqBroker, RabbitMqOptions};
     let defaults = RabbitMqOptions::default();
+    let management_url = std::env::var(MANAGEMENT_ENV).ok().filter(|url| !url.trim().is_empty());
+    let quorum_size = quorum_size_from_env()?;
     let options = RabbitMqOptions {
+        management_url,
+        quorum_size,
         connection_name: options.connection_name,
         prefetch: options.rabbitmq.prefetch.unwrap_or(defaults.prefetch),
         prefetch_limit: options.rabbitmq.prefetch_limit.unwrap_or(defaults.prefetch_limit),
@@ -94,6 +104,31 @@ async fn rabbitmq(url: &str, options: ConnectOptions) -> Result<Arc<dyn Broker>,
         ..defaults
     };
     Ok(Arc::new(RabbitMqBroker::connect_with(url, options).await?))
+}
+
+/// The management API URLs of a RabbitMQ broker, comma-separated, when not each AMQP node's
+/// host at port 15672.
+pub const MANAGEMENT_ENV: &str = "BATCHFLEET_RABBITMQ_MANAGEMENT";
+/// The number of nodes each RabbitMQ queue is replicated over when declared
+/// (`x-quorum-initial-group-size`); unset: RabbitMQ's default.
+pub const QUORUM_SIZE_ENV: &str = "BATCHFLEET_QUORUM_SIZE";
+
+/// `BATCHFLEET_QUORUM_SIZE`, checked: a whole number from 1 to 255.
+pub fn quorum_size_from_env() -> Result<Option<u16>, BrokerError> {
+    match std::env::var(QUORUM_SIZE_ENV) {
+        Ok(value) if !value.trim().is_empty() => parse_quorum_size(&value).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn parse_quorum_size(value: &str) -> Result<u16, BrokerError> {
+    match value.trim().parse::<u16>() {
+        Ok(size @ 1..=255) => Ok(size),
+        _ => Err(BrokerError::BadUrl(format!(
+            "{QUORUM_SIZE_ENV}=`{}` is not a number of nodes from 1 to 255",
+            value.chars().filter(|c| !c.is_control()).take(32).collect::<String>()
+        ))),
+    }
 }
 
 #[cfg(not(feature = "rabbitmq"))]
@@ -121,8 +156,12 @@ fn printable(scheme: &str) -> String {
     scheme.chars().filter(|c| !c.is_control()).take(32).collect()
 }
 
-/// A broker URL safe to print: scheme, user, host, port and path, never the password.
+/// A broker URL safe to print: scheme, user, host, port and path, never the password; each
+/// node of a comma-separated cluster list alike.
 pub fn redact(url: &str) -> String {
+    if url.contains(',') {
+        return url.split(',').map(|one| redact(one.trim())).collect::<Vec<_>>().join(",");
+    }
     match url::Url::parse(url) {
         Ok(mut parsed) => {
             if parsed.password().is_some() {
@@ -172,5 +211,17 @@ mod tests {
         let shown = redact("amqp://bob:s3cret@rabbit:5672/%2f");
         assert_eq!(shown, "amqp://bob:***@rabbit:5672/%2f");
         assert_eq!(redact("amqp://bob:s3cret@host:notaport/"), "amqp://…");
+        assert_eq!(
+            redact("amqp://a:s3cret@r0:5680/%2f, amqp://b:s3cret@r1:5681/%2f"),
+            "amqp://a:***@r0:5680/%2f,amqp://b:***@r1:5681/%2f"
+        );
+    }
+
+    #[test]
+    fn quorum_sizes_are_checked() {
+        assert_eq!(parse_quorum_size(" 3 ").unwrap(), 3);
+        let err = parse_quorum_size("0").unwrap_err().to_string();
+        assert!(err.contains("BATCHFLEET_QUORUM_SIZE=`0`"), "{err}");
+        assert!(parse_quorum_size("three").is_err());
     }
 }

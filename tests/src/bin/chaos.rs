@@ -35,7 +35,7 @@ struct Options {
 /// `--fault NAME`: one of the faults' names.
 fn fault(name: &str) -> Result<Fault, String> {
     Fault::parse(name).ok_or_else(|| {
-        let names: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).collect();
+        let names: Vec<&str> = Fault::ALL.iter().chain(&Fault::CLUSTER).map(|f| f.name()).collect();
         format!("unknown; one of {}", names.join(", "))
     })
 }

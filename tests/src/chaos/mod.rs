@@ -7,11 +7,14 @@
 //! then `resume`, dropped broker connections (also under batches of `max_retries: 0` caught
 //! mid-run: `lease-loss`) and a broker outage (through a TCP proxy the
 //! campaign owns: the machine's RabbitMQ is never restarted), and the job root read-only or full
-//! for a few seconds (a small tmpfs the campaign mounts: root only).
+//! for a few seconds (a small tmpfs the campaign mounts: root only). On the three-node cluster
+//! of `infra/rabbitmq-cluster` ([`Fault::CLUSTER`], module `cluster_faults`): the work queue's
+//! leader killed, another node stopped, the node of some workers killed.
 //!
 //! `tests/tests/chaos.rs` runs a short campaign in the test suite; `bench`-style long runs:
 //! `cargo run -p batchfleet-tests --bin chaos -- --runs 20` (docs/chaos.md).
 
+mod cluster_faults;
 mod run;
 mod soak;
 
@@ -41,6 +44,13 @@ pub enum Fault {
     StoreReadOnly,
     /// The job root's file system full for 3 s.
     StoreFull,
+    /// On the three-node cluster: kill -9 of the node leading the work queue, started again.
+    LeaderKill,
+    /// On the cluster: a node other than the work queue's leader stopped for the rest of the job.
+    NodeStop,
+    /// On the cluster: kill -9 of the node two of the three workers are connected to (not the
+    /// leader), started again.
+    WorkerNodeKill,
 }
 
 impl Fault {
@@ -54,6 +64,14 @@ impl Fault {
         Fault::StoreFull,
     ];
 
+    /// The faults on the three-node cluster (`infra/rabbitmq-cluster`); the long campaign runs
+    /// them with `--fault`, the test suite in tests/tests/rabbitmq_cluster.rs.
+    pub const CLUSTER: [Fault; 3] = [Fault::LeaderKill, Fault::NodeStop, Fault::WorkerNodeKill];
+
+    pub fn on_cluster(self) -> bool {
+        Fault::CLUSTER.contains(&self)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Fault::None => "none",
@@ -64,11 +82,17 @@ impl Fault {
             Fault::LeaseLoss => "lease-loss",
             Fault::StoreReadOnly => "store-readonly",
             Fault::StoreFull => "store-full",
+            Fault::LeaderKill => "leader-kill",
+            Fault::NodeStop => "node-stop",
+            Fault::WorkerNodeKill => "worker-node-kill",
         }
     }
 
     pub fn parse(name: &str) -> Option<Fault> {
-        std::iter::once(Fault::None).chain(Fault::ALL).find(|f| f.name() == name)
+        std::iter::once(Fault::None)
+            .chain(Fault::ALL)
+            .chain(Fault::CLUSTER)
+            .find(|f| f.name() == name)
     }
 
     /// The store faults need a tmpfs, so root.
@@ -96,8 +120,16 @@ impl CampaignReport {
         for (fault, runs) in &self.faults {
             let failed: Vec<&RunReport> = runs.iter().filter(|r| r.failure.is_some()).collect();
             let walls: Vec<Duration> = runs.iter().map(|r| r.wall).collect();
+            let lost: Vec<Duration> = runs.iter().filter_map(|r| r.lost).collect();
+            let lost = if lost.is_empty() {
+                String::new()
+            } else {
+                let each: Vec<String> =
+                    lost.iter().map(|l| format!("{:.1}", l.as_secs_f64())).collect();
+                format!("; time lost {} (s: {})", times(&lost), each.join(" "))
+            };
             text.push_str(&format!(
-                "{}: {} passed, {} failed; {}\n",
+                "{}: {} passed, {} failed; {}{lost}\n",
                 fault.name(),
                 runs.len() - failed.len(),
                 failed.len(),
@@ -149,6 +181,10 @@ pub fn campaign(faults: &[Fault], runs: usize) -> CampaignReport {
     let bound = slowest * 3 + Duration::from_secs(15);
     let root = nix::unistd::Uid::effective().is_root();
     for &fault in faults {
+        if fault.on_cluster() && !crate::cluster::require_cluster() {
+            report.skipped.push((fault, "the RabbitMQ cluster does not answer".into()));
+            continue;
+        }
         if fault.needs_root() && !root {
             report.skipped.push((fault, "needs root (it mounts a tmpfs)".into()));
             continue;

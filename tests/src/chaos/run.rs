@@ -12,11 +12,11 @@ use crate::proxy::Proxy;
 use crate::{binary, describe, python};
 
 /// Input files of the job (mini-batches of 2: 60 batches).
-const ITEMS: usize = 120;
+pub(super) const ITEMS: usize = 120;
 /// How long a fault that lasts lasts (an outage, a read-only or full store).
 const FAULT_LASTS: Duration = Duration::from_secs(3);
 /// The longest any step of a run may take before the run counts as hung.
-const STEP_LIMIT: Duration = Duration::from_secs(300);
+pub(super) const STEP_LIMIT: Duration = Duration::from_secs(300);
 
 /// The entry script: `run()` sleeps `per_file` seconds per file and returns the file names.
 fn script(per_file: f64) -> String {
@@ -33,6 +33,7 @@ fn script(per_file: f64) -> String {
 fn job_shape(fault: Fault) -> (u32, f64) {
     match fault {
         Fault::LeaseLoss => (0, 0.25),
+        Fault::LeaderKill | Fault::NodeStop | Fault::WorkerNodeKill => (0, 0.1),
         _ => (3, 0.02),
     }
 }
@@ -46,12 +47,16 @@ pub struct RunReport {
     pub wall: Duration,
     /// Why the run is not exact or took too long; `None`: it passed.
     pub failure: Option<String>,
+    /// The time the fault cost (cluster faults): the longest gap between two batch ends less
+    /// the median gap.
+    pub lost: Option<Duration>,
 }
 
 /// Run the job once under `fault`; a run slower than `bound` fails.
 pub fn run_once(fault: Fault, number: usize, bound: Option<Duration>) -> RunReport {
     let started = Instant::now();
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| attempt(fault)));
+    let mut lost = None;
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| attempt(fault, &mut lost)));
     let (wall, failure) = match outcome {
         Ok(Ok(wall)) => match bound {
             Some(bound) if wall > bound => (
@@ -74,15 +79,22 @@ pub fn run_once(fault: Fault, number: usize, bound: Option<Duration>) -> RunRepo
             (started.elapsed(), Some(text))
         }
     };
-    RunReport { fault, number, wall, failure }
+    RunReport { fault, number, wall, failure, lost }
 }
 
-fn attempt(fault: Fault) -> Result<Duration, String> {
+fn attempt(fault: Fault, lost: &mut Option<Duration>) -> Result<Duration, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let store = dir.path().join("store");
     std::fs::create_dir_all(&store).map_err(|e| e.to_string())?;
     let _tmpfs = if fault.needs_root() { Some(Tmpfs::mount(&store)?) } else { None };
     write_job(dir.path(), &store, fault)?;
+    if fault.on_cluster() {
+        let jobs = store.join("jobs");
+        let run = super::cluster_faults::run(fault, dir.path(), &jobs)?;
+        *lost = run.lost;
+        check(&run.output, &jobs, &store.join("out/rows.txt"))?;
+        return Ok(run.wall);
+    }
 
     let target = url::Url::parse(&amqp_url()).map_err(|e| e.to_string())?;
     let mut proxy = Proxy::new(&format!(
@@ -157,6 +169,9 @@ fn attempt(fault: Fault) -> Result<Duration, String> {
             std::thread::sleep(FAULT_LASTS);
             remount(&store, "rw")?;
             finish_bounded(submit.take(), STEP_LIMIT)
+        }
+        Fault::LeaderKill | Fault::NodeStop | Fault::WorkerNodeKill => {
+            unreachable!("cluster faults are run by cluster_faults")
         }
         Fault::StoreFull => {
             ended(10);
@@ -256,7 +271,7 @@ fn first_lines(text: &str) -> String {
     text.lines().take(12).collect::<Vec<_>>().join("\n")
 }
 
-fn one_job_root(jobs: &Path) -> Result<PathBuf, String> {
+pub(super) fn one_job_root(jobs: &Path) -> Result<PathBuf, String> {
     let roots: Vec<PathBuf> = std::fs::read_dir(jobs)
         .map_err(|e| format!("{}: {e}", jobs.display()))?
         .flatten()
@@ -269,7 +284,7 @@ fn one_job_root(jobs: &Path) -> Result<PathBuf, String> {
     }
 }
 
-fn count_statuses(jobs: &Path) -> usize {
+pub(super) fn count_statuses(jobs: &Path) -> usize {
     let Ok(roots) = std::fs::read_dir(jobs) else { return 0 };
     roots
         .flatten()
@@ -289,10 +304,10 @@ fn pick(n: usize) -> usize {
 
 /// The run's `submit`, killed when the run ends before it was waited for (a failed step must
 /// not leave a producer behind, parked on a proxy and a tmpfs that are gone).
-struct Submitted(Option<std::process::Child>);
+pub(super) struct Submitted(pub(super) Option<std::process::Child>);
 
 impl Submitted {
-    fn take(&mut self) -> std::process::Child {
+    pub(super) fn take(&mut self) -> std::process::Child {
         self.0.take().expect("the run's submit is taken once")
     }
 }

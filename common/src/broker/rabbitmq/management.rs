@@ -11,6 +11,7 @@
 //! Plain HTTP only (ureq without a TLS stack): an `https://` management URL is refused with a
 //! message saying so.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -23,19 +24,124 @@ use crate::broker::{BrokerError, QueueDepth};
 const DEFAULT_PORT: u16 = 15672;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A client of one broker's management API, for one vhost.
-pub(super) struct Management {
-    /// Without credentials: safe to show.
+/// One node's management API, without credentials in `base` (safe to show).
+struct Api {
     base: Url,
     authorization: String,
+}
+
+/// A client of a broker's management API, for one vhost: of each node the broker URL lists
+/// (or each URL given), asked in turn from the one that answered last.
+pub(super) struct Management {
+    apis: Vec<Api>,
+    /// The API asked first: the last that answered.
+    first: AtomicUsize,
     vhost: String,
     agent: ureq::Agent,
 }
 
 impl Management {
-    /// `url` when given (credentials in it win over the AMQP ones), else the AMQP host on port
-    /// 15672 with the AMQP credentials.
-    pub(super) fn new(endpoint: &Endpoint, url: Option<&str>) -> Result<Self, BrokerError> {
+    /// `urls` when given (comma-separated; credentials in one win over the AMQP ones), else
+    /// each AMQP node's host on port 15672 with the AMQP credentials.
+    pub(super) fn new(endpoints: &[Endpoint], urls: Option<&str>) -> Result<Self, BrokerError> {
+        let Some(first) = endpoints.first() else {
+            return Err(BrokerError::Refused("the broker URL lists no AMQP address".into()));
+        };
+        let apis = match urls {
+            Some(urls) => urls
+                .split(',')
+                .map(str::trim)
+                .filter(|url| !url.is_empty())
+                .map(|url| Api::new(first, Some(url)))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => endpoints
+                .iter()
+                .map(|endpoint| Api::new(endpoint, None))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if apis.is_empty() {
+            return Err(BrokerError::Refused("the management URL lists no address".into()));
+        }
+        let config = ureq::Agent::config_builder()
+            .timeout_global(Some(TIMEOUT))
+            .http_status_as_error(false)
+            .build();
+        Ok(Management {
+            apis,
+            first: AtomicUsize::new(0),
+            vhost: first.uri.vhost.clone(),
+            agent: ureq::Agent::new_with_config(config),
+        })
+    }
+
+    /// GET `segments` of the first API that answers at all; the error of the last when none
+    /// does. Returns the answer and the base that gave it (for messages).
+    async fn ask(&self, segments: &[&str]) -> Result<(u16, String, Url), (String, Url)> {
+        let count = self.apis.len();
+        let first = self.first.load(Ordering::Relaxed);
+        let mut last = (String::new(), self.apis[first % count].base.clone());
+        for index in (0..count).map(|n| (first + n) % count) {
+            let api = &self.apis[index];
+            let url = match api_url(&api.base, segments) {
+                Ok(url) => url,
+                Err(error) => return Err((error.to_string(), api.base.clone())),
+            };
+            let (agent, authorization) = (self.agent.clone(), api.authorization.clone());
+            let answer = tokio::task::spawn_blocking(move || get(&agent, &url, &authorization))
+                .await
+                .map_err(|e| (format!("the call did not finish: {e}"), api.base.clone()))?;
+            match answer {
+                Ok((status, body)) => {
+                    self.first.store(index, Ordering::Relaxed);
+                    return Ok((status, body, api.base.clone()));
+                }
+                Err(error) => last = (error.to_string(), api.base.clone()),
+            }
+        }
+        Err(last)
+    }
+
+    /// Ready + unacked as of RabbitMQ's last statistics; `None` while the queue has none yet
+    /// (it was declared moments ago) or the API does not know it (yet).
+    pub(super) async fn depth(&self, queue: &str) -> Result<Option<QueueDepth>, BrokerError> {
+        match self.ask(&["api", "queues", &self.vhost, queue]).await {
+            Ok((200, body, _)) => parse_depth(&body),
+            Ok((404, _, _)) => Ok(None),
+            Ok((401 | 403, _, shown)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} refused the credentials (the user needs the \
+                 `monitoring` or `management` tag)"
+            ))),
+            Ok((status, _, shown)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} answered HTTP {status} for queue `{queue}`"
+            ))),
+            Err((error, shown)) => Err(BrokerError::Connection(format!(
+                "the management API at {shown} did not answer ({error}); queue depth needs the \
+                 rabbitmq_management plugin (`rabbitmq-plugins enable rabbitmq_management`)"
+            ))),
+        }
+    }
+
+    /// The client-provided names of the broker's connections (all vhosts the user may see).
+    pub(super) async fn connection_names(&self) -> Result<Vec<String>, BrokerError> {
+        match self.ask(&["api", "connections"]).await {
+            Ok((200, body, _)) => parse_connection_names(&body),
+            Ok((status, _, shown)) => Err(BrokerError::Refused(format!(
+                "the management API at {shown} answered HTTP {status} for the connections"
+            ))),
+            Err((error, shown)) => Err(BrokerError::Connection(format!(
+                "the management API at {shown} did not answer ({error})"
+            ))),
+        }
+    }
+
+    #[cfg(test)]
+    fn queue_url(&self, queue: &str) -> Result<Url, BrokerError> {
+        api_url(&self.apis[0].base, &["api", "queues", &self.vhost, queue])
+    }
+}
+
+impl Api {
+    fn new(endpoint: &Endpoint, url: Option<&str>) -> Result<Self, BrokerError> {
         let amqp = &endpoint.uri.authority;
         let mut base = match url {
             Some(url) => Url::parse(url)
@@ -59,85 +165,22 @@ impl Management {
         let _ = base.set_password(None);
         let credentials =
             base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
-        let config = ureq::Agent::config_builder()
-            .timeout_global(Some(TIMEOUT))
-            .http_status_as_error(false)
-            .build();
-        Ok(Management {
-            base,
-            authorization: format!("Basic {credentials}"),
-            vhost: endpoint.uri.vhost.clone(),
-            agent: ureq::Agent::new_with_config(config),
-        })
+        Ok(Api { base, authorization: format!("Basic {credentials}") })
     }
+}
 
-    /// Ready + unacked as of RabbitMQ's last statistics; `None` while the queue has none yet
-    /// (it was declared moments ago) or the API does not know it (yet).
-    pub(super) async fn depth(&self, queue: &str) -> Result<Option<QueueDepth>, BrokerError> {
-        let url = self.queue_url(queue)?;
-        let (agent, authorization, shown) =
-            (self.agent.clone(), self.authorization.clone(), self.base.clone());
-        let answer =
-            tokio::task::spawn_blocking(move || get(&agent, &url, &authorization)).await.map_err(
-                |e| BrokerError::Connection(format!("management API call did not finish: {e}")),
-            )?;
-        match answer {
-            Ok((200, body)) => parse_depth(&body),
-            Ok((404, _)) => Ok(None),
-            Ok((401 | 403, _)) => Err(BrokerError::Refused(format!(
-                "the management API at {shown} refused the credentials (the user needs the \
-                 `monitoring` or `management` tag)"
-            ))),
-            Ok((status, _)) => Err(BrokerError::Refused(format!(
-                "the management API at {shown} answered HTTP {status} for queue `{queue}`"
-            ))),
-            Err(error) => Err(BrokerError::Connection(format!(
-                "the management API at {shown} did not answer ({error}); queue depth needs the \
-                 rabbitmq_management plugin (`rabbitmq-plugins enable rabbitmq_management`)"
-            ))),
-        }
+fn api_url(base: &Url, segments: &[&str]) -> Result<Url, BrokerError> {
+    if base.scheme() != "http" {
+        return Err(BrokerError::Refused(format!(
+            "management URL {base}: only http:// is supported (this build has no TLS for it)"
+        )));
     }
-
-    /// The client-provided names of the broker's connections (all vhosts the user may see).
-    pub(super) async fn connection_names(&self) -> Result<Vec<String>, BrokerError> {
-        let url = self.api_url(&["api", "connections"])?;
-        let (agent, authorization, shown) =
-            (self.agent.clone(), self.authorization.clone(), self.base.clone());
-        let answer =
-            tokio::task::spawn_blocking(move || get(&agent, &url, &authorization)).await.map_err(
-                |e| BrokerError::Connection(format!("management API call did not finish: {e}")),
-            )?;
-        match answer {
-            Ok((200, body)) => parse_connection_names(&body),
-            Ok((status, _)) => Err(BrokerError::Refused(format!(
-                "the management API at {shown} answered HTTP {status} for the connections"
-            ))),
-            Err(error) => Err(BrokerError::Connection(format!(
-                "the management API at {shown} did not answer ({error})"
-            ))),
-        }
-    }
-
-    fn queue_url(&self, queue: &str) -> Result<Url, BrokerError> {
-        self.api_url(&["api", "queues", &self.vhost, queue])
-    }
-
-    fn api_url(&self, segments: &[&str]) -> Result<Url, BrokerError> {
-        if self.base.scheme() != "http" {
-            return Err(BrokerError::Refused(format!(
-                "management URL {}: only http:// is supported (this build has no TLS for it)",
-                self.base
-            )));
-        }
-        let mut url = self.base.clone();
-        url.path_segments_mut()
-            .map_err(|()| {
-                BrokerError::Refused(format!("management URL {} cannot take a path", self.base))
-            })?
-            .pop_if_empty()
-            .extend(segments);
-        Ok(url)
-    }
+    let mut url = base.clone();
+    url.path_segments_mut()
+        .map_err(|()| BrokerError::Refused(format!("management URL {base} cannot take a path")))?
+        .pop_if_empty()
+        .extend(segments);
+    Ok(url)
 }
 
 fn get(agent: &ureq::Agent, url: &Url, authorization: &str) -> Result<(u16, String), ureq::Error> {
@@ -211,8 +254,8 @@ fn percent_decode(value: &str) -> String {
 mod tests {
     use super::*;
 
-    fn endpoint(url: &str) -> Endpoint {
-        Endpoint::parse(url).unwrap()
+    fn endpoint(url: &str) -> Vec<Endpoint> {
+        super::super::session::parse_endpoints(url).unwrap()
     }
 
     #[test]
@@ -229,7 +272,7 @@ mod tests {
         let management = Management::new(&endpoint("amqp://bob:pw@rabbit:5672/%2f"), None).unwrap();
         let url = management.queue_url("jobs/1 work").unwrap();
         assert_eq!(url.as_str(), "http://rabbit:15672/api/queues/%2F/jobs%2F1%20work");
-        assert_eq!(management.authorization, "Basic Ym9iOnB3");
+        assert_eq!(management.apis[0].authorization, "Basic Ym9iOnB3");
     }
 
     #[test]
@@ -241,8 +284,22 @@ mod tests {
         .unwrap();
         let url = management.queue_url("work").unwrap();
         assert_eq!(url.as_str(), "http://proxy:8080/rabbitmq/api/queues/prod/work");
-        assert!(!management.base.as_str().contains("s3cret"));
+        assert!(!management.apis[0].base.as_str().contains("s3cret"));
         assert_eq!(percent_decode("a%2Bb+c%zz"), "a+b+c%zz");
+    }
+
+    #[test]
+    fn a_cluster_has_an_api_per_node() {
+        let management =
+            Management::new(&endpoint("amqp://a:b@r0/%2f,amqp://a:b@r1/%2f"), None).unwrap();
+        let bases: Vec<_> = management.apis.iter().map(|api| api.base.to_string()).collect();
+        assert_eq!(bases, ["http://r0:15672/", "http://r1:15672/"]);
+        let given = Management::new(
+            &endpoint("amqp://a:b@r0/%2f"),
+            Some("http://127.0.0.1:15680, http://127.0.0.1:15681"),
+        )
+        .unwrap();
+        assert_eq!(given.apis.len(), 2);
     }
 
     #[test]

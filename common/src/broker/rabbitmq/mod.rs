@@ -71,6 +71,10 @@
 //!   held acks at once, and a receive that finds nothing buffered does too.
 //! - **Connection loss** surfaces as `BrokerError::Connection` (retry: transient); the next call
 //!   reconnects with exponential backoff (module `session`). Leases of the lost connection are stale.
+//! - **Clusters.** The URL may list several nodes of one cluster, comma-separated: a connection
+//!   goes to the first that answers, starting after the node lost last (module `session`); the
+//!   management API is asked of each node in turn likewise. Quorum queues are replicated over
+//!   the cluster ([`RabbitMqOptions::quorum_size`]).
 //! - `delete_queue` also deletes the queue's dead-letter exchange. A receiver waiting on a
 //!   queue that is deleted gets `QueueNotFound`.
 
@@ -104,7 +108,7 @@ use self::acks::AckWindow;
 use self::lease::{after, Lease, Leases};
 use self::management::Management;
 use self::publish::Confirmed;
-use self::session::{Endpoint, Session, Sessions};
+use self::session::{Session, Sessions};
 use self::topology::short;
 use super::{Broker, BrokerError, Delivery, DeliveryHandle, QueueDepth, QueueSpec};
 use crate::retry::RetryPolicy;
@@ -142,6 +146,10 @@ pub struct RabbitMqOptions {
     /// queue uncounted. Keep it well below the margin between a job's longest attempt and
     /// RabbitMQ's `consumer_timeout`, which counts this wait.
     pub hold_limit: Duration,
+    /// How many nodes of a cluster each queue is replicated over when it is declared
+    /// (`x-quorum-initial-group-size`). `None`: RabbitMQ's own (`quorum_cluster_size`, 3, or
+    /// every node of a smaller cluster).
+    pub quorum_size: Option<u16>,
 }
 
 impl Default for RabbitMqOptions {
@@ -154,6 +162,7 @@ impl Default for RabbitMqOptions {
             prefetch: 4,
             prefetch_limit: 0,
             hold_limit: HOLD_LIMIT,
+            quorum_size: None,
         }
     }
 }
@@ -174,12 +183,13 @@ struct Inner {
     prefetch: u16,
     prefetch_limit: u16,
     hold_limit: Duration,
+    quorum_size: Option<u16>,
 }
 
 impl std::fmt::Debug for RabbitMqBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitMqBroker")
-            .field("broker", self.inner.sessions.endpoint())
+            .field("broker", &self.inner.sessions.endpoints())
             .field("connection_name", &self.inner.connection_name)
             .finish_non_exhaustive()
     }
@@ -194,14 +204,14 @@ impl RabbitMqBroker {
     /// Connect to `url`; fails with `Connection` (naming the broker, never the password) when
     /// RabbitMQ does not answer after `options.connect_attempts`.
     pub async fn connect_with(url: &str, options: RabbitMqOptions) -> Result<Self, BrokerError> {
-        let endpoint = Endpoint::parse(url)?;
-        let management = Management::new(&endpoint, options.management_url.as_deref())?;
+        let endpoints = session::parse_endpoints(url)?;
+        let management = Management::new(&endpoints, options.management_url.as_deref())?;
         let instance = instance_id();
         let connection_name =
             options.connection_name.unwrap_or_else(|| format!("batchfleet-{instance}"));
         let backoff = RetryPolicy::reconnect(options.connect_attempts);
         let sessions =
-            Sessions::new(endpoint, connection_name.clone(), backoff, options.connect_timeout);
+            Sessions::new(endpoints, connection_name.clone(), backoff, options.connect_timeout);
         sessions.get().await?;
         Ok(RabbitMqBroker {
             inner: Arc::new(Inner {
@@ -213,6 +223,7 @@ impl RabbitMqBroker {
                 prefetch: options.prefetch.max(1),
                 prefetch_limit: options.prefetch_limit,
                 hold_limit: options.hold_limit,
+                quorum_size: options.quorum_size,
             }),
         })
     }
@@ -276,14 +287,28 @@ impl Broker for RabbitMqBroker {
         if let Some(dlq) = &spec.dead_letter_queue {
             self.ready_count(&session, dlq).await?;
         }
-        let channel = session.channel().await?;
+        let mut channel = session.channel().await?;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
         let declared = channel
-            .queue_declare(short(&spec.name)?, durable, topology::arguments(spec))
+            .queue_declare(
+                short(&spec.name)?,
+                durable,
+                topology::arguments(spec, self.inner.quorum_size),
+            )
             .await
             .map_err(|e| error::on_declare(&e, &spec.name));
-        match (declared, topology::legacy_unlimited_arguments(spec)) {
+        match (declared, topology::legacy_unlimited_arguments(spec, self.inner.quorum_size)) {
             (Ok(_), _) => {}
+            (Err(BrokerError::QueueMismatch { detail, .. }), _)
+                if detail.contains(topology::QUORUM_SIZE_ARGUMENT) =>
+            {
+                // The size matters only when a queue is created: one that exists with another
+                // (or none) is used as it is.
+                self.ready_count(&session, &spec.name).await?;
+                channel = session.channel().await?; // the refused declare closed the other
+                tracing::debug!(queue = %spec.name, %detail,
+                    "queue exists with another replication size; used as it is");
+            }
             (Err(mismatch @ BrokerError::QueueMismatch { .. }), Some(legacy)) => {
                 // Declared by an older batchfleet without an explicit limit: used as it is.
                 let channel = session.channel().await?;

@@ -1,6 +1,11 @@
 //! The AMQP connection: opened once, re-opened (with backoff) by the first call after it was
 //! lost, and the channels hanging off it.
 //!
+//! The broker URL may list several nodes of one cluster, comma-separated
+//! (`amqp://u:p@rabbit-0:5672/%2f,amqp://u:p@rabbit-1:5672/%2f`). A connection goes to the
+//! first that answers, starting after the node whose connection was lost last, so a node that
+//! went away is tried last; one round over all of them is one attempt of the backoff.
+//!
 //! A call that finds the connection broken fails with [`BrokerError::Connection`] (transient);
 //! the *next* call reconnects. Leases held on the lost connection are gone with it — RabbitMQ
 //! put their messages back in their queues — so their handles are stale, which the lease table
@@ -8,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +65,21 @@ impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.redacted)
     }
+}
+
+/// The nodes a broker URL lists: each a full AMQP URL, separated by commas (a comma inside a
+/// password is written `%2C`).
+pub(super) fn parse_endpoints(urls: &str) -> Result<Vec<Endpoint>, BrokerError> {
+    let endpoints = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(Endpoint::parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    if endpoints.is_empty() {
+        return Err(BrokerError::Refused("the broker URL lists no AMQP address".into()));
+    }
+    Ok(endpoints)
 }
 
 /// Everything before the last `@` of the authority is credentials: drop it.
@@ -135,7 +156,11 @@ impl Session {
 
 /// The current session, replaced when it is found broken.
 pub(super) struct Sessions {
-    endpoint: Endpoint,
+    endpoints: Vec<Endpoint>,
+    /// The endpoint tried first at the next connect: the one after the node lost last.
+    first: AtomicUsize,
+    /// The endpoint of the live session.
+    connected_to: AtomicUsize,
     connection_name: String,
     reconnect: RetryPolicy,
     connect_timeout: Duration,
@@ -144,13 +169,15 @@ pub(super) struct Sessions {
 
 impl Sessions {
     pub(super) fn new(
-        endpoint: Endpoint,
+        endpoints: Vec<Endpoint>,
         connection_name: String,
         reconnect: RetryPolicy,
         connect_timeout: Duration,
     ) -> Self {
         Sessions {
-            endpoint,
+            endpoints,
+            first: AtomicUsize::new(0),
+            connected_to: AtomicUsize::new(0),
             connection_name,
             reconnect,
             connect_timeout,
@@ -158,8 +185,15 @@ impl Sessions {
         }
     }
 
-    pub(super) fn endpoint(&self) -> &Endpoint {
-        &self.endpoint
+    /// Every node the broker URL lists, in its order.
+    pub(super) fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// The node of the live (or last) session, for messages.
+    fn current_endpoint(&self) -> &Endpoint {
+        let index = self.connected_to.load(Ordering::Relaxed);
+        &self.endpoints[index % self.endpoints.len()]
     }
 
     /// The live session, connecting (with backoff) when there is none.
@@ -169,7 +203,9 @@ impl Sessions {
             return Ok(Arc::clone(session));
         }
         if current.take().is_some() {
-            tracing::warn!(broker = %self.endpoint.redacted, "connection lost; reconnecting");
+            let lost = self.connected_to.load(Ordering::Relaxed);
+            self.first.store((lost + 1) % self.endpoints.len(), Ordering::Relaxed);
+            tracing::warn!(broker = %self.current_endpoint().redacted, "connection lost; reconnecting");
         }
         let session = Arc::new(self.connect_with_backoff().await?);
         *current = Some(Arc::clone(&session));
@@ -181,22 +217,51 @@ impl Sessions {
             .retry(self.reconnect.builder())
             .when(|e| matches!(e, BrokerError::Connection(_)))
             .notify(|error, wait| {
-                tracing::warn!(broker = %self.endpoint.redacted, %error,
+                tracing::warn!(%error,
                     retry_in_ms = wait.as_millis() as u64, "connecting to RabbitMQ failed");
             })
             .await
     }
 
+    /// One round over the nodes, from [`Sessions::first`]: the first that answers.
     async fn connect_once(&self) -> Result<Session, BrokerError> {
+        let count = self.endpoints.len();
+        let first = self.first.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for index in (0..count).map(|n| (first + n) % count) {
+            match self.connect_to(&self.endpoints[index]).await {
+                Ok(session) => {
+                    self.connected_to.store(index, Ordering::Relaxed);
+                    self.first.store(index, Ordering::Relaxed);
+                    return Ok(session);
+                }
+                Err(error @ BrokerError::Connection(_)) if count > 1 => {
+                    tracing::debug!(broker = %self.endpoints[index].redacted, %error,
+                        "node did not answer; trying the next");
+                    last_error = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(match last_error {
+            Some(BrokerError::Connection(last)) => BrokerError::Connection(format!(
+                "none of the {count} RabbitMQ nodes answered (the last: {last})"
+            )),
+            Some(other) => other,
+            None => BrokerError::Connection("no RabbitMQ node to connect to".into()),
+        })
+    }
+
+    async fn connect_to(&self, endpoint: &Endpoint) -> Result<Session, BrokerError> {
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.clone().into());
-        let connecting = Connection::connect_uri(self.endpoint.uri.clone(), properties);
+        let connecting = Connection::connect_uri(endpoint.uri.clone(), properties);
         let connection = tokio::time::timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| {
                 BrokerError::Connection(format!(
                     "no answer from {} within {:?}",
-                    self.endpoint.redacted, self.connect_timeout
+                    endpoint.redacted, self.connect_timeout
                 ))
             })?
             .map_err(|e| {
@@ -205,15 +270,12 @@ impl Sessions {
                     return BrokerError::Refused(format!(
                         "RabbitMQ at {} refused the login: wrong user or password (the \
                          user:password in --broker or BATCHFLEET_BROKER)",
-                        self.endpoint.redacted
+                        endpoint.redacted
                     ));
                 }
-                BrokerError::Connection(format!(
-                    "cannot connect to {}: {e}",
-                    self.endpoint.redacted
-                ))
+                BrokerError::Connection(format!("cannot connect to {}: {e}", endpoint.redacted))
             })?;
-        tracing::info!(broker = %self.endpoint.redacted, connection = %self.connection_name,
+        tracing::info!(broker = %endpoint.redacted, connection = %self.connection_name,
             "connected to RabbitMQ");
         Ok(Session { connection, publisher: Mutex::new(None), feeds: Mutex::new(HashMap::new()) })
     }
@@ -236,6 +298,17 @@ mod tests {
         assert_eq!(endpoint.redacted, "amqp://bob@rabbit.local:5673/%2F");
         assert!(!format!("{endpoint:?}").contains("s3cret"));
         let err = Endpoint::parse("amqp://bob:s3cret@host:notaport/").unwrap_err();
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn a_list_names_every_node_and_hides_every_password() {
+        let endpoints =
+            parse_endpoints("amqp://a:s3cret@r0:5680/%2f, amqp://b:s3cret@r1:5681/%2f,").unwrap();
+        let shown: Vec<_> = endpoints.iter().map(|e| e.redacted.clone()).collect();
+        assert_eq!(shown, ["amqp://a@r0:5680/%2F", "amqp://b@r1:5681/%2F"]);
+        assert!(parse_endpoints(" , ").is_err());
+        let err = parse_endpoints("amqp://a:s3cret@r0/,amqp://b:s3cret@r1:bad/").unwrap_err();
         assert!(!err.to_string().contains("s3cret"), "{err}");
     }
 

@@ -10,6 +10,13 @@
 //!   queue can still dead-letter explicitly: it publishes to that exchange. The dead-letter
 //!   queue's name is also set as `x-dead-letter-routing-key` (a fanout ignores it), so that
 //!   declaring the queue again with another dead-letter queue is a `QueueMismatch`.
+//! - `x-quorum-initial-group-size` is sent only when a size is set
+//!   ([`RabbitMqOptions::quorum_size`](super::RabbitMqOptions::quorum_size),
+//!   `BATCHFLEET_QUORUM_SIZE`): without it RabbitMQ replicates a queue over
+//!   `quorum_cluster_size` nodes (3 by default), or every node of a smaller cluster. The size
+//!   counts only when a queue is created: RabbitMQ refuses a declare whose size differs from
+//!   the queue's (or that has none when the queue has one), and such a queue is used as it is
+//!   (`RabbitMqBroker::declare_queue`), so processes given different sizes, or none, share it.
 //! - Dead-lettering uses RabbitMQ's default `at-most-once` strategy.
 //! - `max_deliveries = None` is declared as an explicit limit of [`UNLIMITED_DELIVERIES`]:
 //!   RabbitMQ 3.x sets no limit when the argument is absent, but 4.x gives every quorum queue a
@@ -26,6 +33,9 @@ use crate::broker::{BrokerError, QueueSpec};
 
 /// The prefix of the per-queue dead-letter exchange.
 const DEAD_LETTER_EXCHANGE_PREFIX: &str = "batchfleet.dlx.";
+
+/// The argument that sets how many nodes a quorum queue is replicated over at its creation.
+pub(super) const QUORUM_SIZE_ARGUMENT: &str = "x-quorum-initial-group-size";
 
 /// The `x-delivery-limit` of a queue declared without a delivery limit: so large that it is
 /// never reached (a dead letter nack-requeued once a second would take 31 years), and explicit
@@ -57,17 +67,20 @@ pub(super) fn validate(spec: &QueueSpec) -> Result<(), BrokerError> {
 }
 
 /// The `queue.declare` arguments of `spec`.
-pub(super) fn arguments(spec: &QueueSpec) -> FieldTable {
-    let mut arguments = arguments_but_the_limit(spec);
+pub(super) fn arguments(spec: &QueueSpec, quorum_size: Option<u16>) -> FieldTable {
+    let mut arguments = arguments_but_the_limit(spec, quorum_size);
     let limit =
         spec.max_deliveries.map_or(UNLIMITED_DELIVERIES, |max| i64::from(max.saturating_sub(1)));
     arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
     arguments
 }
 
-fn arguments_but_the_limit(spec: &QueueSpec) -> FieldTable {
+fn arguments_but_the_limit(spec: &QueueSpec, quorum_size: Option<u16>) -> FieldTable {
     let mut arguments = FieldTable::default();
     arguments.insert("x-queue-type".into(), long_string("quorum"));
+    if let Some(size) = quorum_size {
+        arguments.insert(QUORUM_SIZE_ARGUMENT.into(), AMQPValue::LongLongInt(size.into()));
+    }
     if let Some(dlq) = &spec.dead_letter_queue {
         arguments.insert(
             "x-dead-letter-exchange".into(),
@@ -80,8 +93,11 @@ fn arguments_but_the_limit(spec: &QueueSpec) -> FieldTable {
 
 /// The arguments an older batchfleet declared a queue without a delivery limit with (no
 /// `x-delivery-limit`): such a queue is still used, with a warning.
-pub(super) fn legacy_unlimited_arguments(spec: &QueueSpec) -> Option<FieldTable> {
-    spec.max_deliveries.is_none().then(|| arguments_but_the_limit(spec))
+pub(super) fn legacy_unlimited_arguments(
+    spec: &QueueSpec,
+    quorum_size: Option<u16>,
+) -> Option<FieldTable> {
+    spec.max_deliveries.is_none().then(|| arguments_but_the_limit(spec, quorum_size))
 }
 
 #[cfg(test)]
@@ -95,22 +111,29 @@ mod tests {
             max_deliveries: Some(3),
             dead_letter_queue: Some("dead".into()),
         };
-        let arguments = arguments(&spec);
+        let arguments = arguments(&spec, None);
         let get = |key: &str| arguments.inner().get(key).cloned();
         assert_eq!(get("x-delivery-limit"), Some(AMQPValue::LongLongInt(2)));
         assert_eq!(get("x-dead-letter-exchange"), Some(long_string("batchfleet.dlx.work")));
         assert_eq!(get("x-dead-letter-routing-key"), Some(long_string("dead")));
         assert_eq!(get("x-queue-type"), Some(long_string("quorum")));
+        assert_eq!(get("x-quorum-initial-group-size"), None);
+        let sized = super::arguments(&spec, Some(3));
+        assert_eq!(
+            sized.inner().get("x-quorum-initial-group-size"),
+            Some(&AMQPValue::LongLongInt(3))
+        );
     }
 
     #[test]
     fn a_queue_without_a_limit_declares_its_own_so_rabbitmq_4_drops_nothing() {
-        let arguments = arguments(&QueueSpec::plain("dead"));
+        let arguments = arguments(&QueueSpec::plain("dead"), None);
         assert_eq!(
             arguments.inner().get("x-delivery-limit"),
             Some(&AMQPValue::LongLongInt(UNLIMITED_DELIVERIES))
         );
-        let legacy = legacy_unlimited_arguments(&QueueSpec::plain("dead")).expect("unlimited");
+        let legacy =
+            legacy_unlimited_arguments(&QueueSpec::plain("dead"), None).expect("unlimited");
         assert_eq!(legacy.inner().get("x-delivery-limit"), None);
         assert_eq!(legacy.inner().get("x-queue-type"), Some(&long_string("quorum")));
     }

@@ -377,6 +377,7 @@ mod tests {
                 worker: "w".into(),
                 duration_ms: 1,
             }),
+            reused_from: None,
         }
     }
 

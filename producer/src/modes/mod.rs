@@ -3,11 +3,13 @@
 //! (manifests dropped under a prefix), `status` (a job root read back), `profile` (where a job's
 //! time went: a page and a trace from its attempt records), and `pipeline` (a
 //! pipeline file's steps through `run`/`submit`), and `autoscale` (worker containers sized to
-//! a pool's outstanding work on one Docker engine).
+//! a pool's outstanding work on one Docker engine); `plan` says what a job will do (and, sampled,
+//! how long it will take) before it runs.
 
 pub mod autoscale;
 pub mod copy;
 pub mod pipeline;
+pub mod plan;
 pub mod profile;
 pub mod resume;
 pub mod run;

@@ -39,7 +39,12 @@ async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<()
     let mut cutter = BatchCutter::new(job.mini_batch_size);
     let skipped = Skipped::default();
     let identity = writer.identity();
-    let sizes = if identity.is_some() { Sizes::Read } else { sizes_needed(job.mini_batch_size) };
+    // Identities need each file's size and time; a dry run shows the sizes.
+    let sizes = if identity.is_some() || writer.is_dry() {
+        Sizes::Read
+    } else {
+        sizes_needed(job.mini_batch_size)
+    };
     let mut objects = input_objects(job, &input, skipped.clone(), sizes).await?;
     let listing_failed = |e| ProducerError::listing(&job.input.name, &job.input.url, e);
     while let Some(meta) = objects.try_next().await.map_err(listing_failed)? {

@@ -115,6 +115,11 @@ impl<'a> PlanWriter<'a> {
         }
     }
 
+    /// A dry run (`batchfleet plan`): nothing is written or published.
+    pub(crate) fn is_dry(&self) -> bool {
+        self.target.dry.is_some()
+    }
+
     /// The job's identity, when batch identities are recorded (not in a dry run).
     pub(crate) fn identity(&self) -> Option<&'a crate::job::identity::JobIdentity> {
         let target: &'a PlanTarget<'a> = self.target;

@@ -61,6 +61,9 @@ pub struct Sample {
     /// One batch's time, from one batch's end to the next's (or the only batch's own time):
     /// `run()`, loading its inputs and writing its rows.
     pub per_batch_secs: Option<f64>,
+    /// Finding the interpreter and stopping the worker once the batches are done (its
+    /// runtimes' `shutdown()`): what a job spends besides planning and its batches.
+    pub overhead_secs: f64,
     pub first_error: Option<String>,
 }
 
@@ -93,6 +96,7 @@ impl Sample {
             failed: sampled - succeeded,
             startup_secs: startup,
             per_batch_secs: per_batch,
+            overhead_secs: 0.0,
             first_error,
         }
     }
@@ -103,7 +107,8 @@ impl Sample {
 pub struct Estimate {
     pub instances: u32,
     pub slots: u64,
-    /// Listing and planning + start-up + ⌈batches ÷ slots⌉ × time per batch.
+    /// Listing and planning + the sample's overhead + start-up + ⌈batches ÷ slots⌉ × time per
+    /// batch.
     pub wall_secs: f64,
     /// Batches × time per batch + slots × start-up: what the fleet is busy for.
     pub worker_secs: f64,
@@ -123,7 +128,8 @@ impl Estimate {
         let per_batch = sample.per_batch_secs.unwrap_or(0.0);
         let slots = u64::from(instances) * u64::from(job.max_concurrency_per_instance.max(1));
         let rounds = batches.div_ceil(slots.max(1));
-        let wall_secs = plan_secs + sample.startup_secs + rounds as f64 * per_batch;
+        let wall_secs =
+            plan_secs + sample.overhead_secs + sample.startup_secs + rounds as f64 * per_batch;
         let worker_secs = batches as f64 * per_batch + slots as f64 * sample.startup_secs;
         let cost = price.map(|p| p * f64::from(instances) * wall_secs / 3600.0);
         Estimate { instances, slots, wall_secs, worker_secs, cost }
@@ -172,11 +178,13 @@ pub fn table(report: &PlanReport) -> String {
     };
     let _ = writeln!(
         out,
-        "sample: {} of {} mini-batches succeeded; start-up {:.2} s, {} per mini-batch",
+        "sample: {} of {} mini-batches succeeded; start-up {:.2} s, {} per mini-batch, \
+         {:.2} s besides",
         sample.succeeded,
         sample.mini_batches,
         sample.startup_secs,
         sample.per_batch_secs.map_or("-".to_string(), |s| format!("{s:.3} s")),
+        sample.overhead_secs,
     );
     if let Some(error) = &sample.first_error {
         let _ = writeln!(out, "sample's first error: {error}");
@@ -189,7 +197,7 @@ pub fn table(report: &PlanReport) -> String {
             "instances", "slots", "wall time", "worker-seconds"
         );
         for e in &report.estimates {
-            let cost = e.cost.map(|c| format!("  {c:.2}")).unwrap_or_default();
+            let cost = e.cost.map(|c| format!("  {c:.4}")).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "{:>9} {:>6} {:>10.1} s {:>15.0}{cost}",

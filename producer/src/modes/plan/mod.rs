@@ -192,7 +192,9 @@ async fn run_sample(
         message.published_ms = Some(now_ms());
         payloads.push(serde_json::to_vec(&message).map_err(ProducerError::internal)?.into());
     }
+    let overhead = Instant::now();
     let python = batchfleet_worker::runtime::resolve_interpreter(python).await;
+    let mut overhead_secs = overhead.elapsed().as_secs_f64();
     let workers_scratch = scratch_dir()?;
     let stop = CancellationToken::new();
     eprintln!("sampling {k} mini-batch(es) through {} …", job.task.entry_script);
@@ -207,7 +209,9 @@ async fn run_sample(
     })
     .await;
     stop.cancel();
+    let stopping = Instant::now();
     stop_workers(&mut fleet, WORKER_STOP_GRACE).await;
+    overhead_secs += stopping.elapsed().as_secs_f64();
     let (tracker, _end) = followed?;
     let statuses = root.read_statuses().await?;
     let mut ends: Vec<(u64, u64)> = statuses
@@ -217,7 +221,9 @@ async fn run_sample(
         .collect();
     ends.sort_unstable_by_key(|(_, end)| *end);
     let first_error = tracker.first_error().map(|e| format!("{}: {}", e.record.kind, e.record.message));
-    Ok(Sample::from_ends(started_ms, &ends, k, first_error))
+    let mut sample = Sample::from_ends(started_ms, &ends, k, first_error);
+    sample.overhead_secs = overhead_secs;
+    Ok(sample)
 }
 
 impl PlanReport {

@@ -206,3 +206,65 @@ fn reuse_from_a_folder_without_job_roots_is_refused_before_anything_is_written()
     assert!(stderr.contains("--reuse") && stderr.contains("no job root"), "{stderr}");
     assert!(roots(&dir.join("jobs")).is_empty(), "no job root created");
 }
+
+/// Inputs and job roots in S3 (moto, `infra/test-services`): an object's identity is its key,
+/// size and ETag; the earlier job roots are found under the store prefix.
+#[test]
+fn reuse_with_inputs_and_job_roots_in_s3() {
+    use batchfleet_common::job_root::JobRoot;
+    use batchfleet_common::store::open_str;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    let prefix = batchfleet_tests::s3_unique_prefix("reuse");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let folder = job_folder();
+    let dir = folder.path();
+    let data = open_str(&format!("{prefix}/data/")).expect("the data prefix");
+    let put = |i: usize, text: String| {
+        let key = data.prefix.clone().join(name(i).as_str());
+        runtime.block_on(data.store.put(&key, PutPayload::from(text))).expect("put an input");
+    };
+    for i in 0..100 {
+        put(i, format!("v1-{i}"));
+    }
+    let spec = std::fs::read_to_string(dir.join("job.yaml")).expect("job.yaml");
+    let spec = spec.replace("path: ./data}", &format!("path: {prefix}/data/, mode: download}}"));
+    std::fs::write(dir.join("job.yaml"), spec).expect("job.yaml");
+    let store = format!("{prefix}/jobs");
+    let store_url = url::Url::parse(&format!("{store}/")).expect("a URL");
+    let roots = || -> BTreeSet<String> {
+        let listed = runtime.block_on(JobRoot::roots_under(&store_url)).expect("list roots");
+        listed.into_iter().map(|root| root.url()).collect()
+    };
+    let run_job = |extra: &[&str]| -> (String, Vec<u8>) {
+        let before = roots();
+        let output = run(batchfleet()
+            .arg("run")
+            .arg(dir.join("job.yaml"))
+            .arg("--store")
+            .arg(&store)
+            .arg("--no-progress")
+            .args(extra));
+        assert!(output.status.success(), "{}", describe(&output));
+        let new: Vec<String> = roots().difference(&before).cloned().collect();
+        assert_eq!(new.len(), 1, "one new root: {new:?}");
+        (new[0].clone(), std::fs::read(dir.join("out/rows.txt")).expect("output"))
+    };
+    let ran_of = |root: &str| -> BTreeSet<u64> {
+        let root = JobRoot::open(root).expect("the root");
+        let statuses = runtime.block_on(root.read_statuses()).expect("statuses");
+        assert_eq!(statuses.len(), 10, "every batch ended");
+        statuses.iter().filter(|s| s.reused_from.is_none()).map(|s| s.index).collect()
+    };
+
+    let (first, _) = run_job(&[]);
+    assert_eq!(ran_of(&first).len(), 10);
+    for i in [7, 42, 99] {
+        put(i, format!("v2-{i}"));
+    }
+    let (reusing, rows) = run_job(&["--reuse", &store]);
+    assert_eq!(ran_of(&reusing), BTreeSet::from([0, 4, 9]), "the batches of the 3 changed objects");
+    let (full, full_rows) = run_job(&[]);
+    assert_eq!(ran_of(&full).len(), 10);
+    assert_eq!(rows, full_rows, "byte for byte a full run's output");
+}

@@ -60,7 +60,8 @@ fn plan(dir: &Path, extra: &[&str]) -> serde_json::Value {
         .arg("--json")
         .args(extra));
     assert!(output.status.success(), "plan must succeed: {}", describe(&output));
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("JSON: {e}: {}", describe(&output)))
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("JSON: {e}: {}", describe(&output)))
 }
 
 #[test]
@@ -81,7 +82,11 @@ fn a_plan_counts_what_a_run_would_cut_and_writes_nothing() {
     assert_eq!(sampled["sample"]["succeeded"], 2, "{sampled}");
     assert_eq!(tree(dir), before, "the store (and the job's folder) hold nothing new");
 
-    let table = run(batchfleet().arg("plan").arg(dir.join("job.yaml")).arg("--store").arg(dir.join("jobs")));
+    let table = run(batchfleet()
+        .arg("plan")
+        .arg(dir.join("job.yaml"))
+        .arg("--store")
+        .arg(dir.join("jobs")));
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("mini-batches: 40"), "{}", describe(&table));
     let last = text.lines().last().unwrap_or_default();

@@ -79,7 +79,8 @@ impl JobRoot {
             return Ok(None);
         }
         let Some(part) = earlier.result_part.as_deref() else { return Ok(None) };
-        let Some(rows) = source.get_if_exists(&source.layout.result_part(&earlier.batch_id, part)).await?
+        let Some(rows) =
+            source.get_if_exists(&source.layout.result_part(&earlier.batch_id, part)).await?
         else {
             return Ok(None);
         };

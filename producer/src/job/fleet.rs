@@ -75,6 +75,7 @@ pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
 /// once, while the producer plans (without, at their first mini-batch: `--reuse` may leave
 /// none to run). `python` is used as given (resolve it first: see
 /// `batchfleet_worker::runtime::resolve_interpreter`), through the runtimes' parent shell.
+#[allow(clippy::too_many_arguments)]
 pub fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,

@@ -193,7 +193,10 @@ async fn code_hash(code_url: &str) -> Result<String, ProducerError> {
     let mut listed: Vec<ObjectMeta> = {
         use futures::TryStreamExt;
         let listing = location.store.list(Some(&location.prefix));
-        listing.try_collect().await.map_err(|e| store::StoreError::io("list", &location.prefix, e))?
+        listing
+            .try_collect()
+            .await
+            .map_err(|e| store::StoreError::io("list", &location.prefix, e))?
     };
     listed.sort_by(|a, b| a.location.cmp(&b.location));
     let mut hasher = Sha256::new();
@@ -234,8 +237,11 @@ mod tests {
         assert_eq!(ab, identity.files_batch(&["a\t1\t5".into(), "b\t1\t5".into()]));
         assert_ne!(ab, identity.files_batch(&["b\t1\t5".into(), "a\t1\t5".into()]));
         assert_ne!(ab, identity.files_batch(&["a\t1\t6".into(), "b\t1\t5".into()]));
-        let other_job =
-            JobIdentity { job_hash: "k".into(), items_by: ItemsBy::Metadata, files: Mutex::default() };
+        let other_job = JobIdentity {
+            job_hash: "k".into(),
+            items_by: ItemsBy::Metadata,
+            files: Mutex::default(),
+        };
         assert_ne!(ab, other_job.files_batch(&["a\t1\t5".into(), "b\t1\t5".into()]));
     }
 }

@@ -10,8 +10,8 @@ use bytes::Bytes;
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
-use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::job_root::BatchIdentity;
+use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::table::{TableBatch, TableFormat};
 
 use crate::error::ProducerError;

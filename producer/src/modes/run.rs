@@ -26,12 +26,12 @@ use crate::job::fleet::{
 };
 use crate::job::fleet_note::resume_command;
 use crate::job::follow::FollowEnd;
+use crate::job::identity::interpreter_identity;
 use crate::job::interrupt;
 use crate::job::lifecycle::{self, create_root, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
 use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
 use crate::job::tracker::Tracker;
-use crate::job::identity::interpreter_identity;
 
 /// Options of `batchfleet run`.
 #[derive(Debug, Clone)]

@@ -28,9 +28,9 @@ use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
 use crate::job::plan::PlanSummary;
 use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
-use batchfleet_common::status::BatchStatus;
 use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::job_root::JobRoot;
+use batchfleet_common::status::BatchStatus;
 
 /// The interpreter of a job's batches on a fleet, as the producer can know it: the workers'
 /// own Python is not seen, only the environment the job declares (docs/reuse.md).

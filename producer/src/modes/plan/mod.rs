@@ -220,7 +220,8 @@ async fn run_sample(
         .map(|s| (s.started_at_ms, s.ended_at_ms))
         .collect();
     ends.sort_unstable_by_key(|(_, end)| *end);
-    let first_error = tracker.first_error().map(|e| format!("{}: {}", e.record.kind, e.record.message));
+    let first_error =
+        tracker.first_error().map(|e| format!("{}: {}", e.record.kind, e.record.message));
     let mut sample = Sample::from_ends(started_ms, &ends, k, first_error);
     sample.overhead_secs = overhead_secs;
     Ok(sample)

@@ -299,7 +299,8 @@ pub struct JobArgs {
     reuse: Option<String>,
     /// What identifies an input file for --reuse: `metadata` (path, size, modification
     /// time; objects: key, size, ETag) or `content` (a hash of each local file's bytes).
-    #[arg(long, value_name = "HOW", default_value = "metadata", requires = "reuse")]
+    /// Every job of a series must use the same (a job records its identities this way too).
+    #[arg(long, value_name = "HOW", default_value = "metadata")]
     reuse_by: String,
 }
 
@@ -330,9 +331,8 @@ impl JobArgs {
 
     /// `--reuse` and `--reuse-by` (a bad `--reuse-by` is the exit code to end with).
     fn reuse(&self) -> Result<Option<ReuseRequest>, ExitCode> {
-        let Some(from) = &self.reuse else { return Ok(None) };
         let by = ItemsBy::parse(&self.reuse_by).map_err(|error| failed_to_start(&error))?;
-        Ok(Some(ReuseRequest { from: from.clone(), by }))
+        Ok(Some(ReuseRequest { from: self.reuse.clone(), by }))
     }
 
     /// Print a finished job's report, write its profile with `--profile`; the job's exit code.

@@ -268,3 +268,27 @@ fn reuse_with_inputs_and_job_roots_in_s3() {
     assert_eq!(ran_of(&full).len(), 10);
     assert_eq!(rows, full_rows, "byte for byte a full run's output");
 }
+
+/// `--reuse-by content`: an input rewritten with the same size and its modification time set
+/// back looks unchanged by metadata, and is seen by its content.
+#[test]
+fn reuse_by_content_sees_a_rewrite_that_keeps_size_and_time() {
+    let folder = job_folder();
+    let dir = folder.path();
+    let mode = Mode::Embedded;
+    let by_content = ["--reuse-by", "content"];
+    let (first, _) = {
+        let (root, rows, _) = mode.run(dir, "jobs", &by_content);
+        (root, rows)
+    };
+    assert_eq!(ran_and_reused(&first).0.len(), FILES / PER_BATCH);
+    let file = dir.join("data").join(name(5));
+    let modified = std::fs::metadata(&file).and_then(|m| m.modified()).expect("mtime");
+    std::fs::write(&file, "v9-5").expect("same size, other bytes");
+    let handle = std::fs::File::options().write(true).open(&file).expect("open");
+    handle.set_modified(modified).expect("set the time back");
+    drop(handle);
+    let (root, rows, _) = mode.run(dir, "jobs", &["--reuse", "jobs", "--reuse-by", "content"]);
+    assert_eq!(ran_and_reused(&root).0, BTreeSet::from([0]), "the rewritten input's batch runs");
+    assert!(String::from_utf8_lossy(&rows).contains("f0005.txt v9-5\n"));
+}

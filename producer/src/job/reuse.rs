@@ -16,11 +16,20 @@ use batchfleet_common::store::resolve_location;
 use crate::error::ProducerError;
 use crate::job::identity::{ItemsBy, JobIdentity};
 
-/// What the user asked for: where earlier jobs are, and how items are identified.
+/// What the user asked for: where earlier jobs are (`--reuse`; `None`: reuse nothing), and how
+/// items are identified (`--reuse-by`, also recorded by a job that reuses nothing, so that a
+/// later `--reuse-by content` job finds identities made the same way).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReuseRequest {
-    pub from: String,
+    pub from: Option<String>,
     pub by: ItemsBy,
+}
+
+impl ReuseRequest {
+    /// Whether earlier results are taken (`--reuse` given).
+    pub fn reuses(request: Option<&ReuseRequest>) -> bool {
+        request.is_some_and(|r| r.from.is_some())
+    }
 }
 
 /// Where each identity was seen: the earlier roots and, per identity, (root, batch index).
@@ -111,8 +120,8 @@ impl Identities {
     ) -> Result<Identities, ProducerError> {
         let by = reuse.map(|r| r.by).unwrap_or_default();
         let identity = JobIdentity::of(job, interpreter, by).await?;
-        let reuse = match reuse {
-            Some(request) => Some(ReuseIndex::load(&request.from).await?),
+        let reuse = match reuse.and_then(|r| r.from.as_deref()) {
+            Some(from) => Some(ReuseIndex::load(from).await?),
             None => None,
         };
         Ok(Identities { identity, reuse })

@@ -89,7 +89,7 @@ pub async fn run_job(
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
     let scratch = scratch_dir()?;
-    let prestart = options.reuse.is_none();
+    let prestart = !ReuseRequest::reuses(options.reuse.as_ref());
     let mut fleet =
         start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, prestart);
 

@@ -43,6 +43,17 @@ impl JobLayout {
         self.key(&format!("plan/batches-{chunk:06}.jsonl"))
     }
 
+    /// The identities of one plan chunk's batches (`reuse/identities-<chunk>.jsonl`): JSON
+    /// lines of [`crate::job_root::BatchIdentity`], which a later job's `--reuse` looks up.
+    pub fn identities_chunk(&self, chunk: u64) -> Path {
+        self.key(&format!("reuse/identities-{chunk:06}.jsonl"))
+    }
+
+    /// The folder holding every identities chunk.
+    pub fn identities_prefix(&self) -> Path {
+        self.key("reuse")
+    }
+
     /// The item list of a claim-checked batch, relative to the root (as `ItemsRef::key`).
     pub fn plan_items_rel(batch_id: &str) -> String {
         format!("plan/items/{batch_id}.json")

@@ -112,6 +112,10 @@ pub struct BatchStatus {
     pub ended_at_ms: u64,
     /// The last failure, for a failed batch.
     pub error: Option<FailureRecord>,
+    /// Set when the batch was not run but its rows were taken from an earlier job's batch of
+    /// the same identity (`--reuse`): that batch's status URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused_from: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

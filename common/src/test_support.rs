@@ -22,5 +22,6 @@ pub fn batch_status(index: u64, result_part: Option<&str>, state: BatchState) ->
         started_at_ms: 0,
         ended_at_ms: 0,
         error: None,
+        reused_from: None,
     }
 }

@@ -15,7 +15,9 @@ use crate::flows::pipeline::{
     PipelineReport,
 };
 use crate::flows::watch::{watch, WatchOptions};
+use crate::job::identity::ItemsBy;
 use crate::job::lifecycle::JobReport;
+use crate::job::reuse::ReuseRequest;
 use crate::modes::profile::ProfileOptions;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::run::{run_embedded, RunOptions};
@@ -226,6 +228,11 @@ pub enum Command {
     /// (ready + in flight), from --min (0 allowed) to --max; idle workers are drained first.
     #[command(after_help = AUTOSCALE_EXIT_CODES)]
     Autoscale(crate::modes::autoscale::args::AutoscaleArgs),
+    /// Say what a job will do before it runs: list and cut its input as a run would (no
+    /// broker, nothing written), count mini-batches and items, and with --sample K run K
+    /// mini-batches through the entry script to estimate wall time, worker-seconds and cost.
+    #[command(after_help = crate::modes::plan::PLAN_EXIT_CODES)]
+    Plan(crate::modes::plan::PlanArgs),
     /// Show where a job stands, from its job root: progress, or its result once finished.
     #[command(after_help = STATUS_EXIT_CODES)]
     Status {
@@ -285,6 +292,16 @@ pub struct JobArgs {
     /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
     #[arg(long)]
     profile: bool,
+    /// Take the rows of every mini-batch whose identity matches a succeeded mini-batch of an
+    /// earlier job instead of running it: FROM is a job root, or a store folder holding job
+    /// roots (such as --store), newest first (docs/reuse.md).
+    #[arg(long, value_name = "FROM")]
+    reuse: Option<String>,
+    /// What identifies an input file for --reuse: `metadata` (path, size, modification
+    /// time; objects: key, size, ETag) or `content` (a hash of each local file's bytes).
+    /// Every job of a series must use the same (a job records its identities this way too).
+    #[arg(long, value_name = "HOW", default_value = "metadata")]
+    reuse_by: String,
 }
 
 /// The last options of `run` and `submit`: the interpreters of a pipeline's steps and the
@@ -310,6 +327,12 @@ impl JobArgs {
     fn start(&self, job: &std::path::Path) -> Result<Datastores, ExitCode> {
         serve_metrics(self.metrics_addr)?;
         datastore_map(job, &self.datastores).map_err(|error| failed_to_start(&error))
+    }
+
+    /// `--reuse` and `--reuse-by` (a bad `--reuse-by` is the exit code to end with).
+    fn reuse(&self) -> Result<Option<ReuseRequest>, ExitCode> {
+        let by = ItemsBy::parse(&self.reuse_by).map_err(|error| failed_to_start(&error))?;
+        Ok(Some(ReuseRequest { from: self.reuse.clone(), by }))
     }
 
     /// Print a finished job's report, write its profile with `--profile`; the job's exit code.
@@ -363,6 +386,10 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(map) => map,
                 Err(code) => return code,
             };
+            let reuse = match shared.reuse() {
+                Ok(reuse) => reuse,
+                Err(code) => return code,
+            };
             let options = RunOptions {
                 spec_path: job,
                 store,
@@ -370,6 +397,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 datastores,
                 interactive: interactive(shared.no_progress),
                 allow: allow_list(&places.allow),
+                reuse,
             };
             if let Some(code) = places.as_pipeline(&options.python, Fleet::Local(&options)).await {
                 return code;
@@ -395,6 +423,10 @@ pub async fn main(cli: Cli) -> ExitCode {
                 Ok(map) => map,
                 Err(code) => return code,
             };
+            let reuse = match shared.reuse() {
+                Ok(reuse) => reuse,
+                Err(code) => return code,
+            };
             let options = SubmitOptions {
                 spec_path: job,
                 store,
@@ -409,6 +441,7 @@ pub async fn main(cli: Cli) -> ExitCode {
                 detach,
                 interactive: interactive(shared.no_progress),
                 allow: allow_list(&places.allow),
+                reuse,
             };
             if let Some(code) = places.as_pipeline(&python, Fleet::Remote(&options)).await {
                 return code;
@@ -515,6 +548,7 @@ pub async fn main(cli: Cli) -> ExitCode {
             }
         }
         Command::Autoscale(args) => crate::modes::autoscale::args::run(args).await,
+        Command::Plan(args) => crate::modes::plan::run_command(args).await,
         Command::Status { job, store } => match job_status(&job, store.as_deref()).await {
             Ok(report) => {
                 print!("{}", report.text());
@@ -618,6 +652,7 @@ async fn resume_a_pipeline(
                 interactive,
                 // Its places were checked, where an allow-list was given, when it first ran.
                 allow: None,
+                reuse: None,
             };
             resume_pipeline(job, store.as_deref(), &Fleet::Local(&options), &interpreters).await
         }
@@ -632,6 +667,7 @@ async fn resume_a_pipeline(
                 detach: false,
                 interactive,
                 allow: None,
+                reuse: None,
             };
             resume_pipeline(job, store.as_deref(), &Fleet::Remote(&options), &interpreters).await
         }

@@ -29,6 +29,7 @@ pub mod local;
 /// holds and which to open first for a failure (as Azure ML writes one).
 pub const LOGS_README: &str = include_str!("logs_readme.txt");
 mod records;
+mod reuse;
 mod status;
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,7 @@ use crate::store::{self, StoreError, StoreLocation};
 
 pub use attempts::{lost_lease_budget, AttemptCount, MIN_LOST_LEASES};
 pub use records::{JobRecords, SkippedLine};
+pub use reuse::{BatchIdentity, REUSED_PART, REUSED_WORKER};
 pub use status::StatusWrite;
 
 /// A job's root: its id, the store location that holds it and the keys under it.

@@ -405,6 +405,7 @@ async fn submitted(
         detach: false,
         interactive: false,
         allow: Some(allow),
+        reuse: None,
     };
     if let Some(file) = pipeline {
         return pipelines::submitted(&file, &submit, manifest, options, held).await;

@@ -134,5 +134,6 @@ async fn failed_status(
         started_at_ms: now,
         ended_at_ms: now,
         error: Some(error),
+        reused_from: None,
     })
 }

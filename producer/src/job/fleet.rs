@@ -71,9 +71,11 @@ pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
     })
 }
 
-/// Start `job`'s in-process workers; their slots start the job's runtimes at once, while the
-/// producer plans. `python` is used as given (resolve it first: see
+/// Start `job`'s in-process workers; with `prestart` their slots start the job's runtimes at
+/// once, while the producer plans (without, at their first mini-batch: `--reuse` may leave
+/// none to run). `python` is used as given (resolve it first: see
 /// `batchfleet_worker::runtime::resolve_interpreter`), through the runtimes' parent shell.
+#[allow(clippy::too_many_arguments)]
 pub fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,
@@ -82,6 +84,7 @@ pub fn start_workers(
     python: &std::path::Path,
     scratch: &std::path::Path,
     stop: &CancellationToken,
+    prestart: bool,
 ) -> JoinSet<Result<(), String>> {
     let mut fleet = JoinSet::new();
     // Runtimes are not the producer's children: a script that kills its parent kills a shell.
@@ -96,10 +99,11 @@ pub fn start_workers(
             idle_exit: None,
             script_storage_keys: Default::default(),
         };
-        let prestart = Prestart { job_id: root.job_id.clone(), job_root: root.url() };
-        let worker = Worker::new(Arc::clone(broker), config)
-            .with_prestart(prestart)
-            .with_interpreter_as_given();
+        let mut worker = Worker::new(Arc::clone(broker), config).with_interpreter_as_given();
+        if prestart {
+            let job_id = root.job_id.clone();
+            worker = worker.with_prestart(Prestart { job_id, job_root: root.url() });
+        }
         let stop = stop.clone();
         fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });
     }

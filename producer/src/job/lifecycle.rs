@@ -26,6 +26,7 @@ use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
 use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
 use crate::job::progress::Progress;
+use crate::job::reuse::Identities;
 use crate::job::tracker::Tracker;
 
 /// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
@@ -154,14 +155,18 @@ fn percent_decode(text: &str) -> String {
         .unwrap_or_else(|| text.to_string())
 }
 
-/// Plan and publish the job's mini-batches to `queues.work`.
+/// Plan and publish the job's mini-batches to `queues.work`, recording each batch's identity;
+/// with `--reuse` (`identities.reuse`), the batches an earlier job already ran are settled from
+/// its results instead of published (their statuses: [`Identities::reused`]).
 pub async fn plan(
     job: &ResolvedJob,
     root: &JobRoot,
     broker: &dyn Broker,
     queues: &QueueNames,
+    identities: &Identities,
 ) -> Result<PlanSummary, ProducerError> {
-    let target = PlanTarget { root, broker, queue: &queues.work, skip: None };
+    let target =
+        PlanTarget { identities: Some(identities), ..PlanTarget::new(root, broker, &queues.work) };
     let started = std::time::Instant::now();
     let plan = match plan_and_publish(job, &target).await {
         Ok(plan) => plan,
@@ -181,6 +186,14 @@ pub async fn plan(
         "plan published"
     );
     eprintln!("{}", planned_line(&plan));
+    if let Some(reuse) = &identities.reuse {
+        eprintln!(
+            "reused {} of earlier jobs ({}); {} to run",
+            crate::words::counted(plan.reused, "mini-batch", "mini-batches"),
+            reuse.from(),
+            plan.batches - plan.reused
+        );
+    }
     Ok(plan)
 }
 

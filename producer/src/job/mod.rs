@@ -6,7 +6,8 @@
 //! place a job names against an allow-list. `fleet` hosts an in-process fleet (`run`, and
 //! `resume` of a job that ran that way; `runtime_parent` is the shell its runtimes start
 //! under); `fleet_note` is the fleet a submitted job serves and the `resume` command that
-//! finishes a job; `interrupt` is Ctrl-C and SIGTERM on `run` and `submit`.
+//! finishes a job; `interrupt` is Ctrl-C and SIGTERM on `run` and `submit`; `identity` is a mini-batch's
+//! identity and `reuse` the earlier results `--reuse` takes (docs/reuse.md).
 
 pub mod aggregate;
 pub mod code;
@@ -16,6 +17,7 @@ pub mod fleet;
 pub mod fleet_note;
 pub mod follow;
 mod follow_end;
+pub mod identity;
 pub mod interrupt;
 pub mod job_report;
 pub mod lifecycle;
@@ -25,5 +27,6 @@ mod plan_ranges;
 mod plan_table;
 mod plan_writer;
 pub mod progress;
+pub mod reuse;
 mod runtime_parent;
 pub mod tracker;

@@ -162,6 +162,15 @@ pub fn job_result_text(
         "items: {} total, {} succeeded, {} failed",
         counts.items_total, counts.items_succeeded, counts.items_failed
     );
+    if counts.batches_reused > 0 {
+        let _ = writeln!(
+            text,
+            "reused: {} of the succeeded mini-batches took the rows of an earlier job's batch of \
+             the same identity (--reuse; which: {})",
+            counts.batches_reused,
+            root.key_url(&root.layout.job_report(crate::job::reuse::REUSED_REPORT)),
+        );
+    }
     if counts.inputs_skipped > 0 {
         let _ = writeln!(
             text,

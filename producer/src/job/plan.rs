@@ -13,7 +13,7 @@ use batchfleet_common::store::{self, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::job::plan_writer::PlanWriter;
-pub use crate::job::plan_writer::{publish, PlanSummary, PlanTarget};
+pub use crate::job::plan_writer::{publish, DryPlan, PlanSummary, PlanTarget};
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::store::listing::{list_reporting_sizes, Sizes, Skipped};
 
@@ -38,18 +38,39 @@ async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<()
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
     let skipped = Skipped::default();
-    let mut objects = input_objects(job, &input, skipped.clone()).await?;
+    let identity = writer.identity();
+    // Identities need each file's size and time; a dry run shows the sizes.
+    let sizes = if identity.is_some() || writer.is_dry() {
+        Sizes::Read
+    } else {
+        sizes_needed(job.mini_batch_size)
+    };
+    let mut objects = input_objects(job, &input, skipped.clone(), sizes).await?;
     let listing_failed = |e| ProducerError::listing(&job.input.name, &job.input.url, e);
     while let Some(meta) = objects.try_next().await.map_err(listing_failed)? {
         let item = relative_item(job, &input, &meta)?;
-        if let Some(items) = cutter.push(item, meta.size) {
-            writer.push_files(items).await?;
+        let id = match identity {
+            Some(identity) => identity.file_item(&job.input.url, &item, &meta).await?,
+            None => String::new(),
+        };
+        if let Some(batch) = cutter.push((item, id), meta.size) {
+            push_files(writer, batch).await?;
         }
     }
-    if let Some(items) = cutter.finish() {
-        writer.push_files(items).await?;
+    if let Some(batch) = cutter.finish() {
+        push_files(writer, batch).await?;
     }
     writer.skipped(&skipped.list()).await
+}
+
+/// A cut batch of (item, its identity) to the writer.
+async fn push_files(
+    writer: &mut PlanWriter<'_>,
+    (batch, bytes): (Vec<(String, String)>, u64),
+) -> Result<(), ProducerError> {
+    let (items, ids): (Vec<String>, Vec<String>) = batch.into_iter().unzip();
+    let ids = if ids.iter().all(String::is_empty) { Vec::new() } else { ids };
+    writer.push_files(items, &ids, bytes).await
 }
 
 type ObjectStream =
@@ -60,6 +81,7 @@ async fn input_objects(
     job: &ResolvedJob,
     input: &StoreLocation,
     skipped: Skipped,
+    sizes: Sizes,
 ) -> Result<ObjectStream, ProducerError> {
     match job.input.kind {
         InputKind::UriFile => {
@@ -70,7 +92,7 @@ async fn input_objects(
             Ok(Box::pin(futures::stream::iter([Ok(meta)])))
         }
         // Cutting by count needs no sizes: a local folder's files then cost no `stat`.
-        _ => Ok(list_reporting_sizes(input, skipped, sizes_needed(job.mini_batch_size))),
+        _ => Ok(list_reporting_sizes(input, skipped, sizes)),
     }
 }
 
@@ -108,21 +130,22 @@ fn relative_item(
     })
 }
 
-/// Cuts a stream of items into mini-batches by count, or by cumulative size.
+/// Cuts a stream of items into mini-batches by count, or by cumulative size; a batch comes
+/// with its bytes.
 #[derive(Debug)]
-struct BatchCutter {
+struct BatchCutter<T> {
     limit: MiniBatchSize,
-    items: Vec<String>,
+    items: Vec<T>,
     bytes: u64,
 }
 
-impl BatchCutter {
+impl<T> BatchCutter<T> {
     fn new(limit: MiniBatchSize) -> Self {
         BatchCutter { limit, items: Vec::new(), bytes: 0 }
     }
 
     /// Add an item; returns a full batch when this item completes one.
-    fn push(&mut self, item: String, size: u64) -> Option<Vec<String>> {
+    fn push(&mut self, item: T, size: u64) -> Option<(Vec<T>, u64)> {
         self.items.push(item);
         self.bytes += size;
         let full = match self.limit {
@@ -132,13 +155,12 @@ impl BatchCutter {
         full.then(|| self.take())
     }
 
-    fn finish(&mut self) -> Option<Vec<String>> {
+    fn finish(&mut self) -> Option<(Vec<T>, u64)> {
         (!self.items.is_empty()).then(|| self.take())
     }
 
-    fn take(&mut self) -> Vec<String> {
-        self.bytes = 0;
-        std::mem::take(&mut self.items)
+    fn take(&mut self) -> (Vec<T>, u64) {
+        (std::mem::take(&mut self.items), std::mem::take(&mut self.bytes))
     }
 }
 
@@ -170,9 +192,9 @@ mod tests {
         let mut cutter = BatchCutter::new(limit);
         let mut batches = Vec::new();
         for (i, size) in sizes.iter().enumerate() {
-            batches.extend(cutter.push(format!("f{i}"), *size));
+            batches.extend(cutter.push(format!("f{i}"), *size).map(|(b, _)| b));
         }
-        batches.extend(cutter.finish());
+        batches.extend(cutter.finish().map(|(b, _)| b));
         batches
     }
 

@@ -4,15 +4,18 @@
 //! partitions) feed it.
 
 use std::collections::HashSet;
+use std::sync::Mutex;
 
 use bytes::Bytes;
 
 use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job_root::BatchIdentity;
 use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
 use batchfleet_common::table::{TableBatch, TableFormat};
 
 use crate::error::ProducerError;
+use crate::job::reuse::Identities;
 use batchfleet_common::job_root::JobRoot;
 
 /// Batches per plan chunk (one `plan/batches-*.jsonl` object, published in one go).
@@ -39,6 +42,9 @@ pub struct PlanSummary {
     /// Input entries the listing skipped (`logs/skipped_inputs.txt` says which and why).
     #[serde(default)]
     pub skipped_inputs: u64,
+    /// Batches whose rows were taken from an earlier job (`--reuse`): never published.
+    #[serde(default)]
+    pub reused: u64,
 }
 
 /// Where the planner sends the batches.
@@ -48,6 +54,28 @@ pub struct PlanTarget<'a> {
     pub queue: &'a str,
     /// Batches that already ended (a resumed job): planned and recorded, not published again.
     pub skip: Option<&'a HashSet<u64>>,
+    /// Each batch's identity is recorded (`reuse/`), and with `--reuse` earlier results are
+    /// taken instead of publishing; `None` records none (a resumed job's plan again).
+    pub identities: Option<&'a Identities>,
+    /// A dry run (`batchfleet plan`): nothing is written or published, the batches go here.
+    pub dry: Option<&'a Mutex<DryPlan>>,
+}
+
+impl<'a> PlanTarget<'a> {
+    /// A target that publishes to `queue` on `broker` and records under `root`.
+    pub fn new(root: &'a JobRoot, broker: &'a dyn Broker, queue: &'a str) -> Self {
+        PlanTarget { root, broker, queue, skip: None, identities: None, dry: None }
+    }
+}
+
+/// What a dry run planned: each batch's item count and bytes, and the messages themselves
+/// when `keep_messages` (for `plan --sample`).
+#[derive(Debug, Default)]
+pub struct DryPlan {
+    pub keep_messages: bool,
+    /// (items, bytes) of each batch in order; bytes are 0 where the plan reads no sizes.
+    pub batches: Vec<(u64, u64)>,
+    pub messages: Vec<MiniBatchMessage>,
 }
 
 /// Numbers the planned batches, writes them to `plan/` a chunk at a time and publishes each
@@ -66,6 +94,9 @@ struct Chunk {
     lines: Vec<u8>,
     /// (batch index, the message's bytes in `lines`).
     messages: Vec<(u64, std::ops::Range<usize>)>,
+    identities: Vec<BatchIdentity>,
+    /// Batches reused from an earlier job: recorded, not published.
+    reused: HashSet<u64>,
 }
 
 impl<'a> PlanWriter<'a> {
@@ -74,8 +105,28 @@ impl<'a> PlanWriter<'a> {
             target,
             chunk: Chunk::default(),
             chunk_no: 0,
-            summary: PlanSummary { batches: 0, items: 0, tabular: false, skipped_inputs: 0 },
+            summary: PlanSummary {
+                batches: 0,
+                items: 0,
+                tabular: false,
+                skipped_inputs: 0,
+                reused: 0,
+            },
         }
+    }
+
+    /// A dry run (`batchfleet plan`): nothing is written or published.
+    pub(crate) fn is_dry(&self) -> bool {
+        self.target.dry.is_some()
+    }
+
+    /// The job's identity, when batch identities are recorded (not in a dry run).
+    pub(crate) fn identity(&self) -> Option<&'a crate::job::identity::JobIdentity> {
+        let target: &'a PlanTarget<'a> = self.target;
+        if target.dry.is_some() {
+            return None;
+        }
+        target.identities.map(|ids| &ids.identity)
     }
 
     /// Record the input entries the listing skipped, one line each: the path (escaped, so a
@@ -89,25 +140,43 @@ impl<'a> PlanWriter<'a> {
         }
         let text: String =
             skipped.iter().map(|(path, why)| format!("{}\t{why}\n", path.escape_debug())).collect();
-        let root = self.target.root;
-        root.write_skipped_inputs(text).await?;
+        if self.target.dry.is_none() {
+            self.target.root.write_skipped_inputs(text).await?;
+        }
         self.summary.skipped_inputs = skipped.len() as u64;
         Ok(())
     }
 
-    /// The next batch: a list of files relative to the input.
-    pub(crate) async fn push_files(&mut self, items: Vec<String>) -> Result<(), ProducerError> {
+    /// The next batch: a list of files relative to the input, each item's identity (see
+    /// [`crate::job::identity::JobIdentity::file_item`]; empty when no identity is recorded)
+    /// and their bytes (0 when not listed).
+    pub(crate) async fn push_files(
+        &mut self,
+        items: Vec<String>,
+        item_ids: &[String],
+        bytes: u64,
+    ) -> Result<(), ProducerError> {
         self.summary.items += items.len() as u64;
+        let identity = match self.target.identities {
+            Some(ids) if !item_ids.is_empty() => Some(ids.identity.files_batch(item_ids)),
+            _ => None,
+        };
+        let count = items.len() as u64;
         let message = self.message(items, None);
-        self.push(message).await
+        self.push(message, identity, (count, bytes)).await
     }
 
     /// The next batch: a tabular batch (items are its pieces until its rows are read).
     pub(crate) async fn push_table(&mut self, table: TableBatch) -> Result<(), ProducerError> {
         self.summary.items += table.pieces.len() as u64;
         self.summary.tabular |= table.read.format != TableFormat::FileList;
+        let identity = match self.identity() {
+            Some(identity) => Some(identity.table_batch(&table).await?),
+            None => None,
+        };
+        let size = (table.pieces.len() as u64, table.planned_bytes());
         let message = self.message(Vec::new(), Some(table));
-        self.push(message).await
+        self.push(message, identity, size).await
     }
 
     fn message(&self, items: Vec<String>, table: Option<TableBatch>) -> MiniBatchMessage {
@@ -125,8 +194,32 @@ impl<'a> PlanWriter<'a> {
         }
     }
 
-    async fn push(&mut self, mut message: MiniBatchMessage) -> Result<(), ProducerError> {
+    async fn push(
+        &mut self,
+        mut message: MiniBatchMessage,
+        identity: Option<String>,
+        size: (u64, u64),
+    ) -> Result<(), ProducerError> {
         self.summary.batches += 1;
+        if let Some(dry) = self.target.dry {
+            if let Ok(mut dry) = dry.lock() {
+                dry.batches.push(size);
+                if dry.keep_messages {
+                    dry.messages.push(message);
+                }
+            }
+            return Ok(());
+        }
+        if let Some(identity) = identity {
+            let reuse = self.target.identities.and_then(|ids| ids.reuse.as_ref());
+            if let Some(reuse) = reuse {
+                if reuse.try_reuse(self.target.root, message.index, &identity).await? {
+                    self.chunk.reused.insert(message.index);
+                    self.summary.reused += 1;
+                }
+            }
+            self.chunk.identities.push(BatchIdentity { index: message.index, identity });
+        }
         let start = self.chunk.lines.len();
         encode(self.target, &mut message, &mut self.chunk.lines).await?;
         self.chunk.messages.push((message.index, start..self.chunk.lines.len()));
@@ -146,6 +239,9 @@ impl<'a> PlanWriter<'a> {
                 input: job.input.name.clone(),
                 url: job.input.url.clone(),
             });
+        }
+        if self.target.dry.is_some() {
+            return Ok(self.summary);
         }
         flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
         let summary = self.summary;
@@ -189,9 +285,16 @@ async fn flush_chunk(
     if chunk.messages.is_empty() {
         return Ok(());
     }
+    if !chunk.identities.is_empty() {
+        target.root.write_batch_identities(chunk_no, &chunk.identities).await?;
+        chunk.identities.clear();
+    }
     let lines = Bytes::from(std::mem::take(&mut chunk.lines));
     target.root.write_plan_chunk(chunk_no, lines.clone()).await?;
-    let ended = |index: &u64| target.skip.is_some_and(|skip| skip.contains(index));
+    let reused = std::mem::take(&mut chunk.reused);
+    let ended = |index: &u64| {
+        reused.contains(index) || target.skip.is_some_and(|skip| skip.contains(index))
+    };
     let payloads: Vec<Bytes> = chunk
         .messages
         .iter()

@@ -16,11 +16,11 @@ async fn plan_of(batches: usize, items: usize, skip: &HashSet<u64>) -> (Vec<Vec<
     let broker = EmbeddedBroker::new();
     let queues = QueueNames::for_pool("test");
     declare_pool_queues(&broker, &queues).await.unwrap();
-    let target = PlanTarget { root: &root, broker: &broker, queue: &queues.work, skip: Some(skip) };
+    let target = PlanTarget { skip: Some(skip), ..PlanTarget::new(&root, &broker, &queues.work) };
     let mut writer = PlanWriter::new(&target);
     for batch in 0..batches {
         let names = (0..items).map(|i| format!("folder-{batch:04}/file-{i:06}.txt")).collect();
-        writer.push_files(names).await.unwrap();
+        writer.push_files(names, &[], 0).await.unwrap();
     }
     let summary = writer.finish(&crate::test_support::minimal_job()).await.unwrap();
     assert_eq!(summary.batches, batches as u64);

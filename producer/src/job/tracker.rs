@@ -38,6 +38,9 @@ pub struct Counts {
     /// Succeeded tabular batches that held no row: the runtime settled them without calling
     /// `run()` (part of `batches_succeeded`).
     pub batches_without_rows: u64,
+    /// Succeeded batches whose rows were taken from an earlier job (`--reuse`; part of
+    /// `batches_succeeded`).
+    pub batches_reused: u64,
 }
 
 impl Counts {
@@ -169,6 +172,9 @@ impl Tracker {
         }
         if new.state == BatchState::Succeeded {
             self.rows_out += status.rows;
+            if status.reused_from.is_some() {
+                self.counts.batches_reused += 1;
+            }
             if self.tabular && new.items_in == 0 {
                 self.counts.batches_without_rows += 1;
             }
@@ -377,13 +383,19 @@ mod tests {
                 worker: "w".into(),
                 duration_ms: 1,
             }),
+            reused_from: None,
         }
     }
 
     #[test]
     fn counts_batches_and_items_once() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 3, items: 7, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 3,
+            items: 7,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
         assert!(
             !tracker.record(&status(0, BatchState::Succeeded, 3, 3)),
@@ -403,8 +415,13 @@ mod tests {
 
     #[test]
     fn the_first_final_state_stands() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 1,
+            items: 2,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         tracker.record(&status(0, BatchState::Failed, 2, 0));
         assert!(!tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
@@ -416,8 +433,13 @@ mod tests {
 
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 2,
+            items: 2,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         let mut ok = status(1, BatchState::Succeeded, 1, 1);
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
@@ -427,8 +449,13 @@ mod tests {
 
     #[test]
     fn items_out_is_capped_at_items_in() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 1, items: 2, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 1,
+            items: 2,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         tracker.record(&status(0, BatchState::Succeeded, 2, 5));
         assert_eq!(tracker.counts().items_succeeded, 2);
     }
@@ -436,8 +463,13 @@ mod tests {
     #[test]
     fn a_tabular_plan_counts_rows_as_its_batches_end() {
         // Planned as 2 pieces; the batches turn out to hold 1,000 and 500 rows.
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 2, items: 2, tabular: true, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 2,
+            items: 2,
+            tabular: true,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         assert_eq!(tracker.counts().items_total, 0);
         tracker.record(&status(0, BatchState::Succeeded, 1000, 990));
         tracker.record(&status(1, BatchState::Succeeded, 500, 500));
@@ -451,8 +483,13 @@ mod tests {
 
     #[test]
     fn tabular_batches_without_rows_are_counted_apart() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 3, items: 3, tabular: true, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 3,
+            items: 3,
+            tabular: true,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         tracker.record(&status(0, BatchState::Succeeded, 0, 0));
         tracker.record(&status(1, BatchState::Succeeded, 4, 4));
         tracker.record(&status(2, BatchState::Failed, 0, 0));
@@ -463,8 +500,13 @@ mod tests {
 
     #[test]
     fn failures_group_by_kind_and_exception_whatever_the_file() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 4, items: 4, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 4,
+            items: 4,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         for (index, message) in [
             "run() failed: ValueError: bad input: bad0.txt",
             "run() failed: ValueError: bad input: bad1.txt",
@@ -499,8 +541,13 @@ mod tests {
 
     #[test]
     fn statuses_outside_the_plan_are_ignored() {
-        let mut tracker =
-            Tracker::new(PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 });
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 1,
+            items: 1,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
         assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
     }
 }

@@ -78,7 +78,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let scratch = scratch_dir()?;
     let mut fleet = if embedded {
         let python = resolve_interpreter(&options.python).await;
-        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop)
+        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, true)
     } else {
         tokio::task::JoinSet::new()
     };
@@ -203,7 +203,8 @@ async fn republish(
 ) -> Result<PlanSummary, ProducerError> {
     if !root.exists(&root.layout.plan_summary()).await? {
         eprintln!("the plan was not complete: planning again");
-        let target = PlanTarget { root, broker, queue: &queues.work, skip: Some(ended) };
+        let target =
+            PlanTarget { skip: Some(ended), ..PlanTarget::new(root, broker, &queues.work) };
         return plan_and_publish(job, &target).await;
     }
     let summary_text = root.read_text(&root.layout.plan_summary()).await?.unwrap_or_default();

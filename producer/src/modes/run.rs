@@ -26,9 +26,11 @@ use crate::job::fleet::{
 };
 use crate::job::fleet_note::resume_command;
 use crate::job::follow::FollowEnd;
+use crate::job::identity::interpreter_identity;
 use crate::job::interrupt;
 use crate::job::lifecycle::{self, create_root, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
+use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
 use crate::job::tracker::Tracker;
 
 /// Options of `batchfleet run`.
@@ -44,6 +46,8 @@ pub struct RunOptions {
     pub interactive: bool,
     /// `--allow`: every place the job names must lie under these prefixes.
     pub allow: Option<AllowList>,
+    /// `--reuse`: earlier jobs whose results batches of the same identity take.
+    pub reuse: Option<ReuseRequest>,
 }
 
 /// Run a job to its end on this machine.
@@ -72,6 +76,10 @@ pub async fn run_job(
         let python = options.python.clone();
         tokio::spawn(async move { resolve_interpreter(&python).await })
     };
+    let python = resolving.await.unwrap_or_else(|_| options.python.clone());
+    // A `--reuse` that names no job root fails here, before anything is written.
+    let interpreter = interpreter_identity(&python);
+    let identities = Identities::prepare(&job, &interpreter, options.reuse.as_ref()).await?;
     let root = create_root(options.store.as_deref(), &mut job)?;
     root.write_spec(spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
@@ -82,11 +90,12 @@ pub async fn run_job(
     declare_job_queue(broker.as_ref(), &root.job_id).await?;
     let stop = CancellationToken::new();
     let scratch = scratch_dir()?;
-    let python = resolving.await.unwrap_or_else(|_| options.python.clone());
-    let mut fleet = start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop);
+    let prestart = !ReuseRequest::reuses(options.reuse.as_ref());
+    let mut fleet =
+        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, prestart);
 
     let result = tokio::select! {
-        result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &mut fleet) => result,
+        result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &identities, &mut fleet) => result,
         () = interrupt::requested() => {
             // No new work: the workers stop (their records and logs go into the root); the
             // job is left for `resume`, which finishes it.
@@ -140,11 +149,14 @@ async fn plan_and_follow(
     broker: &dyn Broker,
     queues: &QueueNames,
     options: &RunOptions,
+    identities: &Identities,
     fleet: &mut JoinSet<Result<(), String>>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
-    let plan = lifecycle::plan(job, root, broker, queues).await?;
+    let plan = lifecycle::plan(job, root, broker, queues, identities).await?;
+    let reused = identities.reused();
+    write_reused_report(root, &reused).await;
     let mut last_worker_error = None;
-    lifecycle::follow(job, root, broker, queues, plan, options.interactive, || {
+    lifecycle::follow_from(job, root, broker, queues, plan, &reused, options.interactive, || {
         fleet_gone(fleet, &mut last_worker_error)
     })
     .await

@@ -177,6 +177,7 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
         items: 0,
         tabular: false,
         skipped_inputs: 0,
+        reused: 0,
     });
     let mut tracker = Tracker::new(plan);
     for status in &statuses {
@@ -240,7 +241,8 @@ mod tests {
             }
         };
         put(root.layout.job_json(), "{}".into()).await;
-        let plan = PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0 };
+        let plan =
+            PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0, reused: 0 };
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
         let status = batch_status(0, Some("1-w-s0"), BatchState::Succeeded);
         put(root.layout.status("00000000"), serde_json::to_string(&status).unwrap()).await;
@@ -275,7 +277,8 @@ mod tests {
             }
         };
         put(root.layout.job_json(), "{}".into()).await;
-        let plan = PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 };
+        let plan =
+            PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0, reused: 0 };
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
         put(root.layout.progress_overview(), "progress".into()).await;
         let root_arg = dir.path().join("j2");

@@ -27,8 +27,17 @@ use crate::job::interrupt;
 use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
 use crate::job::plan::PlanSummary;
+use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
 use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::job_root::JobRoot;
+use batchfleet_common::status::BatchStatus;
+
+/// The interpreter of a job's batches on a fleet, as the producer can know it: the workers'
+/// own Python is not seen, only the environment the job declares (docs/reuse.md).
+fn fleet_interpreter(job: &ResolvedJob) -> String {
+    let declared = job.task.environment.as_ref().map(|e| e.to_string()).unwrap_or_default();
+    format!("fleet\t{declared}")
+}
 
 /// RabbitMQ's default `consumer_timeout`: a delivery held unacknowledged longer is taken back.
 pub const DEFAULT_CONSUMER_TIMEOUT: Duration = RabbitMqConnect::DEFAULT_CONSUMER_TIMEOUT;
@@ -57,6 +66,8 @@ pub struct SubmitOptions {
     pub interactive: bool,
     /// `--allow` (and `watch`): every place the job names must lie under these prefixes.
     pub allow: Option<AllowList>,
+    /// `--reuse`: earlier jobs whose results batches of the same identity take.
+    pub reuse: Option<ReuseRequest>,
 }
 
 /// What `submit` did.
@@ -75,6 +86,8 @@ pub struct Published {
     pub broker: Arc<dyn Broker>,
     pub queues: QueueNames,
     pub plan: PlanSummary,
+    /// The batches reused from earlier jobs (`--reuse`): ended before following begins.
+    pub reused: Vec<BatchStatus>,
     /// When this process began the job (ms since the epoch): its `logs/sys/producer.log` holds
     /// the lines naming no job from then on.
     pub started_ms: u64,
@@ -126,6 +139,8 @@ pub async fn publish_loaded(
         job.confined = true;
     }
     let code = shippable_code(&job)?;
+    let identities =
+        Identities::prepare(&job, &fleet_interpreter(&job), options.reuse.as_ref()).await?;
     let broker = connect_broker(options).await?;
     let queues = QueueNames::for_pool(&options.pool);
     declare_pool_queues(broker.as_ref(), &queues).await?;
@@ -147,14 +162,16 @@ pub async fn publish_loaded(
         lifecycle::could_not_start(&root, &error).await;
         return Err(error);
     }
-    let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues).await?;
+    let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues, &identities).await?;
+    let reused = identities.reused();
+    write_reused_report(&root, &reused).await;
     let (broker_arg, note) = crate::words::pasteable_broker(&options.broker);
     let worker_command = format!(
         "batchfleet-worker --broker {broker_arg} --pool {}{}",
         options.pool,
         note.map(|note| format!("\n  {note}")).unwrap_or_default()
     );
-    Ok(Published { job, root, broker, queues, plan, started_ms, worker_command })
+    Ok(Published { job, root, broker, queues, plan, reused, started_ms, worker_command })
 }
 
 /// Follow a published job to its end: progress, thresholds, aggregation, the job result.
@@ -162,7 +179,8 @@ pub async fn follow_published(
     published: Published,
     interactive: bool,
 ) -> Result<JobReport, ProducerError> {
-    let Published { job, root, broker, queues, plan, started_ms, worker_command } = published;
+    let Published { job, root, broker, queues, plan, reused, started_ms, worker_command } =
+        published;
     let watching =
         tokio::spawn(say_when_no_worker(Arc::clone(&broker), queues.clone(), worker_command));
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
@@ -170,12 +188,13 @@ pub async fn follow_published(
     let interrupted = || interrupt::is_requested().then(|| "interrupted".to_string());
     let mut handed_over = false;
     let followed = async {
-        let followed = lifecycle::follow(
+        let followed = lifecycle::follow_from(
             &job,
             &root,
             broker.as_ref(),
             &queues,
             plan,
+            &reused,
             interactive,
             interrupted,
         )

@@ -176,8 +176,11 @@ fn child_plan(spec: &Path, store: &Path) -> Result<()> {
         let root = lifecycle::create_root(Some(store), &mut job)?;
         let broker = Discard::default();
         let queues = QueueNames::for_pool("bench");
+        // As `run` plans: each batch's identity recorded (docs/reuse.md).
+        let identities =
+            batchfleet_producer::job::reuse::Identities::prepare(&job, "bench", None).await?;
         let started = Instant::now();
-        let plan = lifecycle::plan(&job, &root, &broker, &queues).await?;
+        let plan = lifecycle::plan(&job, &root, &broker, &queues, &identities).await?;
         let seconds = started.elapsed().as_secs_f64();
         ensure!(broker.messages.load(Ordering::Relaxed) == plan.batches, "every batch published");
         if let Ok(path) = root.location.url.to_file_path() {

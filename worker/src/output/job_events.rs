@@ -193,6 +193,7 @@ mod tests {
             started_at_ms: 0,
             ended_at_ms: 0,
             error: None,
+            reused_from: None,
         }
     }
 

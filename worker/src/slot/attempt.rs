@@ -480,6 +480,7 @@ fn succeeded_status(
         started_at_ms: started_ms,
         ended_at_ms: now_ms(),
         error: None,
+        reused_from: None,
     }
 }
 

@@ -106,6 +106,7 @@ pub(super) async fn resumed(started: &StartedJob, options: &WatchOptions) -> Man
         interactive: false,
         // Its places were checked against the allow-list when the manifest was first taken.
         allow: None,
+        reuse: None,
     };
     // The watcher's own --environment map, as when it first took the manifest.
     let mut environments = spec::Environments::default();

@@ -42,5 +42,6 @@ pub fn minimal_job() -> ResolvedJob {
         outputs: BTreeMap::new(),
         environment_variables: BTreeMap::new(),
         compute: None,
+        job_root_format: batchfleet_common::job_root::JOB_ROOT_FORMAT,
     }
 }

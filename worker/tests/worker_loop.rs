@@ -107,6 +107,7 @@ impl Fleet {
                 self.path("markers").display().to_string(),
             )]),
             compute: None,
+            job_root_format: batchfleet_common::job_root::JOB_ROOT_FORMAT,
         }
     }
 
@@ -180,10 +181,14 @@ impl Fleet {
         std::fs::read_to_string(self.path("root").join(rel)).ok()
     }
 
-    /// The rows of a batch's winning result part (the one its status names).
+    /// The rows of a batch's winning attempt: inside its status, or in the result part it
+    /// names.
     fn result(&self, batch: &str) -> Option<String> {
-        let part = self.status(batch)?.result_part?;
-        self.read(&format!("results/{batch}.{part}"))
+        let status = self.status(batch)?;
+        if let Some(rows) = status.inline_rows {
+            return Some(rows);
+        }
+        self.read(&format!("results/{batch}.{}", status.result_part?))
     }
 
     fn status(&self, batch: &str) -> Option<BatchStatus> {

@@ -134,6 +134,7 @@ pub(crate) fn parse(
             .transpose()?
             .unwrap_or_default(),
         compute: optional_string(job, "compute")?,
+        job_root_format: crate::job_root::JOB_ROOT_FORMAT,
     })
 }
 

@@ -1,4 +1,5 @@
-//! Aggregation: the succeeded batches' result parts, streamed in batch order into one file.
+//! Aggregation: the succeeded batches' rows — result parts, or rows inside their statuses (job
+//! root format 2) — streamed in batch order into one file.
 //!
 //! The output is written as a multipart upload and completed only after the last part, so a
 //! failed aggregation leaves nothing at the final key (object stores show nothing until the
@@ -16,8 +17,8 @@ use batchfleet_common::message::batch_id;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
-use crate::job::tracker::Tracker;
-use batchfleet_common::job_root::JobRoot;
+use crate::job::tracker::{BatchRows, Tracker};
+use batchfleet_common::job_root::{JobRoot, JobRootError};
 
 /// File name used inside an output folder, as Azure names it.
 pub const OUTPUT_FILE_NAME: &str = batchfleet_common::job::APPEND_ROW_FILE_NAME;
@@ -96,11 +97,18 @@ pub async fn aggregate(
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
-    let fetches = tracker.succeeded().map(|(index, part)| {
-        let key = root.layout.result_part(&batch_id(index), part);
-        async move {
-            let fetched = fetch_part(root, &key).await;
-            (key, fetched)
+    let fetches = tracker.succeeded().map(|(index, rows)| async move {
+        let batch = batch_id(index);
+        match rows {
+            BatchRows::Part(part) => {
+                let key = root.layout.result_part(&batch, part);
+                let fetched = fetch_part(root, &key).await;
+                (key, fetched)
+            }
+            BatchRows::Inline => {
+                let key = root.layout.status(&batch);
+                (key, fetch_inline(root, &batch).await)
+            }
         }
     });
     let mut parts = futures::stream::iter(fetches).buffered(READ_AHEAD);
@@ -142,6 +150,28 @@ async fn fetch_part(root: &JobRoot, key: &object_store::path::Path) -> Result<Pa
         return Ok(Part::Large(got));
     }
     got.bytes().await.map(Part::Small).map_err(|e| StoreError::io("get", key, e))
+}
+
+/// The rows a batch's status holds (job root format 2).
+async fn fetch_inline(root: &JobRoot, batch: &str) -> Result<Part, StoreError> {
+    let key = root.layout.status(batch);
+    match root.read_inline_rows(batch).await {
+        Ok(Some(rows)) => Ok(Part::Small(Bytes::from(rows))),
+        Ok(None) => Err(StoreError::io(
+            "get",
+            &key,
+            object_store::Error::Generic {
+                store: "job root",
+                source: "the batch's status holds no rows, and names no result part".into(),
+            },
+        )),
+        Err(JobRootError::Store(error)) => Err(error),
+        Err(error) => Err(StoreError::io(
+            "get",
+            &key,
+            object_store::Error::Generic { store: "job root", source: Box::new(error) },
+        )),
+    }
 }
 
 /// A small part of a job root in a local folder, read in place: for 10,000 one-line parts,

@@ -432,16 +432,18 @@ mod tests {
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
         let mut tracker =
-            Tracker::new(PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0 });
+            Tracker::new(PlanSummary { batches: 3, items: 3, tabular: false, skipped_inputs: 0 });
         let mut ok = status(1, BatchState::Succeeded, 1, 1);
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
         tracker.record(&status(0, BatchState::Failed, 1, 0));
-        assert_eq!(tracker.succeeded().collect::<Vec<_>>(), [(1, BatchRows::Part("2-w1-s0"))]);
-        let mut inline = status(0, BatchState::Succeeded, 1, 1);
+        let mut inline = status(2, BatchState::Succeeded, 1, 1);
         inline.inline_rows = Some(String::new());
         tracker.record(&inline);
-        assert_eq!(tracker.succeeded().next(), Some((0, BatchRows::Inline)));
+        assert_eq!(
+            tracker.succeeded().collect::<Vec<_>>(),
+            [(1, BatchRows::Part("2-w1-s0")), (2, BatchRows::Inline)]
+        );
     }
 
     #[test]

@@ -234,3 +234,43 @@ fn write_chunk(writer: &mut WriteMultipart, totals: &mut Aggregated, chunk: &[u8
     totals.bytes += chunk.len() as u64;
     writer.write(chunk);
 }
+
+#[cfg(test)]
+mod tests {
+    use batchfleet_common::job_root::{JobRoot, JOB_ROOT_FORMAT};
+    use batchfleet_common::status::BatchState;
+    use batchfleet_common::test_support::batch_status;
+
+    use crate::job::plan::PlanSummary;
+    use crate::job::tracker::Tracker;
+
+    /// A root holding both formats' results (a format-1 job resumed, or rows over the
+    /// threshold): parts and rows inside statuses aggregate in batch order, exactly once.
+    #[tokio::test]
+    async fn parts_and_rows_inside_statuses_aggregate_in_batch_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = url::Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&url, "j").unwrap();
+        for (index, rows, inline) in [(0, "a\n", false), (1, "b\nc\n", true), (2, "d", false)] {
+            let output = dir.path().join(format!("out-{index}"));
+            std::fs::write(&output, rows).unwrap();
+            let mut status = batch_status(index, Some("1-w"), BatchState::Succeeded);
+            if inline {
+                status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &output);
+            }
+            root.write_part_and_status("1-w", &output, &status).await.unwrap();
+        }
+        let mut tracker =
+            Tracker::new(PlanSummary { batches: 3, items: 3, tabular: false, skipped_inputs: 0 });
+        for status in root.read_statuses().await.unwrap() {
+            assert!(tracker.record(&status));
+        }
+        let file = dir.path().join("output.txt");
+        let output =
+            batchfleet_common::store::open_str(url::Url::from_file_path(&file).unwrap().as_str())
+                .unwrap();
+        let totals = super::aggregate(&root, &tracker, None, &output).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\nb\nc\nd\n");
+        assert_eq!((totals.rows, totals.bytes), (4, 8));
+    }
+}

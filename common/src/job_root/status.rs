@@ -179,11 +179,15 @@ impl JobRoot {
         if job_root_format < 2 {
             return None;
         }
-        let size = std::fs::metadata(output).ok()?.len();
-        if size > INLINE_ROWS_MAX {
+        use std::io::Read;
+        // One read past the threshold tells a large file (no separate stat).
+        let mut rows = Vec::new();
+        let file = std::fs::File::open(output).ok()?;
+        file.take(INLINE_ROWS_MAX + 1).read_to_end(&mut rows).ok()?;
+        if rows.len() as u64 > INLINE_ROWS_MAX {
             return None;
         }
-        String::from_utf8(std::fs::read(output).ok()?).ok()
+        String::from_utf8(rows).ok()
     }
 
     /// The rows a succeeded batch's status holds (job root format 2), read from the stored
@@ -200,8 +204,13 @@ impl JobRoot {
                 None => return Ok(None),
             },
         };
-        let status: BatchStatus = decode(&key, STATUS, &bytes)?;
-        Ok(status.inline_rows)
+        // Only the rows are decoded (the other fields skipped): aggregation reads every one.
+        #[derive(serde::Deserialize)]
+        struct Rows {
+            inline_rows: Option<String>,
+        }
+        let rows: Rows = decode(&key, STATUS, &bytes)?;
+        Ok(rows.inline_rows)
     }
 
     /// Upload the local file `output` as `results/<batch>.<part>`.

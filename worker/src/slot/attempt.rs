@@ -371,10 +371,15 @@ impl Slot {
     }
 
     /// `run()`'s output file for a format-2 job root: one per slot, reused batch after batch
-    /// (the runtime opens it truncating); a large result is moved or uploaded from it.
+    /// (the runtime opens it truncating); a large result is moved or uploaded from it. In the
+    /// slot's folder in `/dev/shm` when the scratch folder is on a disk: ext4 writes back a
+    /// file truncated and rewritten when it is closed (`auto_da_alloc`), milliseconds a batch.
     async fn reused_output_file(&mut self) -> Result<PathBuf, AttemptEnd> {
-        let file = self.local_output_file("rows").await?;
-        Ok(file)
+        let memory = self.memory.get_or_insert_with(|| memory_folder(&self.dir));
+        match memory {
+            Some(memory) => Ok(memory.path().join("rows.txt")),
+            None => self.local_output_file("rows").await,
+        }
     }
 
     /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard

@@ -44,6 +44,15 @@ pub struct ResolvedJob {
     /// script never inherits the workers' store credentials (docs/security.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub confined: bool,
+    /// The job root's format ([`crate::job_root::JOB_ROOT_FORMAT`] for a job this build
+    /// plans): 2 lets a small result travel inside its batch's status; a `job.json` without
+    /// it is format 1 (every result in a part of its own).
+    #[serde(default = "format_1")]
+    pub job_root_format: u32,
+}
+
+fn format_1() -> u32 {
+    1
 }
 
 impl ResolvedJob {

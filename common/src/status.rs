@@ -101,9 +101,17 @@ pub struct BatchStatus {
     /// each of which starts another row of the aggregated output.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub extra_lines: u64,
-    /// The winning attempt's result part: `<part>` in `results/<batch id>.<part>`.
+    /// The winning attempt's part name: `<part>` in `results/<batch id>.<part>`, where its
+    /// rows are unless they travel in [`BatchStatus::inline_rows`]. Unique per attempt, it
+    /// also tells a retried create its own status.
     #[serde(default)]
     pub result_part: Option<String>,
+    /// The rows themselves, when they were small enough to travel in the status (job root
+    /// format 2, up to [`crate::job_root::INLINE_ROWS_MAX`] bytes of UTF-8): no part was
+    /// written. A status passed on without its rows (batch events, `read_statuses`) holds
+    /// `Some("")` here: the rows are in the stored status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline_rows: Option<String>,
     /// The DataFrame header line, when `run()` returned a DataFrame.
     pub header: Option<String>,
     pub attempt: u32,
@@ -116,6 +124,23 @@ pub struct BatchStatus {
     /// the same identity (`--reuse`): that batch's status URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reused_from: Option<String>,
+}
+
+impl BatchStatus {
+    /// Whether the rows travel in the stored status rather than a result part.
+    pub fn rows_inline(&self) -> bool {
+        self.inline_rows.is_some()
+    }
+
+    /// This status without its inline rows (`Some("")` says they are in the stored status):
+    /// what events carry and the producer keeps.
+    pub fn without_rows(mut self) -> BatchStatus {
+        if let Some(rows) = &mut self.inline_rows {
+            rows.clear();
+            rows.shrink_to_fit();
+        }
+        self
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -16,6 +16,7 @@ pub fn batch_status(index: u64, result_part: Option<&str>, state: BatchState) ->
         rows: 1,
         extra_lines: 0,
         result_part: result_part.map(str::to_string),
+        inline_rows: None,
         header: None,
         attempt: 1,
         worker: "w".into(),

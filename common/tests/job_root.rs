@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use batchfleet_common::job_root::{JobRoot, JobRootError, StatusWrite};
+use batchfleet_common::job_root::{
+    JobRoot, JobRootError, StatusWrite, INLINE_ROWS_MAX, JOB_ROOT_FORMAT,
+};
 use batchfleet_common::status::{BatchState, BatchStatus};
 use batchfleet_common::test_support::batch_status as status;
 use batchfleet_common::Retry;
@@ -246,4 +248,114 @@ async fn s3_root_corrupt_status_is_named_and_not_retried() {
 #[tokio::test]
 async fn s3_root_markers_and_records_round_trip() {
     markers_and_records_round_trip(s3_root()).await;
+}
+
+/// Job root format 2: small rows travel inside the status, ONE create-only write; the
+/// protocol keeps its meaning (the first final status wins, a losing attempt's rows never
+/// appear, a retried create recognises its own); large rows keep a part of their own.
+async fn small_rows_travel_in_the_status(root: JobRoot, scratch: tempfile::TempDir) {
+    let inline = |name: &str, rows: &str| {
+        JobRoot::inline_rows(JOB_ROOT_FORMAT, &output_file(&scratch, name, rows))
+    };
+    let mut first = status(6, Some("1-a"), BatchState::Succeeded);
+    first.inline_rows = inline("a.out", "row from a\n");
+    assert_eq!(first.inline_rows.as_deref(), Some("row from a\n"));
+    let output = scratch.path().join("a.out");
+    assert_eq!(root.write_part_and_status("1-a", &output, &first).await.unwrap(), StatusWrite::Won);
+    let parts = root.list(&root.layout.results_prefix()).await.unwrap();
+    assert!(parts.is_empty(), "no part for rows that travel in the status: {parts:?}");
+
+    let mut second = status(6, Some("2-b"), BatchState::Succeeded);
+    second.inline_rows = inline("b.out", "row from b\n");
+    let output = scratch.path().join("b.out");
+    let lost = root.write_part_and_status("2-b", &output, &second).await.unwrap();
+    assert_eq!(lost, StatusWrite::AlreadyFinal(Box::new(first.clone())));
+    assert_eq!(root.create_status(&first).await.unwrap(), StatusWrite::Won, "a retried create");
+    let rows = root.read_inline_rows(&first.batch_id).await.unwrap();
+    assert_eq!(rows.as_deref(), Some("row from a\n"), "the winner's rows, never the loser's");
+    let listed = root.read_statuses().await.unwrap();
+    assert_eq!(listed, vec![first.clone().without_rows()]);
+    assert_eq!(listed[0].inline_rows.as_deref(), Some(""), "listed: rows left in the store");
+
+    // Rows past the threshold, or a format-1 job root: a part, then the status.
+    let large = "x".repeat(usize::try_from(INLINE_ROWS_MAX).unwrap()) + "\n";
+    assert_eq!(inline("large.out", &large), None);
+    assert_eq!(JobRoot::inline_rows(1, &output_file(&scratch, "c.out", "row\n")), None);
+    let big = status(7, Some("1-c"), BatchState::Succeeded);
+    let output = scratch.path().join("large.out");
+    assert_eq!(root.write_part_and_status("1-c", &output, &big).await.unwrap(), StatusWrite::Won);
+    assert_eq!(part_text(&root, &big).await, large);
+    assert_eq!(root.read_inline_rows(&big.batch_id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn local_root_small_rows_travel_in_the_status() {
+    let (dir, scratch) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    small_rows_travel_in_the_status(local_root(&dir), scratch).await;
+}
+
+#[tokio::test]
+async fn s3_root_small_rows_travel_in_the_status() {
+    small_rows_travel_in_the_status(s3_root(), tempfile::tempdir().unwrap()).await;
+}
+
+/// An in-place part file whose rows went into the status is not left behind.
+#[tokio::test]
+async fn local_root_inlined_in_place_part_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = local_root(&dir);
+    let mut status = status(8, Some("1-p"), BatchState::Succeeded);
+    let in_place = root.local_part_file(&status.batch_id, "1-p").expect("a local root");
+    std::fs::write(&in_place, "joined rows\n").unwrap();
+    status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &in_place);
+    assert_eq!(
+        root.write_part_and_status("1-p", &in_place, &status).await.unwrap(),
+        StatusWrite::Won
+    );
+    assert!(!in_place.exists(), "the in-place part went into the status");
+    assert_eq!(
+        root.read_inline_rows(&status.batch_id).await.unwrap().as_deref(),
+        Some("joined rows\n")
+    );
+}
+
+fn spec_job() -> batchfleet_common::job::ResolvedJob {
+    let yaml = "type: parallel\ninputs:\n  d: {type: uri_folder, path: /data}\n\
+        input_data: ${{inputs.d}}\ntask:\n  type: run_function\n  code: /code\n  \
+        entry_script: s.py\n";
+    batchfleet_common::spec::parse_job_str(yaml, std::path::Path::new("/jobs/job.yaml"))
+        .expect("valid spec")
+        .job
+}
+
+/// A job root records its format in `job.json`; a root of format 1 (no such field) reads as
+/// format 1, and a newer one is refused with a message that says what to do.
+#[tokio::test]
+async fn job_json_records_the_job_root_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = local_root(&dir);
+    let job = spec_job();
+    assert_eq!(job.job_root_format, JOB_ROOT_FORMAT);
+    root.write_spec("type: parallel\n", &job).await.unwrap();
+    assert_eq!(root.read_job().await.unwrap().job_root_format, JOB_ROOT_FORMAT);
+
+    let mut old = serde_json::to_value(&job).unwrap();
+    old.as_object_mut().unwrap().remove("job_root_format");
+    let put = |value: serde_json::Value| {
+        let bytes = Bytes::from(serde_json::to_vec(&value).unwrap());
+        let (store, key) = (Arc::clone(root.store()), root.layout.job_json());
+        async move { store.put(&key, bytes.into()).await.unwrap() }
+    };
+    put(old.clone()).await;
+    assert_eq!(root.read_job().await.unwrap().job_root_format, 1, "a format-1 root");
+
+    old["job_root_format"] = serde_json::json!(JOB_ROOT_FORMAT + 1);
+    old["a_field_of_the_future"] = serde_json::json!(true);
+    put(old).await;
+    let error = root.read_job().await.unwrap_err();
+    assert!(matches!(error, JobRootError::NewerFormat { .. }), "{error:?}");
+    assert_eq!(error.retry(), Retry::Permanent);
+    let message = error.to_string();
+    assert!(message.contains("job.json") && message.contains("format 3"), "{message}");
+    assert!(message.contains("use the batchfleet version that wrote the job"), "{message}");
 }

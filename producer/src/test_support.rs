@@ -43,5 +43,6 @@ pub fn minimal_job() -> ResolvedJob {
         environment_variables: BTreeMap::new(),
         compute: None,
         confined: false,
+        job_root_format: batchfleet_common::job_root::JOB_ROOT_FORMAT,
     }
 }

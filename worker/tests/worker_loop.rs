@@ -108,12 +108,26 @@ impl Fleet {
             )]),
             compute: None,
             confined: false,
+            job_root_format: batchfleet_common::job_root::JOB_ROOT_FORMAT,
         }
     }
 
     fn write_job_json(&self) {
-        let json = serde_json::to_vec_pretty(&self.job()).unwrap();
+        self.write_job_json_of_format(batchfleet_common::job_root::JOB_ROOT_FORMAT);
+    }
+
+    /// `job.json` saying job root format `format` (1: every result in a part of its own).
+    fn write_job_json_of_format(&self, format: u32) {
+        let job = ResolvedJob { job_root_format: format, ..self.job() };
+        let json = serde_json::to_vec_pretty(&job).unwrap();
         std::fs::write(self.path("root/job.json"), json).unwrap();
+    }
+
+    /// The result parts under `results/`, by file name.
+    fn parts(&self) -> Vec<String> {
+        std::fs::read_dir(self.path("root/results"))
+            .map(|dir| dir.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
     }
 
     fn input(&self, name: &str, contents: &str) {
@@ -182,10 +196,14 @@ impl Fleet {
         std::fs::read_to_string(self.path("root").join(rel)).ok()
     }
 
-    /// The rows of a batch's winning result part (the one its status names).
+    /// The rows of a batch's winning attempt: inside its status, or in the result part it
+    /// names.
     fn result(&self, batch: &str) -> Option<String> {
-        let part = self.status(batch)?.result_part?;
-        self.read(&format!("results/{batch}.{part}"))
+        let status = self.status(batch)?;
+        if let Some(rows) = status.inline_rows {
+            return Some(rows);
+        }
+        self.read(&format!("results/{batch}.{}", status.result_part?))
     }
 
     fn status(&self, batch: &str) -> Option<BatchStatus> {
@@ -288,7 +306,9 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
                     .count()
             })
             .unwrap_or(0);
-        format!("{} status={} result={}", message.batch_id, status.exists(), parts == 1)
+        // Format 2: the rows travel inside the status.
+        let inline = std::fs::read_to_string(&status).is_ok_and(|s| s.contains("\"inline_rows\""));
+        format!("{} status={} result={}", message.batch_id, status.exists(), parts == 1 || inline)
     });
     fleet
         .publish(&[
@@ -330,7 +350,7 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
     let mut events = fleet.batch_events().await;
     events.sort_by_key(|(_, status)| status.index);
     assert_eq!(events.len(), 3);
-    assert_eq!(events[1].1, status);
+    assert_eq!(events[1].1, status.without_rows(), "events carry no rows");
     assert_eq!(events[1].0, "job-1");
 
     // Each ack came after the batch's lease was extended (and, the probes say, after its
@@ -703,6 +723,15 @@ async fn a_worker_without_its_interpreter_stops_and_gives_the_batch_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_attempts_racing_on_one_batch_leave_exactly_one_output() {
+    two_attempts_racing(batchfleet_common::job_root::JOB_ROOT_FORMAT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_attempts_racing_in_a_format_1_job_root_leave_exactly_one_part() {
+    two_attempts_racing(1).await;
+}
+
+async fn two_attempts_racing(format: u32) {
     // Both slots get a copy of the same mini-batch (as when a lease runs out while the first
     // attempt still runs); each run waits until the other has started, so they truly overlap.
     let script = r#"
@@ -717,6 +746,7 @@ def run(mini_batch):
     return [os.path.basename(p) for p in mini_batch]
 "#;
     let fleet = Fleet::new(script, 2, 60).await;
+    fleet.write_job_json_of_format(format);
     fleet.input("a.txt", "1");
     fleet.input("b.txt", "2");
     let summary = fleet.run_two_copies(fleet.message(0, &["a.txt", "b.txt"]), 2).await;
@@ -728,16 +758,18 @@ def run(mini_batch):
     );
 
     let status = fleet.status("00000000").expect("one status");
-    let parts: Vec<String> = std::fs::read_dir(fleet.path("root/results"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
     let winner = format!("00000000.{}", status.result_part.clone().unwrap());
-    assert_eq!(parts, [winner], "only the winner's part remains");
+    match format {
+        1 => assert_eq!(fleet.parts(), [winner], "only the winner's part remains"),
+        _ => {
+            assert!(status.rows_inline(), "small rows travel in the status: {status:?}");
+            assert!(fleet.parts().is_empty(), "no part at all: {:?}", fleet.parts());
+        }
+    }
     assert_eq!(fleet.result("00000000").unwrap(), "a.txt\nb.txt\n");
     let events = fleet.batch_events().await;
     assert_eq!(events.len(), 1, "only the winner tells the producer: {events:?}");
-    assert_eq!(events[0].1, status);
+    assert_eq!(events[0].1, status.without_rows(), "events carry no rows");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -765,8 +797,8 @@ def run(mini_batch):
     assert_eq!((status.attempt, status.state), (1, BatchState::Succeeded));
     let rows = fleet.result("00000000").expect("the part the status names is there");
     assert!(rows.starts_with("a.txt pid="), "{rows}");
-    let parts = std::fs::read_dir(fleet.path("root/results")).unwrap().count();
-    assert_eq!(parts, 1, "only the winner's part remains");
+    assert!(status.rows_inline(), "small rows travel in the status: {status:?}");
+    assert!(fleet.parts().is_empty(), "no part, the failed run's neither: {:?}", fleet.parts());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,8 @@
 //! [`JobLayout`]). [`JobRoot`] owns the store location and the layout, and holds the protocol
 //! that makes output exactly-once:
 //!
-//! - result parts, one per attempt (`results/<batch>.<part>`);
+//! - result parts, one per attempt (`results/<batch>.<part>`) — or, in a format-2 root
+//!   ([`JOB_ROOT_FORMAT`]), rows up to [`INLINE_ROWS_MAX`] inside the status itself;
 //! - the batch status, created **create-only** ([`JobRoot::create_status`]): the first final
 //!   status stands, and a writer that finds one learns whose it is ([`StatusWrite`]);
 //! - statuses read back with one decode policy: missing is `None`, unreadable is
@@ -55,6 +56,17 @@ pub use records::{JobRecords, SkippedLine};
 pub use reuse::{BatchIdentity, REUSED_PART, REUSED_WORKER};
 pub use status::StatusWrite;
 
+/// The job root format this build writes: 2 — a mini-batch whose rows fit
+/// [`INLINE_ROWS_MAX`] is one create-only write, its status with the rows inside; larger rows
+/// keep a part of their own. Format 1 (a `job.json` without `job_root_format`): every result
+/// in a part. This build reads both; a newer format is refused ([`JobRootError::NewerFormat`]).
+pub const JOB_ROOT_FORMAT: u32 = 2;
+
+/// The most bytes of rows that travel inside a batch's status (64 KiB): a status stays one
+/// small object (`status` and `resume` read them all), and a larger result is one more PUT
+/// among many bytes.
+pub const INLINE_ROWS_MAX: u64 = 64 * 1024;
+
 /// A job's root: its id, the store location that holds it and the keys under it.
 #[derive(Debug, Clone)]
 pub struct JobRoot {
@@ -81,6 +93,12 @@ pub enum JobRootError {
         #[source]
         source: serde_json::Error,
     },
+    /// The job root was written by a newer batchfleet, in a format this build does not read.
+    #[error(
+        "`{key}` says job root format {found}; this batchfleet reads formats 1 to \
+        {supported}: use the batchfleet version that wrote the job (or a newer one)"
+    )]
+    NewerFormat { key: String, found: u32, supported: u32 },
     /// A record could not be encoded (a bug, not a store problem).
     #[error("encoding {what} for `{key}` failed: {source}")]
     Encode {
@@ -95,14 +113,18 @@ impl JobRootError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             JobRootError::Store(e) => e.kind(),
-            JobRootError::Corrupt { .. } | JobRootError::Encode { .. } => ErrorKind::Infra,
+            JobRootError::Corrupt { .. }
+            | JobRootError::Encode { .. }
+            | JobRootError::NewerFormat { .. } => ErrorKind::Infra,
         }
     }
 
     pub fn retry(&self) -> Retry {
         match self {
             JobRootError::Store(e) => e.retry(),
-            JobRootError::Corrupt { .. } | JobRootError::Encode { .. } => Retry::Permanent,
+            JobRootError::Corrupt { .. }
+            | JobRootError::Encode { .. }
+            | JobRootError::NewerFormat { .. } => Retry::Permanent,
         }
     }
 
@@ -263,10 +285,25 @@ impl JobRoot {
         self.put(&key, json).await
     }
 
-    /// The resolved job (`job.json`).
+    /// The resolved job (`job.json`); a job root of a newer format than
+    /// [`JOB_ROOT_FORMAT`] is refused.
     pub async fn read_job(&self) -> Result<ResolvedJob, JobRootError> {
         let key = self.layout.job_json();
         let bytes = self.get(&key).await?;
+        // The format first: a newer job.json may hold fields this build does not know.
+        #[derive(serde::Deserialize)]
+        struct Format {
+            job_root_format: Option<u32>,
+        }
+        if let Ok(Format { job_root_format: Some(found) }) = serde_json::from_slice(&bytes) {
+            if found > JOB_ROOT_FORMAT {
+                return Err(JobRootError::NewerFormat {
+                    key: key.to_string(),
+                    found,
+                    supported: JOB_ROOT_FORMAT,
+                });
+            }
+        }
         decode(&key, "resolved job (job.json)", &bytes)
     }
 

@@ -65,10 +65,12 @@ impl JobRoot {
         self.exists(&self.layout.job_json()).await
     }
 
-    /// The rows of `source`'s succeeded batch (`earlier`, its status there) become this job's
-    /// batch `index`: the part is copied to `results/<batch id>.reused` and the status created
-    /// create-only, marked `reused_from`, so that the aggregator reads it as any other.
-    /// `Ok(None)` when the earlier part is gone (the batch then runs).
+    /// The rows of `source`'s succeeded batch (`earlier`, its status there, read whole) become
+    /// this job's batch `index`, and its status is created create-only, marked `reused_from`,
+    /// so that the aggregator reads it as any other. Rows that travelled inside the earlier
+    /// status travel inside the new one (one write); a part is copied to
+    /// `results/<batch id>.reused`. `Ok(None)` when the earlier rows are gone (the batch then
+    /// runs).
     pub async fn settle_reused(
         &self,
         index: u64,
@@ -78,19 +80,34 @@ impl JobRoot {
         if earlier.state != BatchState::Succeeded {
             return Ok(None);
         }
-        let Some(part) = earlier.result_part.as_deref() else { return Ok(None) };
-        let Some(rows) =
-            source.get_if_exists(&source.layout.result_part(&earlier.batch_id, part)).await?
-        else {
-            return Ok(None);
-        };
         let batch_id = crate::message::batch_id(index);
-        self.put(&self.layout.result_part(&batch_id, REUSED_PART), rows).await?;
+        let inline_rows = match &earlier.inline_rows {
+            // A status passed on without its rows (`Some("")`) is read again whole.
+            Some(rows) if rows.is_empty() => {
+                match source.read_inline_rows(&earlier.batch_id).await? {
+                    Some(rows) => Some(rows),
+                    None => return Ok(None),
+                }
+            }
+            Some(rows) => Some(rows.clone()),
+            None => {
+                let Some(part) = earlier.result_part.as_deref() else { return Ok(None) };
+                let Some(rows) = source
+                    .get_if_exists(&source.layout.result_part(&earlier.batch_id, part))
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                self.put(&self.layout.result_part(&batch_id, REUSED_PART), rows).await?;
+                None
+            }
+        };
         let now = now_ms();
         let status = BatchStatus {
             batch_id,
             index,
             result_part: Some(REUSED_PART.to_string()),
+            inline_rows,
             attempt: 0,
             worker: REUSED_WORKER.to_string(),
             started_at_ms: now,

@@ -1,7 +1,8 @@
 //! The exactly-once protocol: result parts and create-only batch statuses.
 //!
 //! Every attempt writes its rows to its own part (`results/<batch>.<part>`), then creates the
-//! batch's status create-only. The first successful create wins and its part is the batch's
+//! batch's status create-only — or, in a format-2 job root, when the rows are small (up to
+//! [`INLINE_ROWS_MAX`]), only the status, rows inside: one write per mini-batch. The first successful create wins and its part is the batch's
 //! output; a later writer finds the status there and learns whose it is. A crash between the
 //! two writes leaves a part no status names, which is never aggregated.
 
@@ -15,7 +16,7 @@ use object_store::{PutMode, PutOptions};
 use crate::status::BatchStatus;
 use crate::store::StoreError;
 
-use super::{decode, encode, local, JobRoot, JobRootError};
+use super::{decode, encode, local, JobRoot, JobRootError, INLINE_ROWS_MAX};
 
 /// How creating a batch's status went.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,9 +102,13 @@ impl JobRoot {
         Ok(StatusWrite::AlreadyFinal(Box::new(existing)))
     }
 
-    /// A successful attempt's outputs in the order that makes output exactly-once: the result
-    /// part `results/<batch>.<part>` from the local file `output`, then the status,
-    /// create-only.
+    /// A successful attempt's outputs in the order that makes output exactly-once.
+    ///
+    /// When `status` carries its rows ([`BatchStatus::inline_rows`], see
+    /// [`JobRoot::inline_rows`]) this is ONE create-only write: the status, rows inside; a
+    /// part file of the attempt at `output` (a local root's in-place part) is removed, won or
+    /// lost. Otherwise the result part `results/<batch>.<part>` from the local file `output`,
+    /// then the status, create-only.
     ///
     /// A local job root gets both in place: `output` is renamed to the part's file (nothing to
     /// do when `run()` wrote it there, see [`JobRoot::local_part_file`]) and the status is
@@ -117,35 +122,95 @@ impl JobRoot {
     ) -> Result<StatusWrite, JobRootError> {
         let part_key = self.layout.result_part(&status.batch_id, part);
         let (status_key, json) = self.status_bytes(status)?;
-        if let (Some(part_file), Some(status_file)) =
-            (self.local_file(&part_key), self.local_file(&status_key))
-        {
+        let part_file = self.local_file(&part_key);
+        if status.rows_inline() {
+            let written = self.create_status_here(&status_key, status, json).await;
+            if part_file.as_deref() == Some(output) {
+                let _ = std::fs::remove_file(output);
+            }
+            return written;
+        }
+        if let (Some(part_file), Some(_)) = (part_file, self.local_dir()) {
             let moved = if output == part_file {
                 Ok(())
             } else {
                 local::move_into_place(output, &part_file)
             };
-            match moved.map(|()| local::create_only(&status_file, &json)) {
-                Ok(Ok(true)) => {
-                    crate::metrics::request("create", "ok");
-                    return Ok(StatusWrite::Won);
-                }
-                Ok(Ok(false)) => {
-                    crate::metrics::request("create", "already_exists");
-                    crate::metrics::create_conflict();
-                    return self.already_there(status).await;
-                }
-                Ok(Err(error)) => {
-                    tracing::debug!(key = %status_key, %error, "creating the status in place \
-                        failed; writing it through the store");
-                    return self.create_status_bytes(&status_key, status, json).await;
-                }
+            match moved {
+                Ok(()) => return self.create_status_here(&status_key, status, json).await,
                 Err(error) => tracing::debug!(key = %part_key, %error,
                     "moving the result part into place failed; uploading it"),
             }
         }
         self.write_result_part(&status.batch_id, part, output).await?;
         self.create_status_bytes(&status_key, status, json).await
+    }
+
+    /// Create the status: in place on a local root (on the caller's thread), else (or when
+    /// that fails unexpectedly) through the store.
+    async fn create_status_here(
+        &self,
+        key: &Key,
+        status: &BatchStatus,
+        json: Bytes,
+    ) -> Result<StatusWrite, JobRootError> {
+        if let Some(file) = self.local_file(key) {
+            match local::create_only(&file, &json) {
+                Ok(true) => {
+                    crate::metrics::request("create", "ok");
+                    return Ok(StatusWrite::Won);
+                }
+                Ok(false) => {
+                    crate::metrics::request("create", "already_exists");
+                    crate::metrics::create_conflict();
+                    return self.already_there(status).await;
+                }
+                Err(error) => tracing::debug!(%key, %error, "creating the status in place \
+                    failed; writing it through the store"),
+            }
+        }
+        self.create_status_bytes(key, status, json).await
+    }
+
+    /// The rows in the local file `output`, when they may travel inside the batch's status:
+    /// the job root's format allows it (`job_root_format` ≥ 2), they are at most
+    /// [`INLINE_ROWS_MAX`] bytes and UTF-8. `None`: they go to a result part.
+    pub fn inline_rows(job_root_format: u32, output: &Path) -> Option<String> {
+        if job_root_format < 2 {
+            return None;
+        }
+        use std::io::Read;
+        // One read past the threshold tells a large file (no separate stat).
+        let mut rows = Vec::new();
+        let file = std::fs::File::open(output).ok()?;
+        file.take(INLINE_ROWS_MAX + 1).read_to_end(&mut rows).ok()?;
+        if rows.len() as u64 > INLINE_ROWS_MAX {
+            return None;
+        }
+        String::from_utf8(rows).ok()
+    }
+
+    /// The rows a succeeded batch's status holds (job root format 2), read from the stored
+    /// status; `None` when the batch has no status or its status holds no rows.
+    pub async fn read_inline_rows(&self, batch_id: &str) -> Result<Option<String>, JobRootError> {
+        let key = self.layout.status(batch_id);
+        // A local root's status read in place: a hop to the blocking pool per batch would make
+        // most of aggregation's time.
+        let in_place = self.local_file(&key).and_then(|file| std::fs::read(file).ok());
+        let bytes = match in_place {
+            Some(bytes) => Bytes::from(bytes),
+            None => match self.get_if_exists(&key).await? {
+                Some(bytes) => bytes,
+                None => return Ok(None),
+            },
+        };
+        // Only the rows are decoded (the other fields skipped): aggregation reads every one.
+        #[derive(serde::Deserialize)]
+        struct Rows {
+            inline_rows: Option<String>,
+        }
+        let rows: Rows = decode(&key, STATUS, &bytes)?;
+        Ok(rows.inline_rows)
     }
 
     /// Upload the local file `output` as `results/<batch>.<part>`.
@@ -204,13 +269,15 @@ impl JobRoot {
             .collect())
     }
 
-    /// Every final status under `status/` (in no particular order).
+    /// Every final status under `status/` (in no particular order), without their inline rows
+    /// ([`BatchStatus::without_rows`]; [`JobRoot::read_inline_rows`] reads them).
     pub async fn read_statuses(&self) -> Result<Vec<BatchStatus>, JobRootError> {
         let listed = self.list(&self.layout.status_prefix()).await?;
         let mut statuses = Vec::with_capacity(listed.len());
         for meta in listed {
             let bytes = self.get(&meta.location).await?;
-            statuses.push(decode(&meta.location, STATUS, &bytes)?);
+            let status: BatchStatus = decode(&meta.location, STATUS, &bytes)?;
+            statuses.push(status.without_rows());
         }
         Ok(statuses)
     }

@@ -135,6 +135,7 @@ pub(crate) fn parse(
             .unwrap_or_default(),
         compute: optional_string(job, "compute")?,
         confined: false,
+        job_root_format: crate::job_root::JOB_ROOT_FORMAT,
     })
 }
 

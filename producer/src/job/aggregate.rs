@@ -1,4 +1,5 @@
-//! Aggregation: the succeeded batches' result parts, streamed in batch order into one file.
+//! Aggregation: the succeeded batches' rows — result parts, or rows inside their statuses (job
+//! root format 2) — streamed in batch order into one file.
 //!
 //! The output is written as a multipart upload and completed only after the last part, so a
 //! failed aggregation leaves nothing at the final key (object stores show nothing until the
@@ -16,8 +17,8 @@ use batchfleet_common::message::batch_id;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
-use crate::job::tracker::Tracker;
-use batchfleet_common::job_root::JobRoot;
+use crate::job::tracker::{BatchRows, Tracker};
+use batchfleet_common::job_root::{JobRoot, JobRootError};
 
 /// File name used inside an output folder, as Azure names it.
 pub const OUTPUT_FILE_NAME: &str = batchfleet_common::job::APPEND_ROW_FILE_NAME;
@@ -96,11 +97,18 @@ pub async fn aggregate(
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
-    let fetches = tracker.succeeded().map(|(index, part)| {
-        let key = root.layout.result_part(&batch_id(index), part);
-        async move {
-            let fetched = fetch_part(root, &key).await;
-            (key, fetched)
+    let fetches = tracker.succeeded().map(|(index, rows)| async move {
+        let batch = batch_id(index);
+        match rows {
+            BatchRows::Part(part) => {
+                let key = root.layout.result_part(&batch, part);
+                let fetched = fetch_part(root, &key).await;
+                (key, fetched)
+            }
+            BatchRows::Inline => {
+                let key = root.layout.status(&batch);
+                (key, fetch_inline(root, &batch).await)
+            }
         }
     });
     let mut parts = futures::stream::iter(fetches).buffered(READ_AHEAD);
@@ -142,6 +150,28 @@ async fn fetch_part(root: &JobRoot, key: &object_store::path::Path) -> Result<Pa
         return Ok(Part::Large(got));
     }
     got.bytes().await.map(Part::Small).map_err(|e| StoreError::io("get", key, e))
+}
+
+/// The rows a batch's status holds (job root format 2).
+async fn fetch_inline(root: &JobRoot, batch: &str) -> Result<Part, StoreError> {
+    let key = root.layout.status(batch);
+    match root.read_inline_rows(batch).await {
+        Ok(Some(rows)) => Ok(Part::Small(Bytes::from(rows))),
+        Ok(None) => Err(StoreError::io(
+            "get",
+            &key,
+            object_store::Error::Generic {
+                store: "job root",
+                source: "the batch's status holds no rows, and names no result part".into(),
+            },
+        )),
+        Err(JobRootError::Store(error)) => Err(error),
+        Err(error) => Err(StoreError::io(
+            "get",
+            &key,
+            object_store::Error::Generic { store: "job root", source: Box::new(error) },
+        )),
+    }
 }
 
 /// A small part of a job root in a local folder, read in place: for 10,000 one-line parts,
@@ -203,4 +233,49 @@ fn write_chunk(writer: &mut WriteMultipart, totals: &mut Aggregated, chunk: &[u8
     totals.rows += chunk.iter().filter(|b| **b == b'\n').count() as u64;
     totals.bytes += chunk.len() as u64;
     writer.write(chunk);
+}
+
+#[cfg(test)]
+mod tests {
+    use batchfleet_common::job_root::{JobRoot, JOB_ROOT_FORMAT};
+    use batchfleet_common::status::BatchState;
+    use batchfleet_common::test_support::batch_status;
+
+    use crate::job::plan::PlanSummary;
+    use crate::job::tracker::Tracker;
+
+    /// A root holding both formats' results (a format-1 job resumed, or rows over the
+    /// threshold): parts and rows inside statuses aggregate in batch order, exactly once.
+    #[tokio::test]
+    async fn parts_and_rows_inside_statuses_aggregate_in_batch_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = url::Url::from_directory_path(dir.path()).unwrap();
+        let root = JobRoot::create(&url, "j").unwrap();
+        for (index, rows, inline) in [(0, "a\n", false), (1, "b\nc\n", true), (2, "d", false)] {
+            let output = dir.path().join(format!("out-{index}"));
+            std::fs::write(&output, rows).unwrap();
+            let mut status = batch_status(index, Some("1-w"), BatchState::Succeeded);
+            if inline {
+                status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &output);
+            }
+            root.write_part_and_status("1-w", &output, &status).await.unwrap();
+        }
+        let mut tracker = Tracker::new(PlanSummary {
+            batches: 3,
+            items: 3,
+            tabular: false,
+            skipped_inputs: 0,
+            reused: 0,
+        });
+        for status in root.read_statuses().await.unwrap() {
+            assert!(tracker.record(&status));
+        }
+        let file = dir.path().join("output.txt");
+        let output =
+            batchfleet_common::store::open_str(url::Url::from_file_path(&file).unwrap().as_str())
+                .unwrap();
+        let totals = super::aggregate(&root, &tracker, None, &output).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\nb\nc\nd\n");
+        assert_eq!((totals.rows, totals.bytes), (4, 8));
+    }
 }

@@ -128,6 +128,7 @@ async fn failed_status(
         rows: 0,
         extra_lines: 0,
         result_part: None,
+        inline_rows: None,
         header: None,
         attempt: error.attempt,
         worker: error.worker.clone(),

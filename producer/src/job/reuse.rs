@@ -88,7 +88,7 @@ impl ReuseIndex {
             return Ok(false);
         };
         if let Ok(mut settled) = self.settled.lock() {
-            settled.push(status);
+            settled.push(status.without_rows());
         }
         Ok(true)
     }

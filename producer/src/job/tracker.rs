@@ -13,8 +13,18 @@ struct Ended {
     state: BatchState,
     items_in: u64,
     items_out: u64,
-    /// The winning result part of a succeeded batch (its name under `results/<batch>.<part>`).
+    /// Where a succeeded batch's rows are: its winning result part (the name under
+    /// `results/<batch>.<part>`), or `None` when they travel in its status.
     part: Option<Box<str>>,
+}
+
+/// Where a succeeded batch's rows are, for aggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchRows<'a> {
+    /// `results/<batch>.<part>`.
+    Part(&'a str),
+    /// Inside the batch's status (job root format 2).
+    Inline,
 }
 
 /// Totals of a job so far.
@@ -165,7 +175,10 @@ impl Tracker {
             state: status.state,
             items_in: status.items_in,
             items_out: status.items_out.min(status.items_in),
-            part: status.result_part.as_deref().map(Box::from),
+            part: match status.rows_inline() {
+                true => None,
+                false => Some(status.result_part.as_deref().unwrap_or_default().into()),
+            },
         };
         if self.tabular {
             self.counts.items_total += new.items_in;
@@ -320,11 +333,12 @@ impl Tracker {
         self.first_error.as_ref()
     }
 
-    /// Succeeded batches in batch order (the aggregation order): index and result part.
-    pub fn succeeded(&self) -> impl Iterator<Item = (u64, &str)> + '_ {
+    /// Succeeded batches in batch order (the aggregation order): index and where its rows are.
+    pub fn succeeded(&self) -> impl Iterator<Item = (u64, BatchRows<'_>)> + '_ {
         self.ended.iter().enumerate().filter_map(|(i, e)| match e {
             Some(Ended { state: BatchState::Succeeded, part, .. }) => {
-                Some((i as u64, part.as_deref().unwrap_or_default()))
+                let rows = part.as_deref().map_or(BatchRows::Inline, BatchRows::Part);
+                Some((i as u64, rows))
             }
             _ => None,
         })
@@ -370,6 +384,7 @@ mod tests {
             rows: items_out,
             extra_lines: 0,
             result_part: None,
+            inline_rows: None,
             header: None,
             attempt: 1,
             worker: "w".into(),
@@ -434,8 +449,8 @@ mod tests {
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
         let mut tracker = Tracker::new(PlanSummary {
-            batches: 2,
-            items: 2,
+            batches: 3,
+            items: 3,
             tabular: false,
             skipped_inputs: 0,
             reused: 0,
@@ -444,7 +459,13 @@ mod tests {
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
         tracker.record(&status(0, BatchState::Failed, 1, 0));
-        assert_eq!(tracker.succeeded().collect::<Vec<_>>(), [(1, "2-w1-s0")]);
+        let mut inline = status(2, BatchState::Succeeded, 1, 1);
+        inline.inline_rows = Some(String::new());
+        tracker.record(&inline);
+        assert_eq!(
+            tracker.succeeded().collect::<Vec<_>>(),
+            [(1, BatchRows::Part("2-w1-s0")), (2, BatchRows::Inline)]
+        );
     }
 
     #[test]

@@ -17,8 +17,10 @@
 //! local files into the slot's folder (so a script cannot damage them), which costs a file
 //! create, a copy and a removal per input file; `direct` passes the paths with no protection.
 //!
+//! Files and job roots go under `--dir` (default `target/bench-tmp/peers`, the default disk;
+//! `--dir /dev/shm/peers` for tmpfs; `--store DIR` puts only the job roots elsewhere).
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
-//! prints each run, then min/median wall time and peak RSS (the sum over the peer's process
+//! prints each run and each round's ratios to the Pool (a drift across rounds shows), then min/median wall time and peak RSS (the sum over the peer's process
 //! tree, sampled every 10 ms) and the ratios to `multiprocessing.Pool`.
 //!
 //! Build and run in release (not part of the test command):
@@ -61,9 +63,13 @@ struct Options {
     /// Processes: the job's slots, the Pool's workers.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Where the files and jobs go.
+    /// Where the files and jobs go: the default disk (ext4 here) unless told otherwise, e.g.
+    /// `--dir /dev/shm/peers` for tmpfs.
     #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp/peers"))]
     dir: PathBuf,
+    /// Where `batchfleet run` puts its job roots (default: `<dir>/jobs`, the same disk).
+    #[arg(long)]
+    store: Option<PathBuf>,
     /// An interpreter that has Ray Data: Ray is one more peer.
     #[arg(long)]
     ray_python: Option<PathBuf>,
@@ -153,15 +159,16 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     std::fs::write(dir.join("pool.py"), pool)?;
     std::fs::write(dir.join("loop.py"), single)?;
 
+    let store = options.store.clone().unwrap_or_else(|| dir.join("jobs"));
     let batchfleet = |binary: PathBuf| -> Box<dyn Fn(&Path) -> Command> {
-        let dir = dir.clone();
+        let (dir, store) = (dir.clone(), store.clone());
         Box::new(move |_out| {
             let mut command = Command::new(&binary);
             command
                 .arg("run")
                 .arg(dir.join("job.yaml"))
                 .arg("--store")
-                .arg(dir.join("jobs"))
+                .arg(&store)
                 .arg("--no-progress")
                 .env("BATCHFLEET_PYTHON", python());
             command
@@ -313,12 +320,16 @@ fn main() -> Result<()> {
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut peaks: Vec<u64> = vec![0; peers.len()];
     let mut reference: Option<Vec<String>> = None;
+    let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
     for round in 1..=options.rounds {
         for (i, peer) in peers.iter().enumerate() {
             let out = options.dir.join(format!("out-{i}.txt"));
             let _ = std::fs::remove_file(&out);
             let _ = std::fs::remove_dir_all(options.dir.join("output"));
             let _ = std::fs::remove_dir_all(options.dir.join("jobs"));
+            if let Some(store) = &options.store {
+                let _ = std::fs::remove_dir_all(store);
+            }
             let started = Instant::now();
             let child = (peer.command)(&out)
                 .current_dir(&options.dir)
@@ -358,8 +369,17 @@ fn main() -> Result<()> {
             times[i].push(secs);
             peaks[i] = peaks[i].max(peak);
         }
+        // Every round's ratios, so that a drift across rounds shows.
+        let ratios: Vec<String> = peers
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| *i != pool && p.name.starts_with("batchfleet"))
+            .map(|(i, p)| {
+                format!("{} / Pool {:.2}×", p.name, times[i][round - 1] / times[pool][round - 1])
+            })
+            .collect();
+        println!("round {round}: {} (load {})", ratios.join(", "), load_average());
     }
-    let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
     let pool_median = median(&times[pool]);
     println!("\n| peer | min s | median s | peak RSS MB | median / Pool |\n|---|---|---|---|---|");
     for (i, peer) in peers.iter().enumerate() {

@@ -187,6 +187,7 @@ mod tests {
             rows: 1,
             extra_lines: 0,
             result_part: Some("1-w-s0".into()),
+            inline_rows: None,
             header: Some("h".repeat(1000)),
             attempt: 1,
             worker: "w".into(),

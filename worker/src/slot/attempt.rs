@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use batchfleet_common::job_root::StatusWrite;
+use batchfleet_common::job_root::{JobRoot, StatusWrite};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
@@ -223,12 +223,19 @@ impl Slot {
     ) -> Result<Finished, AttemptEnd> {
         self.phases = Phases::default();
         let part = self.part_name(attempt);
-        // A local job root gets the rows where they stay (no rename afterwards); an object
-        // store gets them uploaded from the slot's folder.
-        let in_place = output::local_part_file(job, &message.batch_id, &part);
-        let output = match &in_place {
-            Some(file) => file.clone(),
-            None => self.local_output_file(&message.batch_id).await?,
+        // A format-2 job root: the rows go to the slot's one reused file (truncated by the
+        // runtime for each batch: no create, no removal), and travel in the status when small.
+        // A format-1 local job root gets the rows where they stay (no rename afterwards); an
+        // object store gets them uploaded from the slot's folder.
+        let reused = job.job.job_root_format >= 2;
+        let in_place = match reused {
+            true => None,
+            false => output::local_part_file(job, &message.batch_id, &part),
+        };
+        let output = match (&in_place, reused) {
+            (Some(file), _) => file.clone(),
+            (None, true) => self.reused_output_file().await?,
+            (None, false) => self.local_output_file(&message.batch_id).await?,
         };
         // No early return from here on: the output file is cleaned up below.
         let result = match self.load_and_run(job, message, attempt, stop, &output).await {
@@ -238,9 +245,10 @@ impl Slot {
             }
             Err(end) => Err(end),
         };
-        // The rows stay only as the result part of a success written in place; elsewhere they
-        // are uploaded or moved by now, or belong to a failed attempt.
-        if in_place.is_none() || result.is_err() {
+        // The rows stay only as the result part of a success written in place, or in the
+        // reused file (the next batch truncates it); elsewhere they are uploaded or moved by
+        // now, or belong to a failed attempt.
+        if !reused && (in_place.is_none() || result.is_err()) {
             remove_output(&output);
         }
         result
@@ -362,6 +370,18 @@ impl Slot {
         Ok(out_dir.join(format!("{batch_id}.txt")))
     }
 
+    /// `run()`'s output file for a format-2 job root: one per slot, reused batch after batch
+    /// (the runtime opens it truncating); a large result is moved or uploaded from it. In the
+    /// slot's folder in `/dev/shm` when the scratch folder is on a disk: ext4 writes back a
+    /// file truncated and rewritten when it is closed (`auto_da_alloc`), milliseconds a batch.
+    async fn reused_output_file(&mut self) -> Result<PathBuf, AttemptEnd> {
+        let memory = self.memory.get_or_insert_with(|| memory_folder(&self.dir));
+        match memory {
+            Some(memory) => Ok(memory.path().join("rows.txt")),
+            None => self.local_output_file("rows").await,
+        }
+    }
+
     /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard
     /// stop), the runtime is killed and the batch given back to run elsewhere.
     async fn run(
@@ -420,19 +440,25 @@ impl Slot {
         output: &std::path::Path,
         status: BatchStatus,
     ) -> Result<Finished, AttemptFailure> {
+        let mut status = status;
+        status.inline_rows = JobRoot::inline_rows(job.job.job_root_format, output);
         let part = status.result_part.as_deref().unwrap_or_default();
         let written = async {
             match output::write_part_and_status(job, part, output, &status).await? {
                 StatusWrite::Won => {
                     // Coalesced and published in the background: the status is in the store,
                     // so the ack need not wait for the event (see `events::BatchEvents`).
+                    let status = status.clone().without_rows();
                     self.shared.events.batch_ended(&job.job_id, status.clone());
-                    Ok(Finished { status: status.clone(), won: true })
+                    Ok(Finished { status, won: true })
                 }
                 StatusWrite::AlreadyFinal(existing) => {
-                    // Another attempt finished this batch first: its part counts, ours goes.
-                    output::delete_result_part(job, &message.batch_id, part).await;
-                    Ok(Finished { status: *existing, won: false })
+                    // Another attempt finished this batch first: its part counts, ours goes
+                    // (rows that were to travel in the status went nowhere).
+                    if !status.rows_inline() {
+                        output::delete_result_part(job, &message.batch_id, part).await;
+                    }
+                    Ok(Finished { status: existing.without_rows(), won: false })
                 }
             }
         };
@@ -474,6 +500,7 @@ fn succeeded_status(
         rows: success.rows,
         extra_lines: success.lines.saturating_sub(success.rows),
         result_part: Some(part),
+        inline_rows: None,
         header: success.header.clone(),
         attempt,
         worker: shared.config.worker_id.clone(),

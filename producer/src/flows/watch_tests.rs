@@ -92,7 +92,7 @@ async fn published(dir: &std::path::Path) -> Published {
         root,
         broker,
         queues: QueueNames::for_pool("watched"),
-        plan: PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0, reused: 0 },
+        plan: PlanSummary::of(1, 1),
         reused: Vec::new(),
         started_ms: 0,
         worker_command: String::new(),

@@ -260,13 +260,7 @@ mod tests {
             }
             root.write_part_and_status("1-w", &output, &status).await.unwrap();
         }
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 3,
-            items: 3,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(3, 3));
         for status in root.read_statuses().await.unwrap() {
             assert!(tracker.record(&status));
         }

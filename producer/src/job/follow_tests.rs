@@ -55,13 +55,7 @@ async fn batches_whose_events_were_lost_are_taken_from_the_store() {
         root: &root,
         reconcile_after: Duration::from_millis(200),
     };
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 2,
-        items: 2,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(2, 2));
     let mut progress = Progress::new(2, false);
     let end = tokio::time::timeout(
         Duration::from_secs(30),
@@ -80,13 +74,7 @@ async fn a_lost_event_costs_a_second_or_two_not_the_reconcile_period() {
     let job = crate::test_support::minimal_job();
     // The production setting: the longest silence is 30 s.
     let follow = following(&job, &broker, &queues, &root);
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 3,
-        items: 3,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(3, 3));
     let mut progress = Progress::new(3, false);
     // Batches 0 and 1 end while the producer follows; their workers die before the event.
     let store_writes = async {
@@ -132,13 +120,7 @@ async fn a_follower_whose_events_queue_another_producer_removed_finishes_from_th
     broker.delete_queue(&events).await.unwrap();
     let job = crate::test_support::minimal_job();
     let follow = following(&job, &broker, &queues, &root);
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 2,
-        items: 2,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(2, 2));
     let mut progress = Progress::new(2, false);
     let end = tokio::time::timeout(
         RECONCILE_AFTER / 2,
@@ -314,13 +296,7 @@ async fn the_user_logs_of_runtimes_on_workers_that_are_gone_are_not_waited_for()
     };
     let job = crate::test_support::minimal_job();
     let follow = following(&job, &broker, &queues, &root);
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 1,
-        items: 1,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(1, 1));
     // Their ready events came long before the job ended (the broker lists a live worker's
     // connection by then).
     let long_ago = Instant::now() - Duration::from_secs(60);
@@ -354,13 +330,7 @@ async fn runtimes_whose_ready_event_is_still_queued_when_the_job_ends_are_waited
         .unwrap();
     let job = crate::test_support::minimal_job();
     let follow = following(&job, &broker, &queues, &root);
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 1,
-        items: 1,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(1, 1));
     let missing = tokio::time::timeout(
         Duration::from_secs(30),
         follow.await_user_logs(&mut tracker, Duration::from_millis(300)),
@@ -377,13 +347,7 @@ async fn a_worker_that_connected_just_before_the_job_ended_is_waited_for() {
     let broker = Connected { inner, clients: vec!["batchfleet-producer/test/1".into()] };
     let job = crate::test_support::minimal_job();
     let follow = following(&job, &broker, &queues, &root);
-    let mut tracker = Tracker::new(PlanSummary {
-        batches: 1,
-        items: 1,
-        tabular: false,
-        skipped_inputs: 0,
-        reused: 0,
-    });
+    let mut tracker = Tracker::new(PlanSummary::of(1, 1));
     tracker.runtime_ready("new");
     let stopped = JobEvent::RuntimeStopped { job_id: root.job_id.clone(), worker: "new".into() };
     let events = QueueNames::events(&root.job_id);

@@ -47,6 +47,13 @@ pub struct PlanSummary {
     pub reused: u64,
 }
 
+impl PlanSummary {
+    /// A plan of `batches` batches of files holding `items` items, nothing skipped or reused.
+    pub fn of(batches: u64, items: u64) -> PlanSummary {
+        PlanSummary { batches, items, tabular: false, skipped_inputs: 0, reused: 0 }
+    }
+}
+
 /// Where the planner sends the batches.
 pub struct PlanTarget<'a> {
     pub root: &'a JobRoot,
@@ -101,18 +108,7 @@ struct Chunk {
 
 impl<'a> PlanWriter<'a> {
     pub(crate) fn new(target: &'a PlanTarget<'a>) -> Self {
-        PlanWriter {
-            target,
-            chunk: Chunk::default(),
-            chunk_no: 0,
-            summary: PlanSummary {
-                batches: 0,
-                items: 0,
-                tabular: false,
-                skipped_inputs: 0,
-                reused: 0,
-            },
-        }
+        PlanWriter { target, chunk: Chunk::default(), chunk_no: 0, summary: PlanSummary::of(0, 0) }
     }
 
     /// A dry run (`batchfleet plan`): nothing is written or published.

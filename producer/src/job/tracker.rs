@@ -404,13 +404,7 @@ mod tests {
 
     #[test]
     fn counts_batches_and_items_once() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 3,
-            items: 7,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(3, 7));
         assert!(tracker.record(&status(0, BatchState::Succeeded, 3, 3)));
         assert!(
             !tracker.record(&status(0, BatchState::Succeeded, 3, 3)),
@@ -430,13 +424,7 @@ mod tests {
 
     #[test]
     fn the_first_final_state_stands() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 2,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(1, 2));
         tracker.record(&status(0, BatchState::Failed, 2, 0));
         assert!(!tracker.record(&status(0, BatchState::Succeeded, 2, 2)));
         let counts = tracker.counts();
@@ -448,13 +436,7 @@ mod tests {
 
     #[test]
     fn succeeded_batches_carry_their_winning_part() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 3,
-            items: 3,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(3, 3));
         let mut ok = status(1, BatchState::Succeeded, 1, 1);
         ok.result_part = Some("2-w1-s0".into());
         tracker.record(&ok);
@@ -470,13 +452,7 @@ mod tests {
 
     #[test]
     fn items_out_is_capped_at_items_in() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 2,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(1, 2));
         tracker.record(&status(0, BatchState::Succeeded, 2, 5));
         assert_eq!(tracker.counts().items_succeeded, 2);
     }
@@ -521,13 +497,7 @@ mod tests {
 
     #[test]
     fn failures_group_by_kind_and_exception_whatever_the_file() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 4,
-            items: 4,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(4, 4));
         for (index, message) in [
             "run() failed: ValueError: bad input: bad0.txt",
             "run() failed: ValueError: bad input: bad1.txt",
@@ -562,13 +532,7 @@ mod tests {
 
     #[test]
     fn statuses_outside_the_plan_are_ignored() {
-        let mut tracker = Tracker::new(PlanSummary {
-            batches: 1,
-            items: 1,
-            tabular: false,
-            skipped_inputs: 0,
-            reused: 0,
-        });
+        let mut tracker = Tracker::new(PlanSummary::of(1, 1));
         assert!(!tracker.record(&status(7, BatchState::Succeeded, 1, 1)));
     }
 }

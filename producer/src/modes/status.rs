@@ -241,8 +241,7 @@ mod tests {
             }
         };
         put(root.layout.job_json(), "{}".into()).await;
-        let plan =
-            PlanSummary { batches: 1, items: 1, tabular: false, skipped_inputs: 0, reused: 0 };
+        let plan = PlanSummary::of(1, 1);
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
         let status = batch_status(0, Some("1-w-s0"), BatchState::Succeeded);
         put(root.layout.status("00000000"), serde_json::to_string(&status).unwrap()).await;
@@ -277,8 +276,7 @@ mod tests {
             }
         };
         put(root.layout.job_json(), "{}".into()).await;
-        let plan =
-            PlanSummary { batches: 2, items: 2, tabular: false, skipped_inputs: 0, reused: 0 };
+        let plan = PlanSummary::of(2, 2);
         put(root.layout.plan_summary(), serde_json::to_string(&plan).unwrap()).await;
         put(root.layout.progress_overview(), "progress".into()).await;
         let root_arg = dir.path().join("j2");

@@ -202,7 +202,7 @@ async fn run_sample(
     let mut fleet =
         start_workers(&broker, &queues, &job, &root, &python, workers_scratch.path(), &stop, true);
     publish(broker.as_ref(), &queues.work, payloads).await?;
-    let plan = PlanSummary { batches: k, items, tabular: false, skipped_inputs: 0, reused: 0 };
+    let plan = PlanSummary::of(k, items);
     let mut last_error = None;
     let followed = lifecycle::follow(&job, &root, broker.as_ref(), &queues, plan, false, || {
         fleet_gone(&mut fleet, &mut last_error)

@@ -1,23 +1,13 @@
 //! The `batchfleet` command line.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
-use batchfleet_common::spec::{self, Datastores, PipelineFile, SpecFile};
-
-use crate::error::ProducerError;
-use crate::flows::pipeline::{
-    is_pipeline_folder, resume_pipeline, run_pipeline, store_of, Fleet, Interpreters,
-    PipelineReport,
-};
+use crate::flows::pipeline::{is_pipeline_folder, Fleet};
 use crate::flows::watch::{watch, WatchOptions};
-use crate::job::identity::ItemsBy;
-use crate::job::lifecycle::JobReport;
-use crate::job::reuse::ReuseRequest;
 use crate::modes::profile::ProfileOptions;
 use crate::modes::resume::{resume, ResumeOptions};
 use crate::modes::run::{run_embedded, RunOptions};
@@ -272,109 +262,6 @@ pub enum Command {
     },
 }
 
-/// The options `run` and `submit` share, in the place `--help` lists them: how progress shows,
-/// the datastore map, metrics, the profile.
-#[derive(Debug, Args)]
-pub struct JobArgs {
-    /// Plain progress lines even on a terminal.
-    #[arg(long)]
-    no_progress: bool,
-    /// Maps an Azure ML datastore to a storage URL (`azureml://datastores/NAME/paths/…` →
-    /// `URL/…`), repeatable; overrides `BATCHFLEET_DATASTORES` and the job's
-    /// `datastores.yaml` (docs/bindings.md).
-    #[arg(long = "datastore", value_name = "NAME=URL")]
-    datastores: Vec<String>,
-    /// Serve Prometheus metrics at `http://<addr>/metrics` while the job runs (e.g.
-    /// `127.0.0.1:9465`); off by default. docs/metrics.md lists them.
-    #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
-    metrics_addr: Option<std::net::SocketAddr>,
-    /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
-    /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
-    #[arg(long)]
-    profile: bool,
-    /// Take the rows of every mini-batch whose identity matches a succeeded mini-batch of an
-    /// earlier job instead of running it: FROM is a job root, or a store folder holding job
-    /// roots (such as --store), newest first (docs/reuse.md).
-    #[arg(long, value_name = "FROM")]
-    reuse: Option<String>,
-    /// What identifies an input file for --reuse: `metadata` (path, size, modification
-    /// time; objects: key, size, ETag) or `content` (a hash of each local file's bytes).
-    /// Every job of a series must use the same (a job records its identities this way too).
-    #[arg(long, value_name = "HOW", default_value = "metadata")]
-    reuse_by: String,
-}
-
-/// The last options of `run` and `submit`: the interpreters of a pipeline's steps and the
-/// places the job may reach.
-#[derive(Debug, Args)]
-pub struct PlaceArgs {
-    /// Maps a pipeline step's `environment:` (an `azureml:` name, a conda file, an image) to
-    /// the Python interpreter that runs the step, repeatable; overrides the pipeline's
-    /// `environments.yaml` (docs/pipelines.md, "Environments").
-    #[arg(long = "environment", value_name = "NAME=PYTHON")]
-    environments: Vec<String>,
-    /// A prefix the job may read and write, repeatable (`s3://data-bucket/`, `/srv/batch/`):
-    /// given once or more, every place the job names (inputs and the files they list,
-    /// MLTable paths, code, outputs, append_row_to) must lie under one, links resolved
-    /// (docs/security.md). Without it the job is not confined.
-    #[arg(long = "allow", value_name = "PREFIX")]
-    allow: Vec<String>,
-}
-
-impl JobArgs {
-    /// What `run` and `submit` do first: serve `--metrics-addr`, and read the datastore map of
-    /// `job` (an error is the exit code to end with).
-    fn start(&self, job: &std::path::Path) -> Result<Datastores, ExitCode> {
-        serve_metrics(self.metrics_addr)?;
-        datastore_map(job, &self.datastores).map_err(|error| failed_to_start(&error))
-    }
-
-    /// `--reuse` and `--reuse-by` (a bad `--reuse-by` is the exit code to end with).
-    fn reuse(&self) -> Result<Option<ReuseRequest>, ExitCode> {
-        let by = ItemsBy::parse(&self.reuse_by).map_err(|error| failed_to_start(&error))?;
-        Ok(Some(ReuseRequest { from: self.reuse.clone(), by }))
-    }
-
-    /// Print a finished job's report, write its profile with `--profile`; the job's exit code.
-    async fn finish(&self, report: &JobReport) -> ExitCode {
-        let code = print_report(report);
-        write_profile(self.profile, report).await;
-        code
-    }
-}
-
-impl PlaceArgs {
-    /// `Some(exit code)` when the spec `fleet`'s options name is a pipeline file, run step by step
-    /// on `fleet` (command steps with `python` and `--environment`); `None` for a job, which the
-    /// caller runs.
-    async fn as_pipeline(&self, python: &std::path::Path, fleet: Fleet<'_>) -> Option<ExitCode> {
-        let (spec, datastores) = match &fleet {
-            Fleet::Local(options) => (&options.spec_path, &options.datastores),
-            Fleet::Remote(options) => (&options.spec_path, &options.datastores),
-        };
-        let file = match pipeline_file(spec, datastores) {
-            Ok(Some(file)) => file,
-            Ok(None) => return None,
-            Err(error) => return Some(failed_to_start(&error)),
-        };
-        let interpreters = match interpreters(spec, python, &self.environments) {
-            Ok(interpreters) => interpreters,
-            Err(error) => return Some(failed_to_start(&error)),
-        };
-        Some(finish_pipeline(run_pipeline(&file, fleet, &interpreters).await))
-    }
-}
-
-/// `--metrics-addr`: serve `/metrics` from now on; an address that cannot be served is a usage
-/// error (exit 2).
-fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), ExitCode> {
-    let Some(addr) = addr else { return Ok(()) };
-    batchfleet_common::metrics::serve(addr).map_err(|error| {
-        eprintln!("error: --metrics-addr: {error}");
-        ExitCode::from(2)
-    })
-}
-
 /// Exit codes: 0 the job succeeded, 1 the job failed, 2 the job could not start (bad spec,
 /// bad path, empty input). `status`: 0 succeeded, 1 failed, 2 no such job, 3 still running
 /// (or ended without a producer to aggregate it). `profile`: 0 written, 1 the job has no attempt
@@ -580,150 +467,15 @@ pub async fn main(cli: Cli) -> ExitCode {
     }
 }
 
-/// `--profile`: write the finished job's profile now (a failure to is said, and does not change
-/// the job's exit code).
-async fn write_profile(wanted: bool, report: &JobReport) {
-    if !wanted {
-        return;
-    }
-    let options = ProfileOptions { job: report.root_url.clone(), store: None, out: None };
-    crate::modes::profile::run_command(&options).await;
-}
+mod args;
+mod pipelines;
+mod report;
 
-/// `<host>-<pid>`: unique per process, so a watcher resumes only what it claimed itself unless
-/// it is given a stable `--watcher-id`.
-fn default_watcher_id() -> String {
-    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-    let host = host.trim();
-    format!("{}-{}", if host.is_empty() { "watcher" } else { host }, std::process::id())
-}
-
-fn interactive(no_progress: bool) -> bool {
-    !no_progress && std::io::stderr().is_terminal()
-}
-
-fn print_report(report: &JobReport) -> ExitCode {
-    if let Some(output) = &report.output {
-        let what = if output.partial_of.is_some() { "partial output" } else { "output" };
-        println!("{what}: {} ({})", output.url, crate::words::counted(output.rows, "row", "rows"));
-    }
-    println!("job result: {}", report.job_result_url);
-    println!("{}", report.verdict.headline());
-    for line in &report.failures {
-        println!("{line}");
-    }
-    if report.verdict.is_success() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
-}
-
-/// The pipeline to run step by step, when the file is one (`None`: a job, as always).
-fn pipeline_file(
-    path: &std::path::Path,
-    datastores: &Datastores,
-) -> Result<Option<PipelineFile>, ProducerError> {
-    match spec::load_spec_file(path, datastores)? {
-        SpecFile::Pipeline(file) => Ok(Some(file)),
-        SpecFile::Job(_) => Ok(None),
-    }
-}
-
-/// `batchfleet resume` of a pipeline folder: on this machine, or on the fleet with `--broker`.
-async fn resume_a_pipeline(
-    job: &str,
-    store: Option<String>,
-    broker: Option<String>,
-    pool: String,
-    python: PathBuf,
-    no_progress: bool,
-) -> Result<PipelineReport, ProducerError> {
-    let store = Some(store_of(job, store.as_deref())?);
-    let interpreters = Interpreters { python: python.clone(), environments: Default::default() };
-    let interactive = interactive(no_progress);
-    match broker {
-        None => {
-            let options = RunOptions {
-                spec_path: PathBuf::new(),
-                store: store.clone(),
-                python,
-                datastores: Datastores::default(),
-                interactive,
-                // Its places were checked, where an allow-list was given, when it first ran.
-                allow: None,
-                reuse: None,
-            };
-            resume_pipeline(job, store.as_deref(), &Fleet::Local(&options), &interpreters).await
-        }
-        Some(broker) => {
-            let options = SubmitOptions {
-                spec_path: PathBuf::new(),
-                store: store.clone(),
-                broker,
-                pool,
-                datastores: Datastores::default(),
-                rabbitmq: RabbitMqConnect::default(),
-                detach: false,
-                interactive,
-                allow: None,
-                reuse: None,
-            };
-            resume_pipeline(job, store.as_deref(), &Fleet::Remote(&options), &interpreters).await
-        }
-    }
-}
-
-/// `--python` and the environment map of a pipeline file (its `environments.yaml`, then the
-/// `--environment` flags).
-fn interpreters(
-    spec: &std::path::Path,
-    python: &std::path::Path,
-    flags: &[String],
-) -> Result<Interpreters, ProducerError> {
-    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
-    let environments = spec::Environments::for_pipeline_file(spec, flags, &cwd)?;
-    Ok(Interpreters { python: python.to_path_buf(), environments })
-}
-
-/// The datastore map of a job file: its `datastores.yaml`, `BATCHFLEET_DATASTORES`, the
-/// `--datastore` flags.
-fn datastore_map(job: &std::path::Path, flags: &[String]) -> Result<Datastores, ProducerError> {
-    let cwd = std::env::current_dir().map_err(ProducerError::internal)?;
-    let env = std::env::var(spec::datastores::ENV).ok();
-    Ok(Datastores::for_job_file(job, env.as_deref(), flags, &cwd)?)
-}
-
-/// Print a pipeline's summary; exit 0 when every step succeeded, 1 when one failed, 2 when it
-/// could not start.
-fn finish_pipeline(result: Result<PipelineReport, ProducerError>) -> ExitCode {
-    match result {
-        Ok(report) => {
-            print!("{}", report.text());
-            println!("pipeline result: {}", report.result_url);
-            if report.succeeded() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            }
-        }
-        Err(error) => failed_to_start(&error),
-    }
-}
-
-fn failed_to_start(error: &crate::error::ProducerError) -> ExitCode {
-    match error {
-        crate::error::ProducerError::Interrupted { .. } => eprintln!("{error}"),
-        _ => eprintln!("error: {error}"),
-    }
-    ExitCode::from(error.exit_code())
-}
-
-/// `--allow` of `run` and `submit`: none given, the job is not confined.
-fn allow_list(allow: &[String]) -> Option<crate::job::confine::AllowList> {
-    (!allow.is_empty()).then(|| crate::job::confine::AllowList::new(allow))
-}
+pub use args::{JobArgs, PlaceArgs};
+use pipelines::{finish_pipeline, resume_a_pipeline};
+use report::{
+    allow_list, default_watcher_id, failed_to_start, interactive, print_report, serve_metrics,
+};
 
 #[cfg(test)]
-#[path = "cli_tests.rs"]
 mod tests;

@@ -2,12 +2,8 @@
 
 use std::sync::Arc;
 
-use futures::stream::BoxStream;
 use object_store::memory::InMemory;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{PutOptions, PutPayload, PutResult};
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
 use batchfleet_common::broker::BrokerError;
@@ -16,22 +12,18 @@ use batchfleet_common::message::QueueNames;
 
 use super::*;
 use crate::job::plan::PlanSummary;
+use crate::test_support::{PutRule, RuledPuts};
 
-/// An in-memory store that refuses every write of a `<manifest>.job.json` (a bucket policy, a
-/// full disk): claims are written and read as usual.
+/// Refuses every write of a `<manifest>.job.json` (a bucket policy, a full disk): claims are
+/// written and read as usual.
 #[derive(Debug)]
-struct RefusesJobRecords(InMemory);
-
-impl std::fmt::Display for RefusesJobRecords {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RefusesJobRecords")
-    }
-}
+struct RefusesJobRecords;
 
 #[async_trait::async_trait]
-impl ObjectStore for RefusesJobRecords {
-    async fn put_opts(
+impl PutRule for RefusesJobRecords {
+    async fn put(
         &self,
+        inner: &InMemory,
         location: &Path,
         payload: PutPayload,
         opts: PutOptions,
@@ -42,41 +34,7 @@ impl ObjectStore for RefusesJobRecords {
                 source: "the store refuses this write".into(),
             });
         }
-        self.0.put_opts(location, payload, opts).await
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.0.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.0.get_opts(location, options).await
-    }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.0.delete_stream(locations)
-    }
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.0.list(prefix)
-    }
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.0.list_with_delimiter(prefix).await
-    }
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.0.copy_opts(from, to, options).await
+        inner.put_opts(location, payload, opts).await
     }
 }
 
@@ -105,7 +63,7 @@ async fn published(dir: &std::path::Path) -> Published {
 #[tokio::test]
 async fn a_job_whose_record_cannot_be_written_is_cancelled_and_its_queue_removed() {
     let location = StoreLocation {
-        store: Arc::new(RefusesJobRecords(InMemory::new())),
+        store: Arc::new(RuledPuts::new(RefusesJobRecords)),
         prefix: Path::from("manifests"),
         url: url::Url::parse("s3://bucket/manifests/").unwrap(),
         pages: None,

@@ -1,15 +1,12 @@
 use std::sync::Arc;
 
-use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload, PutResult};
 
 use super::*;
+use crate::test_support::{PutRule, RuledPuts};
 
 /// How a test store answers create-only puts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,10 +20,6 @@ enum Odd {
     Every500,
 }
 
-/// An in-memory store that answers create-only puts as its [`Odd`] says.
-#[derive(Debug)]
-struct OddStore(InMemory, Odd);
-
 fn server_error() -> object_store::Error {
     object_store::Error::Generic {
         store: "S3",
@@ -34,65 +27,27 @@ fn server_error() -> object_store::Error {
     }
 }
 
-impl std::fmt::Display for OddStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OddStore")
-    }
-}
-
+/// Answers create-only puts as the variant says.
 #[async_trait::async_trait]
-impl ObjectStore for OddStore {
-    async fn put_opts(
+impl PutRule for Odd {
+    async fn put(
         &self,
+        inner: &InMemory,
         location: &Path,
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        match self.1 {
+        match self {
             Odd::IgnoresCreateOnly => {
                 let opts = PutOptions { mode: PutMode::Overwrite, ..opts };
-                self.0.put_opts(location, payload, opts).await
+                inner.put_opts(location, payload, opts).await
             }
-            Odd::LosersGet500 => match self.0.put_opts(location, payload, opts).await {
+            Odd::LosersGet500 => match inner.put_opts(location, payload, opts).await {
                 Err(object_store::Error::AlreadyExists { .. }) => Err(server_error()),
                 other => other,
             },
             Odd::Every500 => Err(server_error()),
         }
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.0.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.0.get_opts(location, options).await
-    }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.0.delete_stream(locations)
-    }
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.0.list(prefix)
-    }
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.0.list_with_delimiter(prefix).await
-    }
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.0.copy_opts(from, to, options).await
     }
 }
 
@@ -115,7 +70,7 @@ async fn a_store_with_atomic_create_only_puts_passes_and_keeps_nothing() {
 
 #[tokio::test]
 async fn a_store_that_ignores_create_only_is_refused_with_a_message_naming_the_way_out() {
-    let location = location(Arc::new(OddStore(InMemory::new(), Odd::IgnoresCreateOnly)));
+    let location = location(Arc::new(RuledPuts::new(Odd::IgnoresCreateOnly)));
     let outcome = race(&location, "test").await.unwrap();
     assert_eq!(outcome.winners, RACERS, "{outcome:?}");
     assert!(!outcome.passed());
@@ -137,7 +92,7 @@ async fn a_local_folder_passes() {
 
 #[tokio::test]
 async fn a_store_answering_losers_500_passes_with_a_warning_naming_it() {
-    let location = location(Arc::new(OddStore(InMemory::new(), Odd::LosersGet500)));
+    let location = location(Arc::new(RuledPuts::new(Odd::LosersGet500)));
     let outcome = race(&location, "test").await.unwrap();
     assert_eq!((outcome.winners, outcome.losers), (1, 0), "{outcome:?}");
     assert_eq!(outcome.other_answers.len(), RACERS - 1, "{outcome:?}");
@@ -151,7 +106,7 @@ async fn a_store_answering_losers_500_passes_with_a_warning_naming_it() {
 
 #[tokio::test]
 async fn a_store_that_takes_no_put_is_an_error_not_a_pass() {
-    let location = location(Arc::new(OddStore(InMemory::new(), Odd::Every500)));
+    let location = location(Arc::new(RuledPuts::new(Odd::Every500)));
     let error = race(&location, "test").await.unwrap_err();
     assert!(error.to_string().contains("500 Internal Server Error"), "{error}");
 }

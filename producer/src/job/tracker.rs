@@ -376,20 +376,9 @@ mod tests {
 
     fn status(index: u64, state: BatchState, items_in: u64, items_out: u64) -> BatchStatus {
         BatchStatus {
-            batch_id: batch_id(index),
-            index,
-            state,
             items_in,
             items_out,
             rows: items_out,
-            extra_lines: 0,
-            result_part: None,
-            inline_rows: None,
-            header: None,
-            attempt: 1,
-            worker: "w".into(),
-            started_at_ms: 0,
-            ended_at_ms: 0,
             error: (state == BatchState::Failed).then(|| FailureRecord {
                 kind: FailureKind::UserError,
                 message: format!("boom {index}"),
@@ -398,7 +387,7 @@ mod tests {
                 worker: "w".into(),
                 duration_ms: 1,
             }),
-            reused_from: None,
+            ..batchfleet_common::test_support::batch_status(index, None, state)
         }
     }
 

@@ -48,6 +48,9 @@ pub const STORAGE_REQUESTS: &str = "batchfleet_storage_requests_total";
 /// Create-only puts (statuses) that found the key already there: another attempt or the
 /// dead-letter router was first.
 pub const STORAGE_CREATE_CONFLICTS: &str = "batchfleet_storage_create_conflicts_total";
+/// Requests to a cloud store that failed on the way (timed out, lost their connection, were
+/// answered 5xx or 429) and were tried again.
+pub const STORAGE_RETRIES: &str = "batchfleet_storage_retries_total";
 
 /// The producer's job: mini-batches planned so far (final once planning is complete).
 pub const JOB_BATCHES_PLANNED: &str = "batchfleet_job_batches_planned";
@@ -116,6 +119,11 @@ fn describe() {
         STORAGE_CREATE_CONFLICTS,
         Unit::Count,
         "Create-only status writes that found the status already there"
+    );
+    describe_counter!(
+        STORAGE_RETRIES,
+        Unit::Count,
+        "Cloud store requests that failed on the way (timeout, connection, 5xx, 429) and were tried again"
     );
     describe_gauge!(JOB_BATCHES_PLANNED, Unit::Count, "Mini-batches planned for the job");
     describe_gauge!(JOB_BATCHES_ENDED, Unit::Count, "Mini-batches of the job with a final status");
@@ -247,6 +255,11 @@ pub(crate) fn request(operation: &'static str, result: &'static str) {
     counter!(STORAGE_REQUESTS, "operation" => operation, "result" => result).increment(1);
 }
 
+/// Count a store request that failed on the way.
+pub(crate) fn store_retry() {
+    counter!(STORAGE_RETRIES).increment(1);
+}
+
 /// Count a create-only put that found its key taken.
 pub(crate) fn create_conflict() {
     counter!(STORAGE_CREATE_CONFLICTS).increment(1);
@@ -282,6 +295,7 @@ mod tests {
             error: None,
             lease_lost: false,
             lost_before: 0,
+            store_retries: 0,
         }
     }
 

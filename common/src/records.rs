@@ -85,6 +85,10 @@ pub struct AttemptRecord {
     /// lost the lease: crashed, lost its connection, was preempted).
     #[serde(default)]
     pub lost_before: u32,
+    /// Store requests of the attempt that failed on the way (timed out, lost their connection,
+    /// were answered 5xx or 429) and were tried again ([`crate::store::requests`]).
+    #[serde(default)]
+    pub store_retries: u64,
 }
 
 impl AttemptRecord {
@@ -159,6 +163,7 @@ mod tests {
             error: Some("run() failed: ValueError".into()),
             lease_lost: false,
             lost_before: 1,
+            store_retries: 2,
         };
         let line = serde_json::to_string(&record).unwrap();
         let parsed = parse_records(&format!("{line}\n\nnot json\n"));

@@ -4,7 +4,9 @@
 //! manifests from the host, `watch` runs them on the worker containers, and every job's
 //! output must hold each input row exactly once: first with nothing going wrong, then under
 //! each fault — a worker SIGKILLed mid-job, a worker cut off from the network mid-batch and
-//! reconnected, RabbitMQ restarted mid-job, `watch` SIGKILLed and brought back, and the
+//! reconnected, RabbitMQ restarted mid-job, the S3 server paused for 25 s mid-job (the job
+//! report must count the store requests that failed and were tried again), `watch` SIGKILLed
+//! and brought back, and the
 //! workers scaled out to 4 and in to 1 mid-job (no batch counted failed). Those run on the
 //! fixed `worker` replicas (WORKER_REPLICAS=2, the autoscaler at AUTOSCALE_MAX=0); the last job
 //! runs on the compose file's default scaler instead: `worker` at 0 and the `autoscale` service
@@ -31,6 +33,8 @@ const UP_LIMIT: Duration = Duration::from_secs(240);
 const DOCKER_LIMIT: Duration = Duration::from_secs(120);
 /// One job, from its manifest to its result.
 const JOB_LIMIT: Duration = Duration::from_secs(240);
+/// How long the S3 server is paused mid-job.
+const STORE_OUTAGE: Duration = Duration::from_secs(25);
 
 /// A compose project of the test; `docker-compose down -v` when dropped (after printing the
 /// containers' logs when the test failed).
@@ -75,6 +79,7 @@ impl Fleet {
             .env_remove("S3_ENDPOINT")
             .env("COMPOSE_PROFILES", "")
             .env("S3_PORT", self.s3_port.to_string())
+            .env("S3_TIMEOUT", "5s")
             .env("RABBITMQ_MANAGEMENT_PORT", self.management_port.to_string())
             .env("RABBITMQ_PORT", self.amqp_port.to_string())
             .env("S3_ACCESS_KEY", "compose-test")
@@ -296,6 +301,19 @@ impl Drop for Fleet {
 }
 
 /// The repository root (this test's own `CARGO_MANIFEST_DIR` is `<root>/tests`).
+/// The sum of the `Store Retries` column of a `processed_mini-batches.csv`.
+fn store_retries(report: &[u8]) -> u64 {
+    let mut rows = csv::Reader::from_reader(report);
+    let header = rows.headers().expect("the report's header").clone();
+    let column = header
+        .iter()
+        .position(|name| name == "Store Retries")
+        .unwrap_or_else(|| panic!("no `Store Retries` column in {header:?}"));
+    rows.records()
+        .map(|row| row.expect("a report row")[column].parse::<u64>().expect("a count"))
+        .sum()
+}
+
 fn repo_root() -> std::path::PathBuf {
     let tests = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     tests.parent().map(std::path::Path::to_path_buf).unwrap_or_default()
@@ -321,7 +339,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
-fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() {
+fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_six_faults() {
     if std::env::var("BATCHFLEET_DOCKER_READY").as_deref() != Ok("1") {
         eprintln!(
             "skipped: BATCHFLEET_DOCKER_READY is not 1 — run infra/docker/setup (as root) and \
@@ -394,6 +412,30 @@ fn the_compose_fleet_runs_a_dropped_manifest_exactly_once_through_five_faults() 
     fleet.expect_exactly_once(&job);
     fleet.compose(&["up", "-d", "--scale", "worker=2"]);
     eprintln!("rabbitmq restart done at {:?}", started.elapsed());
+
+    // The S3 server paused for 25 s mid-job, then resumed. The fleet's store requests time out
+    // after 5 s here (S3_TIMEOUT) and are tried again, so the outage is ridden out by retries
+    // the job report counts, rather than by requests that simply wait.
+    let job = fleet.drop_job("store-paused", 40, 0.5);
+    let root = fleet.wait_mid_job(&job, 6);
+    let s3 = fleet.one_container("s3");
+    fleet.docker(&["pause", &s3]);
+    // The outage's length, not a wait for an event.
+    std::thread::sleep(STORE_OUTAGE);
+    fleet.docker(&["unpause", &s3]);
+    fleet.expect_exactly_once(&job);
+    let report = format!("{root}/logs/sys/job_report/processed_mini-batches.csv");
+    let report = eventually(JOB_LIMIT, &report, || fleet.get(&report));
+    let retries = store_retries(&report);
+    assert!(
+        retries > 0,
+        "store-paused: the job report counts no store retry:\n{}",
+        String::from_utf8_lossy(&report)
+    );
+    eprintln!(
+        "store pause done at {:?}: {retries} store retries in the job report",
+        started.elapsed()
+    );
 
     // watch SIGKILLed mid-job and brought back: the same watcher id resumes its claimed job.
     let job = fleet.drop_job("watch-killed", 40, 0.5);

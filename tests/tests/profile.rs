@@ -288,6 +288,7 @@ fn attempt(batch: u64, worker: &str, slot: u32, at: u64, start: u64, run: u64) -
         error: None,
         lease_lost: false,
         lost_before: 0,
+        store_retries: 0,
     }
 }
 

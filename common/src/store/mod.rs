@@ -9,6 +9,7 @@ pub mod conformance;
 pub mod fanout;
 pub mod listing;
 mod local_listing;
+pub mod requests;
 pub mod transfer;
 
 use std::sync::Arc;
@@ -187,18 +188,21 @@ pub fn open(url: &Url) -> Result<StoreLocation, StoreError> {
         "s3" | "s3a" => both(
             object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url.as_str())
+                .with_http_connector(requests::CountingConnector)
                 .build()
                 .map_err(|e| unsupported(e.to_string()))?,
         ),
         "gs" => both(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
+                .with_http_connector(requests::CountingConnector)
                 .build()
                 .map_err(|e| unsupported(e.to_string()))?,
         ),
         "az" | "abfs" | "abfss" | "adl" | "azure" => both(
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
+                .with_http_connector(requests::CountingConnector)
                 .build()
                 .map_err(|e| unsupported(e.to_string()))?,
         ),

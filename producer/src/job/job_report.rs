@@ -14,6 +14,8 @@ pub struct JobReportSummary {
     pub attempts: usize,
     /// Record lines that could not be read (each named on stderr).
     pub unreadable: usize,
+    /// Store requests of the attempts that failed on the way and were tried again.
+    pub store_retries: u64,
 }
 
 /// The files of the report, by name.
@@ -35,7 +37,11 @@ pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRoo
     for (name, text) in files {
         root.write_job_report(name, text).await?;
     }
-    Ok(JobReportSummary { attempts: records.records.len(), unreadable: records.skipped.len() })
+    Ok(JobReportSummary {
+        attempts: records.records.len(),
+        unreadable: records.skipped.len(),
+        store_retries: records.records.iter().map(|r| r.store_retries).sum(),
+    })
 }
 
 /// `2026-11-25T09:30:00.123Z`.
@@ -82,7 +88,7 @@ fn status(record: &AttemptRecord) -> &'static str {
     }
 }
 
-const PROCESSED_HEADER: [&str; 32] = [
+const PROCESSED_HEADER: [&str; 33] = [
     "Mini-batch Id",
     "Picked Count",
     "Process",
@@ -115,6 +121,7 @@ const PROCESSED_HEADER: [&str; 32] = [
     "Settle Seconds",
     "Cause",
     "Lost Leases Before",
+    "Store Retries",
 ];
 
 fn processed_csv(records: &[AttemptRecord]) -> String {
@@ -130,7 +137,7 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
         };
         let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
         let received = time_of(Some(r.received_ms));
-        let row: [&str; 32] = [
+        let row: [&str; 33] = [
             &r.batch_id,
             &r.attempt.to_string(),
             &process(r),
@@ -163,6 +170,7 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
             &span(r.written_ms.or(r.run_ended_ms), Some(r.settled_ms)),
             r.cause(),
             &r.lost_before.to_string(),
+            &r.store_retries.to_string(),
         ];
         let _ = out.write_record(row);
     }
@@ -224,6 +232,7 @@ struct Totals {
     items: u64,
     busy_ms: u64,
     run_ms: u64,
+    store_retries: u64,
     first: Option<u64>,
     last: Option<u64>,
     slots: std::collections::BTreeSet<u32>,
@@ -250,6 +259,7 @@ fn summary_csv(records: &[AttemptRecord], group: Group) -> String {
         t.items += r.items_out;
         t.busy_ms += r.elapsed_ms();
         t.run_ms += r.run_ms().unwrap_or(0);
+        t.store_retries += r.store_retries;
         t.first = Some(t.first.map_or(r.received_ms, |f| f.min(r.received_ms)));
         t.last = Some(t.last.map_or(r.settled_ms, |l| l.max(r.settled_ms)));
         t.slots.insert(r.slot);
@@ -270,6 +280,7 @@ fn summary_csv(records: &[AttemptRecord], group: Group) -> String {
         "First Start Time",
         "Last End Time",
         "Utilisation %",
+        "Store Retries",
     ];
     let _ = out.write_record(header.iter().chain(common.iter()));
     for ((worker, slot), t) in &groups {
@@ -292,6 +303,7 @@ fn summary_csv(records: &[AttemptRecord], group: Group) -> String {
             utc_opt(t.first),
             utc_opt(t.last),
             format!("{utilisation:.1}"),
+            t.store_retries.to_string(),
         ]);
         let _ = out.write_record(&row);
     }

@@ -27,6 +27,7 @@ fn record(batch: u64, attempt: u32, worker: &str, slot: u32, from: u64, to: u64)
         error: None,
         lease_lost: false,
         lost_before: 0,
+        store_retries: 0,
     }
 }
 
@@ -105,6 +106,25 @@ fn summaries_count_per_slot_and_per_worker() {
     assert_eq!(nodes.len(), 2);
     assert_eq!((&nodes[0][0], &nodes[0][1], &nodes[0][2]), ("w1", "2", "3"));
     assert_eq!(&nodes[0][10], "75.0", "3 s busy of 2 slots × 2 s");
+}
+
+#[test]
+fn store_retries_are_shown_per_attempt_and_summed_per_slot_and_worker() {
+    let mut first = record(0, 1, "w1", 0, 0, 1_000);
+    first.store_retries = 3;
+    let mut second = record(1, 1, "w1", 1, 0, 1_000);
+    second.store_retries = 4;
+    let records = [first, second, record(2, 1, "w2", 0, 0, 1_000)];
+    let processed = processed_csv(&records);
+    let header = csv::Reader::from_reader(processed.as_bytes()).headers().unwrap().clone();
+    let column = header.iter().position(|h| h == "Store Retries").expect("a Store Retries column");
+    let per_attempt: Vec<String> = rows(&processed).iter().map(|r| r[column].to_string()).collect();
+    assert_eq!(per_attempt, ["3", "4", "0"]);
+    let nodes = summary_csv(&records, Group::Worker);
+    let header = csv::Reader::from_reader(nodes.as_bytes()).headers().unwrap().clone();
+    let column = header.iter().position(|h| h == "Store Retries").expect("a Store Retries column");
+    let per_worker: Vec<String> = rows(&nodes).iter().map(|r| r[column].to_string()).collect();
+    assert_eq!(per_worker, ["7", "0"], "w1's two slots, then w2");
 }
 
 #[test]

@@ -260,12 +260,19 @@ pub async fn write_attempts_report(root: &JobRoot) {
             tracing::info!(
                 attempts = summary.attempts,
                 unreadable = summary.unreadable,
+                store_retries = summary.store_retries,
                 "job report written"
             );
+            let mut counts = crate::words::counted(summary.attempts as u64, "attempt", "attempts");
+            if summary.store_retries > 0 {
+                counts += &format!(
+                    ", {} to the store failed and tried again",
+                    crate::words::counted(summary.store_retries, "request", "requests")
+                );
+            }
             eprintln!(
-                "job report: {} ({}); see where the time went: batchfleet profile {}",
+                "job report: {} ({counts}); see where the time went: batchfleet profile {}",
                 root.key_url(&root.layout.job_report(crate::job::job_report::PROCESSED)),
-                crate::words::counted(summary.attempts as u64, "attempt", "attempts"),
                 root.url()
             );
         }

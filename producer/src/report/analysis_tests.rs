@@ -44,6 +44,7 @@ pub(super) fn record(
         error: None,
         lease_lost: false,
         lost_before: 0,
+        store_retries: 0,
     }
 }
 

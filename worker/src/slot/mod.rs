@@ -18,6 +18,7 @@ use batchfleet_common::job_root::{lost_lease_budget, AttemptCount};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 use batchfleet_common::status::{elapsed_ms, now_ms};
+use batchfleet_common::store::requests;
 use batchfleet_common::Retry;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -235,10 +236,13 @@ impl Slot {
             batch_id = %message.batch_id, delivery = delivery.delivery_count,
             attempt = tracing::field::Empty);
         async {
-            let Handled { decision, record } = self.handle_batch(&delivery, message, stop).await;
+            // The store requests of the batch that failed on the way go into its record.
+            let (Handled { decision, record }, store_retries) =
+                requests::tally(self.handle_batch(&delivery, message, stop)).await;
             self.settle(&delivery.handle, decision).await;
             if let Some((job, mut record)) = record {
                 record.settled_ms = now_ms();
+                record.store_retries = store_retries;
                 batchfleet_common::metrics::attempt_finished(&record);
                 if self.shared.records.push(&job, record) {
                     self.shared.records.flush_job(&job.job_id).await;
@@ -454,6 +458,7 @@ impl Slot {
             error,
             lease_lost: false,
             lost_before: count.lost,
+            store_retries: 0,
         }
     }
 }

@@ -247,16 +247,18 @@ pub enum Command {
     },
     /// Show where a job's time went: writes profile.html (a Gantt chart of every attempt, the
     /// critical path, utilisation, resources; one self-contained file) and trace.json (for
-    /// Perfetto), from the attempt records in its job root.
+    /// Perfetto), from the attempt records in its job root. Given a pipeline's folder: its
+    /// steps by status, its critical path, each parallel step's own chart inside.
     #[command(after_help = PROFILE_EXIT_CODES)]
     Profile {
-        /// A job id (under --store) or a job root (folder or URL).
+        /// A job id or pipeline id (under --store), or a job root or pipeline folder (folder
+        /// or URL).
         job: String,
         /// Where job roots are, for a job id.
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
         /// The folder to write into (default: ./profile-<job id>/); the files also go to
-        /// logs/sys/profile/ in the job root.
+        /// logs/sys/profile/ in the job root (or pipeline folder).
         #[arg(long)]
         out: Option<PathBuf>,
     },

@@ -1,7 +1,8 @@
 // batchfleet profile of a pipeline: inlined into profile.html by
 // producer/src/report/pipeline_page.rs. Draws the page from the JSON in
 // <script id="profile-data"> (its shape: pipeline_page.rs, `page_data`). No network.
-// For headless tests it sets on <body>: data-bars-drawn, data-critical-path, data-view,
+// Its address's fragment may say `view=<critical|flatten|compact|hierarchical>`, `open=<step>`
+// and `compact=<seconds>`. For headless tests it sets on <body>: data-bars-drawn, data-critical-path, data-view,
 // data-ready="1", and with #selftest data-selftest (data-errors: the window.onerror handler).
 (function () {
   "use strict";
@@ -80,7 +81,7 @@
   const legend = el("span", { class: "legend" }, D.statuses.map((n, i) => el("span", { title: STATUS_HELP[i] },
     [el("i", { class: "swatch" + (i === 0 ? " waiting" : ""), style: "background:" + STATUS_COLORS[i] }), n])).concat([
     el("span", {}, [el("i", { class: "swatch", style: "background:#fff;outline:2px solid var(--critical)" }), "critical path"]),
-    el("span", {}, [el("i", { class: "swatch", style: "background:#fff;outline:2px solid var(--failed)" }), "failed"]),
+    el("span", {}, [el("i", { class: "swatch", style: "background:#fff;outline:2px dashed var(--failed)" }), "failed"]),
   ]));
   const toolbar = el("div", { class: "toolbar" }, [el("span", { class: "views" }, viewButtons),
     el("label", { for: "compact-threshold", text: "compact: steps over" }), thresholdInput, el("span", { text: "s" }), legend]);
@@ -233,6 +234,10 @@
   }
 
   // ---- first render --------------------------------------------------------------------------
+  // `#view=hierarchical&open=<step>`: a view, and a parallel step opened in it.
+  if (VIEWS.some((v) => v[0] === hash.get("view"))) state.view = hash.get("view");
+  const opened = S.findIndex((s) => s.name === hash.get("open"));
+  if (opened >= 0) state.open.add(opened);
   fillTable();
   draw();
   body.dataset.criticalPath = String(D.critical.length);

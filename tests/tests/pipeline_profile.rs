@@ -4,7 +4,7 @@
 //! entered each status; the page draws one bar per step, marks the chain as the critical path,
 //! shows the views (critical path, flatten, compact, hierarchical — the parallel step opening
 //! into its own mini-batch page), sorts and links its table, and its *Export CSV* link holds the
-//! table as CSV.
+//! table as CSV. `run --profile` writes the same page once the pipeline ended.
 //!
 //! `BATCHFLEET_TEST_SCREENSHOTS=<folder>` also saves screenshots of the page there.
 
@@ -160,11 +160,19 @@ fn a_pipelines_profile_shows_its_steps_critical_path_views_and_csv() {
             .arg(d.join("pipeline.yml"))
             .arg("--store")
             .arg(d.join("jobs"))
-            .arg("--no-progress"),
+            .arg("--no-progress")
+            .arg("--profile")
+            .current_dir(d),
         LIMIT,
     );
     assert!(output.status.success(), "the pipeline must succeed: {}", describe(&output));
     let folder = pipeline_folder(&d.join("jobs"));
+    let id = folder.file_name().expect("the pipeline's id").to_string_lossy().into_owned();
+    assert!(
+        d.join(format!("profile-{id}/profile.html")).is_file(),
+        "--profile wrote the pipeline's page once it ended: {}",
+        describe(&output)
+    );
 
     // Every step recorded when it entered each status; a command step waits in no queue.
     let steps = ["prep", "aside", "score", "report"];

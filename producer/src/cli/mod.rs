@@ -288,7 +288,9 @@ pub async fn main(cli: Cli) -> ExitCode {
                 allow: allow_list(&places.allow),
                 reuse,
             };
-            if let Some(code) = places.as_pipeline(&options.python, Fleet::Local(&options)).await {
+            if let Some(code) =
+                places.as_pipeline(&options.python, Fleet::Local(&options), shared.profile).await
+            {
                 return code;
             }
             crate::job::interrupt::listen();
@@ -332,7 +334,9 @@ pub async fn main(cli: Cli) -> ExitCode {
                 allow: allow_list(&places.allow),
                 reuse,
             };
-            if let Some(code) = places.as_pipeline(&python, Fleet::Remote(&options)).await {
+            if let Some(code) =
+                places.as_pipeline(&python, Fleet::Remote(&options), shared.profile).await
+            {
                 return code;
             }
             crate::job::interrupt::listen();

@@ -9,10 +9,12 @@ use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::spec::ParsedPipeline;
 use batchfleet_common::step_record::{StepRecord, StepTimes, STEP_STATUSES};
 
+use super::timeline;
 use super::ReportError;
 
 /// How a step stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StepState {
     Succeeded,
     Failed,
@@ -56,7 +58,7 @@ pub struct PipelinePlan {
 }
 
 /// One step, analysed. Times are ms since the pipeline's origin.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct StepProfile {
     pub name: String,
     pub kind: &'static str,
@@ -81,8 +83,8 @@ impl StepProfile {
     }
 }
 
-/// A pipeline's profile.
-#[derive(Debug, Clone, PartialEq)]
+/// A pipeline's profile (as JSON too, for a page server).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct PipelineProfile {
     pub pipeline_id: String,
     pub folder_url: String,
@@ -216,11 +218,11 @@ fn summary(steps: &[StepProfile], critical: &[usize], wall: u64, result: Option<
     format!(
         "The pipeline {ended} in {}; its critical path is {} ({}). Its longest step: {} — {} \
          ({} of the wall time), {} of it {}.",
-        duration(wall),
+        timeline::duration(wall),
         chain.join(" → "),
         shares.join(", "),
         longest.name,
-        duration(longest.total_ms()),
+        timeline::duration(longest.total_ms()),
         percent(longest.total_ms(), wall),
         percent(longest.durations.iter().skip(1).max().copied().unwrap_or(0), longest.total_ms()),
         main_status(longest),
@@ -234,26 +236,12 @@ fn main_status(step: &StepProfile) -> &'static str {
     STEP_STATUSES[status]
 }
 
+/// `part` of `whole` for people (`62 %`, `<1 %`).
 fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
         return "0 %".to_string();
     }
-    let p = part as f64 * 100.0 / whole as f64;
-    if p > 0.0 && p < 0.5 {
-        "<1 %".to_string()
-    } else {
-        format!("{} %", p.round() as u64)
-    }
-}
-
-/// `850 ms`, `4.2 s`, `3 min 4 s`, `1 h 2 min`.
-pub fn duration(ms: u64) -> String {
-    match ms {
-        0..=999 => format!("{ms} ms"),
-        1_000..=59_999 => format!("{:.1} s", ms as f64 / 1_000.0),
-        60_000..=3_599_999 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1_000),
-        _ => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
-    }
+    timeline::percent(part as f64 * 100.0 / whole as f64)
 }
 
 /// Read a pipeline's folder: `pipeline.json` (its steps, in order, and what each reads from),

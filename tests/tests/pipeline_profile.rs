@@ -302,3 +302,56 @@ fn a_pipelines_profile_shows_its_steps_critical_path_views_and_csv() {
         );
     }
 }
+
+#[test]
+fn a_failed_pipelines_profile_shows_the_failed_step_and_the_steps_never_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    write(d, "raw/a.txt", "a");
+    write(d, "src/score.py", SCORE_PY);
+    let failing = PIPELINE_YML.replace(
+        "command: cp ${{inputs.raw}}/*.txt ${{outputs.out}}/",
+        "command: echo broken >&2; exit 4",
+    );
+    write(d, "pipeline.yml", &failing);
+    let output = run_bounded(
+        batchfleet()
+            .arg("run")
+            .arg(d.join("pipeline.yml"))
+            .arg("--store")
+            .arg(d.join("jobs"))
+            .arg("--no-progress"),
+        LIMIT,
+    );
+    assert_eq!(output.status.code(), Some(1), "the pipeline fails: {}", describe(&output));
+    let folder = pipeline_folder(&d.join("jobs"));
+    let prep: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(folder.join("prep/step.json")).expect("prep's step.json"),
+    )
+    .expect("JSON");
+    assert_eq!(prep["succeeded"], false, "{prep}");
+    assert!(prep["times"]["ended_ms"].is_u64(), "a failed step's end is recorded: {prep}");
+    assert!(!folder.join("score/step.json").exists(), "score never started");
+
+    let out = d.join("profile");
+    let profiled = run(batchfleet().arg("profile").arg(&folder).arg("--out").arg(&out));
+    assert!(profiled.status.success(), "batchfleet profile failed: {}", describe(&profiled));
+    let dom = render(&out.join("profile.html"), "#selftest");
+    let attribute = |name: &str| body_attribute(&dom, name).unwrap_or_default();
+    assert_eq!(attribute("data-ready"), "1");
+    assert_eq!(attribute("data-errors"), "0", "no script error");
+    let selftest: serde_json::Value =
+        serde_json::from_str(&attribute("data-selftest")).expect("a self-test report");
+    let csv = exported_csv(&dom);
+    let state = |step: &str| -> String {
+        let row = csv.lines().find(|l| l.starts_with(&format!("{step},"))).unwrap_or_default();
+        row.split(',').nth(2).unwrap_or_default().to_string()
+    };
+    assert_eq!(
+        [state("prep"), state("aside"), state("score"), state("report")],
+        ["failed", "succeeded", "not run", "not run"],
+        "{csv}"
+    );
+    assert_eq!(dom.matches("<tr class=\"clickable failed").count(), 1, "one failed row");
+    assert_eq!(selftest["rowToBar"], "report", "a step never run still has its row: {selftest}");
+}

@@ -16,7 +16,7 @@ use base64::Engine;
 
 use batchfleet_tests::browser::{body_attribute, render, screenshot};
 use batchfleet_tests::fleet::run_bounded;
-use batchfleet_tests::{batchfleet, describe, run};
+use batchfleet_tests::{attempt_record_lines, batchfleet, describe, run};
 
 /// `run()` sleeps on `slow.txt` so that the parallel step is the pipeline's longest.
 const SCORE_PY: &str = "\
@@ -98,24 +98,6 @@ fn pipeline_folder(jobs: &Path) -> PathBuf {
     folders[0].clone()
 }
 
-/// The attempt records under a job root (every line of `records/**/*.jsonl`).
-fn record_lines(root: &Path) -> usize {
-    let mut count = 0;
-    let mut folders = vec![root.join("records")];
-    while let Some(folder) = folders.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
-        for entry in entries.map(|e| e.expect("a folder entry").path()) {
-            if entry.is_dir() {
-                folders.push(entry);
-            } else if entry.extension().is_some_and(|e| e == "jsonl") {
-                let text = std::fs::read_to_string(&entry).expect("a records file");
-                count += text.lines().filter(|l| !l.trim().is_empty()).count();
-            }
-        }
-    }
-    count
-}
-
 const TIMES: [&str; 6] =
     ["created_ms", "started_ms", "queued_ms", "running_ms", "finalizing_ms", "ended_ms"];
 
@@ -188,7 +170,7 @@ fn a_pipelines_profile_shows_its_steps_critical_path_views_and_csv() {
     assert!(score_t[4] - score_t[3] >= 2_000, "score ran run() for 2 s at least: {score_t:?}");
     let score_root = score["location"].as_str().expect("score's job root").to_string();
     let score_root_path = PathBuf::from(score_root.trim_start_matches("file://"));
-    let attempts = record_lines(&score_root_path);
+    let attempts = attempt_record_lines(&score_root_path);
     assert!(attempts >= 3, "{attempts} attempts in {}", score_root_path.display());
 
     // The profile of the pipeline's folder.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 use batchfleet_tests::browser::{body_attribute, render};
 use batchfleet_tests::fleet::{run_bounded, Pool};
-use batchfleet_tests::{batchfleet, describe, file_names, run, JobFixture};
+use batchfleet_tests::{attempt_record_lines, batchfleet, describe, file_names, run, JobFixture};
 
 /// The text of the element with `id` up to the end of its section.
 fn section<'a>(dom: &'a str, id: &str) -> &'a str {
@@ -77,24 +77,6 @@ fn assert_page(page: &Path, attempts: usize, slow_batch: &str) {
     assert_eq!(number("compactBars"), compact, "the compact view draws what it lists: {selftest}");
 }
 
-/// The attempt records under a job root (every line of `records/**/*.jsonl`).
-fn record_lines(root: &Path) -> usize {
-    let mut count = 0;
-    let mut folders = vec![root.join("records")];
-    while let Some(folder) = folders.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
-        for entry in entries.map(|e| e.expect("a folder entry").path()) {
-            if entry.is_dir() {
-                folders.push(entry);
-            } else if entry.extension().is_some_and(|e| e == "jsonl") {
-                let text = std::fs::read_to_string(&entry).expect("a records file");
-                count += text.lines().filter(|l| !l.trim().is_empty()).count();
-            }
-        }
-    }
-    count
-}
-
 /// The batch id of the batch holding `item`, from the job's plan.
 fn batch_of(root: &Path, item: &str) -> String {
     let mut chunks: Vec<PathBuf> = std::fs::read_dir(root.join("plan"))
@@ -129,7 +111,7 @@ fn a_real_jobs_profile_renders_and_its_critical_path_names_the_slow_batch() {
     let output = fixture.run();
     assert!(output.status.success(), "the job must succeed: {}", describe(&output));
     let root = fixture.job_root();
-    let attempts = record_lines(&root);
+    let attempts = attempt_record_lines(&root);
     assert!(
         attempts >= 30,
         "the workers wrote {attempts} attempt records into {}/records (30 mini-batches ran)",
@@ -174,7 +156,7 @@ fn a_submitted_job_of_two_thousand_batches_on_two_workers_yields_its_report_and_
     let report = root.join("logs/sys/job_report");
     let processed = std::fs::read_to_string(report.join("processed_mini-batches.csv"))
         .unwrap_or_else(|e| panic!("no processed_mini-batches.csv: {e}\n{}", describe(&output)));
-    let attempts = record_lines(&root);
+    let attempts = attempt_record_lines(&root);
     assert_eq!(processed.lines().count(), attempts + 1, "a header and one row per attempt");
     assert!(attempts >= 2_000, "{attempts} attempt records");
     let nodes = std::fs::read_to_string(report.join("node_summary.csv")).expect("node_summary");

@@ -15,40 +15,7 @@
   const body = document.body;
   const hash = new URLSearchParams(location.hash.slice(1));
 
-  // ---- helpers -------------------------------------------------------------------------------
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    if (attrs) for (const k in attrs) {
-      if (k === "text") node.textContent = attrs[k];
-      else if (k === "class") node.className = attrs[k];
-      else if (k.startsWith("on")) node.addEventListener(k.slice(2), attrs[k]);
-      else node.setAttribute(k, attrs[k]);
-    }
-    (children || []).forEach((c) => node.appendChild(typeof c === "string" ? document.createTextNode(c) : c));
-    return node;
-  }
-  function dur(ms) {
-    if (ms == null || ms < 0) return "";
-    if (ms < 1000) return Math.round(ms) + " ms";
-    if (ms < 60000) return (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
-    if (ms < 3600000) return Math.floor(ms / 60000) + " min " + Math.floor(ms % 60000 / 1000) + " s";
-    return Math.floor(ms / 3600000) + " h " + Math.floor(ms % 3600000 / 60000) + " min";
-  }
-  function tick(ms, step) {
-    if (ms === 0) return "0";
-    if (step >= 60000 && ms >= 60000) return Math.floor(ms / 60000) + " min" + (ms % 60000 ? " " + Math.round(ms % 60000 / 1000) + " s" : "");
-    if (step >= 1000) return (ms / 1000) + " s";
-    return (ms / 1000).toFixed(1) + " s";
-  }
-  function tickStep(span, ticks) {
-    const raw = span / Math.max(1, ticks);
-    const pow = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1))));
-    for (const m of [1, 2, 5, 10]) if (m * pow >= raw) return m * pow;
-    return 10 * pow;
-  }
-  function section(id, title, children) {
-    return el("section", { id: id }, [el("h2", { text: title })].concat(children));
-  }
+  const { el, dur, tick, tickStep, section, csvCell } = BF;
   const wall = Math.max(1, D.wall);
   function pct(t) { return (Math.max(0, Math.min(wall, t)) * 100 / wall) + "%"; }
 
@@ -212,7 +179,6 @@
     });
     exportLink.href = "data:text/csv;base64," + btoa(unescape(encodeURIComponent(csvText())));
   }
-  function csvCell(v) { const s = v == null ? "" : String(v); return /[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; }
   // The table's rows, in its order, times in milliseconds (its start relative to the pipeline's).
   function csvText() {
     const lines = [COLUMNS.map((c) => c[0] + (c[3] ? " ms" : "")).join(",")];

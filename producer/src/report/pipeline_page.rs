@@ -1,8 +1,8 @@
 //! A pipeline's `profile.html` and `trace.json`. The page is self-contained like a job's
-//! (`page`): its data as JSON, `profile.css` + `pipeline.css` and `pipeline.js` inlined; each
-//! parallel step's own profile page (the one `batchfleet profile` draws for its job root) is
-//! embedded whole, as text, and shown in a frame (`srcdoc`) when the step is opened in the
-//! hierarchical view.
+//! (`page::document`): its data as JSON, `profile.css` + `pipeline.css` and `pipeline.js`
+//! inlined; each parallel step's own profile page (the one `batchfleet profile` draws for its
+//! job root) is embedded whole, as text, and shown in a frame (`srcdoc`) when the step is opened
+//! in the hierarchical view.
 //!
 //! For a headless browser test the script sets on `<body>`: `data-bars-drawn` (step bars in the
 //! view shown), `data-critical-path` (steps on it), `data-view`, `data-errors`, and
@@ -14,11 +14,10 @@ use serde_json::{json, Value};
 
 use batchfleet_common::step_record::STEP_STATUSES;
 
-use super::page::escape;
+use super::page;
 use super::pipeline::PipelineProfile;
 
-const CSS: &str = include_str!("profile.css");
-const PIPELINE_CSS: &str = include_str!("pipeline.css");
+const CSS: &str = include_str!("pipeline.css");
 const JS: &str = include_str!("pipeline.js");
 
 /// A parallel step's own page, or why there is none.
@@ -30,23 +29,14 @@ pub fn html(
     profile: &PipelineProfile,
     nested: &[Option<NestedPage>],
 ) -> Result<String, serde_json::Error> {
-    let json = serde_json::to_string(&page_data(profile, nested))?;
-    // Inside <script>, `</` could end the element early; `<\/` means the same to JSON.
-    let json = json.replace("</", "<\\/").replace("<!--", "<\\!--");
-    Ok(format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>Profile of pipeline {title}</title>\n<style>\n{CSS}{PIPELINE_CSS}</style>\n\
-         </head>\n<body data-ready=\"0\" data-errors=\"0\" data-bars-drawn=\"0\" \
-         data-critical-path=\"0\">\n\
-         <script>window.onerror = function () {{ var b = document.body; \
-         b.dataset.errors = String(Number(b.dataset.errors || 0) + 1); }};</script>\n\
-         <noscript>This page draws its charts with JavaScript; trace.json beside it holds the \
-         same steps for Perfetto.</noscript>\n\
-         <script type=\"application/json\" id=\"profile-data\">{json}</script>\n\
-         <script>\n{JS}</script>\n</body>\n</html>\n",
-        title = escape(&profile.pipeline_id),
-    ))
+    page::document(
+        &format!("Profile of pipeline {}", profile.pipeline_id),
+        &format!("{}{CSS}", page::CSS),
+        &page_data(profile, nested),
+        JS,
+        "This page draws its charts with JavaScript; trace.json beside it holds the same steps \
+         for Perfetto.",
+    )
 }
 
 fn page_data(profile: &PipelineProfile, nested: &[Option<NestedPage>]) -> Value {

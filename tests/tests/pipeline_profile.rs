@@ -87,6 +87,21 @@ fn write(dir: &Path, rel: &str, text: &str) {
     std::fs::write(path, text).expect("a file");
 }
 
+/// `batchfleet run <d>/pipeline.yml --store <d>/jobs` in `d`, with `extra` arguments.
+fn run_pipeline(d: &Path, extra: &[&str]) -> std::process::Output {
+    run_bounded(
+        batchfleet()
+            .arg("run")
+            .arg(d.join("pipeline.yml"))
+            .arg("--store")
+            .arg(d.join("jobs"))
+            .arg("--no-progress")
+            .args(extra)
+            .current_dir(d),
+        LIMIT,
+    )
+}
+
 /// The one pipeline folder under `jobs` (the folder holding `pipeline.yaml`).
 fn pipeline_folder(jobs: &Path) -> PathBuf {
     let folders: Vec<PathBuf> = std::fs::read_dir(jobs)
@@ -136,17 +151,7 @@ fn a_pipelines_profile_shows_its_steps_critical_path_views_and_csv() {
     }
     write(d, "src/score.py", SCORE_PY);
     write(d, "pipeline.yml", PIPELINE_YML);
-    let output = run_bounded(
-        batchfleet()
-            .arg("run")
-            .arg(d.join("pipeline.yml"))
-            .arg("--store")
-            .arg(d.join("jobs"))
-            .arg("--no-progress")
-            .arg("--profile")
-            .current_dir(d),
-        LIMIT,
-    );
+    let output = run_pipeline(d, &["--profile"]);
     assert!(output.status.success(), "the pipeline must succeed: {}", describe(&output));
     let folder = pipeline_folder(&d.join("jobs"));
     let id = folder.file_name().expect("the pipeline's id").to_string_lossy().into_owned();
@@ -296,15 +301,7 @@ fn a_failed_pipelines_profile_shows_the_failed_step_and_the_steps_never_run() {
         "command: echo broken >&2; exit 4",
     );
     write(d, "pipeline.yml", &failing);
-    let output = run_bounded(
-        batchfleet()
-            .arg("run")
-            .arg(d.join("pipeline.yml"))
-            .arg("--store")
-            .arg(d.join("jobs"))
-            .arg("--no-progress"),
-        LIMIT,
-    );
+    let output = run_pipeline(d, &[]);
     assert_eq!(output.status.code(), Some(1), "the pipeline fails: {}", describe(&output));
     let folder = pipeline_folder(&d.join("jobs"));
     let prep: serde_json::Value = serde_json::from_str(

@@ -11,8 +11,9 @@
 //! step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`), and
 //! `pipeline_result.txt`. `step.json` is written when a step starts and again when it ends,
 //! with the time it entered each status (`batchfleet_common::step_record`; a parallel step's
-//! from its attempt records, [`step_times`]). The first step that fails stops the pipeline; `resume` runs it again
-//! from the steps that did not succeed. [`manifest`] is what `watch` checks of a pipeline.
+//! from its attempt records, `step_times`). The first step that fails stops the pipeline;
+//! `resume` runs it again from the steps that did not succeed. [`manifest`] is what `watch`
+//! checks of a pipeline.
 
 mod command;
 mod interpreters;

@@ -8,6 +8,7 @@
 //! - [`metrics`]: every Prometheus metric (names, help, recording, `/metrics`).
 //! - [`worker_status`]: the status file a serving worker keeps (`--check`, autoscale).
 //! - [`records`]: the per-attempt records (phase timestamps) behind the job report and profile.
+//! - [`step_record`]: `<step>/step.json` of a pipeline: how a step ended, when it entered each status.
 //! - [`status`]: the per-batch status record written before a message is acknowledged.
 //! - [`store`]: turning URLs and plain paths into object stores.
 //! - [`broker`]: the `Broker` seam and its embedded in-process backend.
@@ -29,6 +30,7 @@ pub mod records;
 pub mod retry;
 pub mod spec;
 pub mod status;
+pub mod step_record;
 pub mod store;
 pub mod table;
 #[cfg(feature = "test-support")]

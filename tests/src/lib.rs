@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod bench;
+pub mod browser;
 pub mod chaos;
 pub mod cluster;
 pub mod fleet;
@@ -247,4 +248,22 @@ pub async fn read_tree(
         tree.insert(rel, String::from_utf8_lossy(&bytes).into_owned());
     }
     tree
+}
+
+/// The attempt records under a job root (every line of `records/**/*.jsonl`).
+pub fn attempt_record_lines(root: &Path) -> usize {
+    let mut count = 0;
+    let mut folders = vec![root.join("records")];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
+        for entry in entries.map(|e| e.expect("a folder entry").path()) {
+            if entry.is_dir() {
+                folders.push(entry);
+            } else if entry.extension().is_some_and(|e| e == "jsonl") {
+                let text = std::fs::read_to_string(&entry).expect("a records file");
+                count += text.lines().filter(|l| !l.trim().is_empty()).count();
+            }
+        }
+    }
+    count
 }

@@ -265,4 +265,13 @@ fn submit_runs_the_parallel_steps_on_the_fleet() {
     assert_eq!(scores.lines().count(), 5, "one row per prepared file: {scores}");
     let result = std::fs::read_to_string(folder.join("pipeline_result.txt")).unwrap();
     assert_eq!(result.lines().next(), Some("succeeded"), "{result}");
+    // The fleet's attempt records gave the parallel step its queued, running and finalizing
+    // times (docs/pipelines.md, "Step statuses").
+    let record = std::fs::read_to_string(folder.join("score/step.json")).unwrap();
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    let times: Vec<u64> = ["started_ms", "queued_ms", "running_ms", "finalizing_ms", "ended_ms"]
+        .iter()
+        .map(|t| record["times"][t].as_u64().unwrap_or_else(|| panic!("no {t}: {record}")))
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order: {record}");
 }

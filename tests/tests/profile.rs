@@ -4,71 +4,12 @@
 //! critical path's steps, script errors, and that it finished rendering.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
+use batchfleet_tests::browser::{body_attribute, render};
 use batchfleet_tests::fleet::{run_bounded, Pool};
-use batchfleet_tests::{batchfleet, describe, file_names, run, JobFixture};
-
-/// How long one Chromium render may take before the test gives up.
-const RENDER_BOUND: Duration = Duration::from_secs(90);
-
-fn chromium() -> PathBuf {
-    match std::env::var_os("BATCHFLEET_TEST_CHROMIUM") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "BATCHFLEET_TEST_CHROMIUM is not set: run infra/chromium (it installs Debian's \
-             chromium when missing and prints its path) and export BATCHFLEET_TEST_CHROMIUM=<that \
-             path>, or run the tests through infra/run-tests, which does both"
-        ),
-    }
-}
-
-/// The page's DOM after its scripts ran, as headless Chromium dumps it. `#selftest` makes the
-/// page also exercise its interactive parts once (compact view, sorting, zoom, the CSV) and
-/// report on `<body data-selftest>`.
-fn render(page: &Path) -> String {
-    let profile_dir = tempfile::tempdir().expect("a browser profile folder");
-    let child = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"])
-        .arg(format!("--user-data-dir={}", profile_dir.path().display()))
-        .arg("--dump-dom")
-        .arg(format!("file://{}#selftest", page.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start chromium ({}): {e}", chromium().display()));
-    let pid = child.id();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    let output = match receiver.recv_timeout(RENDER_BOUND) {
-        Ok(output) => output.expect("chromium's output"),
-        Err(_) => {
-            let pid = nix::unistd::Pid::from_raw(pid as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("chromium did not render {} within {RENDER_BOUND:?}", page.display());
-        }
-    };
-    let dom = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success() && dom.contains("<body"),
-        "chromium failed to render {}: {}",
-        page.display(),
-        describe(&output)
-    );
-    dom
-}
-
-/// The value of attribute `name` on the dumped `<body>` tag.
-fn body_attribute(dom: &str, name: &str) -> Option<String> {
-    let start = dom.find("<body")?;
-    let tag = &dom[start..start + dom[start..].find('>')?];
-    let at = tag.find(&format!("{name}=\""))? + name.len() + 2;
-    Some(tag[at..at + tag[at..].find('"')?].to_string())
-}
+use batchfleet_tests::{attempt_record_lines, batchfleet, describe, file_names, run, JobFixture};
 
 /// The text of the element with `id` up to the end of its section.
 fn section<'a>(dom: &'a str, id: &str) -> &'a str {
@@ -91,7 +32,7 @@ fn profile(root: &Path, out: &Path) -> PathBuf {
 /// Checks the rendered page: ready, no script error, one bar per attempt, a critical path whose
 /// section names `slow_batch`.
 fn assert_page(page: &Path, attempts: usize, slow_batch: &str) {
-    let dom = render(page);
+    let dom = render(page, "#selftest");
     let attribute = |name: &str| body_attribute(&dom, name).unwrap_or_default();
     let body = &dom[dom.find("<body").unwrap_or(0)..];
     let body_tag = &body[..body.find('>').unwrap_or(0)];
@@ -114,9 +55,8 @@ fn assert_page(page: &Path, attempts: usize, slow_batch: &str) {
         critical.contains(&format!("data-batch=\"{slow_batch}\"")),
         "a step of the critical path names the slow batch {slow_batch}: {text}"
     );
-    let selftest: serde_json::Value =
-        serde_json::from_str(&attribute("data-selftest").replace("&quot;", "\""))
-            .unwrap_or_else(|e| panic!("no self-test report ({e}): {body_tag}"));
+    let selftest: serde_json::Value = serde_json::from_str(&attribute("data-selftest"))
+        .unwrap_or_else(|e| panic!("no self-test report ({e}): {body_tag}"));
     let number = |name: &str| selftest[name].as_u64().unwrap_or(u64::MAX) as usize;
     assert_eq!(
         number("csvLines"),
@@ -135,24 +75,6 @@ fn assert_page(page: &Path, attempts: usize, slow_batch: &str) {
         "the compact view keeps the slow attempts only: {selftest}"
     );
     assert_eq!(number("compactBars"), compact, "the compact view draws what it lists: {selftest}");
-}
-
-/// The attempt records under a job root (every line of `records/**/*.jsonl`).
-fn record_lines(root: &Path) -> usize {
-    let mut count = 0;
-    let mut folders = vec![root.join("records")];
-    while let Some(folder) = folders.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
-        for entry in entries.map(|e| e.expect("a folder entry").path()) {
-            if entry.is_dir() {
-                folders.push(entry);
-            } else if entry.extension().is_some_and(|e| e == "jsonl") {
-                let text = std::fs::read_to_string(&entry).expect("a records file");
-                count += text.lines().filter(|l| !l.trim().is_empty()).count();
-            }
-        }
-    }
-    count
 }
 
 /// The batch id of the batch holding `item`, from the job's plan.
@@ -189,7 +111,7 @@ fn a_real_jobs_profile_renders_and_its_critical_path_names_the_slow_batch() {
     let output = fixture.run();
     assert!(output.status.success(), "the job must succeed: {}", describe(&output));
     let root = fixture.job_root();
-    let attempts = record_lines(&root);
+    let attempts = attempt_record_lines(&root);
     assert!(
         attempts >= 30,
         "the workers wrote {attempts} attempt records into {}/records (30 mini-batches ran)",
@@ -234,7 +156,7 @@ fn a_submitted_job_of_two_thousand_batches_on_two_workers_yields_its_report_and_
     let report = root.join("logs/sys/job_report");
     let processed = std::fs::read_to_string(report.join("processed_mini-batches.csv"))
         .unwrap_or_else(|e| panic!("no processed_mini-batches.csv: {e}\n{}", describe(&output)));
-    let attempts = record_lines(&root);
+    let attempts = attempt_record_lines(&root);
     assert_eq!(processed.lines().count(), attempts + 1, "a header and one row per attempt");
     assert!(attempts >= 2_000, "{attempts} attempt records");
     let nodes = std::fs::read_to_string(report.join("node_summary.csv")).expect("node_summary");

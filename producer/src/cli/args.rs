@@ -32,7 +32,8 @@ pub struct JobArgs {
     #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
     pub(super) metrics_addr: Option<std::net::SocketAddr>,
     /// Write the job's profile (as `batchfleet profile` does) as soon as it ends, into
-    /// `./profile-<job id>/` and the job root's `logs/sys/profile/`.
+    /// `./profile-<job id>/` and the job root's `logs/sys/profile/` (a pipeline's: once it
+    /// ended, into `./profile-<pipeline id>/` and its folder's).
     #[arg(long)]
     pub(super) profile: bool,
     /// Take the rows of every mini-batch whose identity matches a succeeded mini-batch of an
@@ -81,19 +82,20 @@ impl JobArgs {
     /// Print a finished job's report, write its profile with `--profile`; the job's exit code.
     pub(super) async fn finish(&self, report: &JobReport) -> ExitCode {
         let code = print_report(report);
-        write_profile(self.profile, report).await;
+        write_profile(self.profile, &report.root_url).await;
         code
     }
 }
 
 impl PlaceArgs {
     /// `Some(exit code)` when the spec `fleet`'s options name is a pipeline file, run step by step
-    /// on `fleet` (command steps with `python` and `--environment`); `None` for a job, which the
-    /// caller runs.
+    /// on `fleet` (command steps with `python` and `--environment`; its profile written with
+    /// `profile`); `None` for a job, which the caller runs.
     pub(super) async fn as_pipeline(
         &self,
         python: &std::path::Path,
         fleet: Fleet<'_>,
+        profile: bool,
     ) -> Option<ExitCode> {
         let (spec, datastores) = match &fleet {
             Fleet::Local(options) => (&options.spec_path, &options.datastores),
@@ -108,6 +110,12 @@ impl PlaceArgs {
             Ok(interpreters) => interpreters,
             Err(error) => return Some(failed_to_start(&error)),
         };
-        Some(finish_pipeline(run_pipeline(&file, fleet, &interpreters).await))
+        let result = run_pipeline(&file, fleet, &interpreters).await;
+        let folder = result.as_ref().ok().map(|report| report.folder_url.clone());
+        let code = finish_pipeline(result);
+        if let Some(folder) = folder {
+            write_profile(profile, &folder).await;
+        }
+        Some(code)
     }
 }

@@ -247,16 +247,18 @@ pub enum Command {
     },
     /// Show where a job's time went: writes profile.html (a Gantt chart of every attempt, the
     /// critical path, utilisation, resources; one self-contained file) and trace.json (for
-    /// Perfetto), from the attempt records in its job root.
+    /// Perfetto), from the attempt records in its job root. Given a pipeline's folder: its
+    /// steps by status, its critical path, each parallel step's own chart inside.
     #[command(after_help = PROFILE_EXIT_CODES)]
     Profile {
-        /// A job id (under --store) or a job root (folder or URL).
+        /// A job id or pipeline id (under --store), or a job root or pipeline folder (folder
+        /// or URL).
         job: String,
         /// Where job roots are, for a job id.
         #[arg(long, env = "BATCHFLEET_STORE")]
         store: Option<String>,
         /// The folder to write into (default: ./profile-<job id>/); the files also go to
-        /// logs/sys/profile/ in the job root.
+        /// logs/sys/profile/ in the job root (or pipeline folder).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -286,7 +288,9 @@ pub async fn main(cli: Cli) -> ExitCode {
                 allow: allow_list(&places.allow),
                 reuse,
             };
-            if let Some(code) = places.as_pipeline(&options.python, Fleet::Local(&options)).await {
+            if let Some(code) =
+                places.as_pipeline(&options.python, Fleet::Local(&options), shared.profile).await
+            {
                 return code;
             }
             crate::job::interrupt::listen();
@@ -330,7 +334,9 @@ pub async fn main(cli: Cli) -> ExitCode {
                 allow: allow_list(&places.allow),
                 reuse,
             };
-            if let Some(code) = places.as_pipeline(&python, Fleet::Remote(&options)).await {
+            if let Some(code) =
+                places.as_pipeline(&python, Fleet::Remote(&options), shared.profile).await
+            {
                 return code;
             }
             crate::job::interrupt::listen();

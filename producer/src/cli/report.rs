@@ -17,13 +17,13 @@ pub(super) fn serve_metrics(addr: Option<std::net::SocketAddr>) -> Result<(), Ex
     })
 }
 
-/// `--profile`: write the finished job's profile now (a failure to is said, and does not change
-/// the job's exit code).
-pub(super) async fn write_profile(wanted: bool, report: &JobReport) {
+/// `--profile`: write the finished job's (or pipeline's) profile now, `root` its job root or
+/// pipeline folder (a failure to is said, and does not change the exit code).
+pub(super) async fn write_profile(wanted: bool, root: &str) {
     if !wanted {
         return;
     }
-    let options = ProfileOptions { job: report.root_url.clone(), store: None, out: None };
+    let options = ProfileOptions { job: root.to_string(), store: None, out: None };
     crate::modes::profile::run_command(&options).await;
 }
 

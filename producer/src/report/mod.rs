@@ -12,7 +12,10 @@
 //! - [`analysis`]: the two together, as the page and the trace read them;
 //! - [`page`]: `profile.html`, one self-contained file (the data as JSON, `profile.css` and
 //!   `profile.js` inlined);
-//! - [`trace`]: `trace.json` in Chrome's trace-event format, for Perfetto.
+//! - [`trace`]: `trace.json` in Chrome's trace-event format, for Perfetto;
+//! - [`pipeline`]: a pipeline's profile as data — steps, their statuses and times, what each
+//!   reads from, the critical path — read from its folder; [`pipeline_page`]: its page
+//!   (`pipeline.js`/`.css` inlined, each parallel step's own page embedded) and trace.
 //!
 //! Tests are in the sibling `*_tests.rs` files.
 
@@ -20,6 +23,8 @@ pub mod analysis;
 pub mod critical;
 pub mod load;
 pub mod page;
+pub mod pipeline;
+pub mod pipeline_page;
 pub mod resources;
 pub mod timeline;
 pub mod trace;
@@ -28,6 +33,8 @@ pub mod trace;
 mod analysis_tests;
 #[cfg(test)]
 mod page_tests;
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod resources_tests;
 
@@ -45,6 +52,9 @@ pub enum ReportError {
          run before batchfleet wrote records cannot be profiled"
     )]
     NoRecords { job_id: String, root: String, files: usize, skipped: usize },
+    /// A folder taken for a pipeline's is not one.
+    #[error("{folder} is not a pipeline folder that can be profiled: {why}")]
+    NotAPipeline { folder: String, why: String },
     #[error("writing {path}: {source}")]
     Write {
         path: String,

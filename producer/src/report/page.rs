@@ -1,7 +1,8 @@
 //! `profile.html`: one self-contained page — no network, opens from disk. The data is embedded
-//! as JSON (`<script type="application/json" id="profile-data">`); `profile.css` and
-//! `profile.js` (beside this file) are inlined. The script draws everything from the data: the
-//! Gantt chart on a canvas, the critical path, the tables, the resource timeline.
+//! as JSON (`<script type="application/json" id="profile-data">`); `profile.css`, `helpers.js`
+//! and `profile.js` (beside this file) are inlined ([`document`], which a pipeline's page uses
+//! too). The script draws everything from the data: the Gantt chart on a canvas, the critical
+//! path, the tables, the resource timeline.
 //!
 //! For a headless browser test the script sets on `<body>`: `data-bars-drawn` (attempts drawn in
 //! the first, whole-job view, merged bars counted by their attempts), `data-critical-path`
@@ -16,8 +17,10 @@ use super::analysis::{Profile, Usage};
 use super::critical::step_title;
 use super::load::JobData;
 
-const CSS: &str = include_str!("profile.css");
+pub(super) const CSS: &str = include_str!("profile.css");
 const JS: &str = include_str!("profile.js");
+/// The helpers both pages' scripts use, inlined before each.
+const HELPERS: &str = include_str!("helpers.js");
 
 /// At most this many skipped lines are listed in the page (all are counted).
 const SKIPPED_SHOWN: usize = 200;
@@ -26,21 +29,39 @@ const SLOWEST_SHOWN: usize = 25;
 
 /// The page for `data` analysed into `profile`.
 pub fn html(data: &JobData, profile: &Profile) -> Result<String, serde_json::Error> {
-    let json = serde_json::to_string(&page_data(data, profile))?;
+    document(
+        &format!("Profile of {}", data.job_id),
+        CSS,
+        &page_data(data, profile),
+        JS,
+        "This page draws its charts with JavaScript; trace.json beside it holds the same \
+         attempts for Perfetto.",
+    )
+}
+
+/// A self-contained page titled `title`: `css`, `data` as JSON in `#profile-data`, the helpers
+/// and `script`; `<body>` starts with `data-ready="0"`, `data-errors` counting script errors.
+pub(super) fn document(
+    title: &str,
+    css: &str,
+    data: &Value,
+    script: &str,
+    noscript: &str,
+) -> Result<String, serde_json::Error> {
+    let json = serde_json::to_string(data)?;
     // Inside <script>, `</` could end the element early; `<\/` means the same to JSON.
     let json = json.replace("</", "<\\/").replace("<!--", "<\\!--");
     Ok(format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>Profile of {title}</title>\n<style>\n{CSS}</style>\n</head>\n\
+         <title>{title}</title>\n<style>\n{css}</style>\n</head>\n\
          <body data-ready=\"0\" data-errors=\"0\" data-bars-drawn=\"0\" data-critical-path=\"0\">\n\
          <script>window.onerror = function () {{ var b = document.body; \
          b.dataset.errors = String(Number(b.dataset.errors || 0) + 1); }};</script>\n\
-         <noscript>This page draws its charts with JavaScript; trace.json beside it holds the \
-         same attempts for Perfetto.</noscript>\n\
+         <noscript>{noscript}</noscript>\n\
          <script type=\"application/json\" id=\"profile-data\">{json}</script>\n\
-         <script>\n{JS}</script>\n</body>\n</html>\n",
-        title = escape(&data.job_id),
+         <script>\n{HELPERS}{script}</script>\n</body>\n</html>\n",
+        title = escape(title),
     ))
 }
 

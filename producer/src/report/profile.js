@@ -18,34 +18,8 @@
   const body = document.body;
 
   // ---- helpers -------------------------------------------------------------------------------
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    if (attrs) for (const k in attrs) {
-      if (k === "text") node.textContent = attrs[k];
-      else if (k === "class") node.className = attrs[k];
-      else if (k.startsWith("on")) node.addEventListener(k.slice(2), attrs[k]);
-      else node.setAttribute(k, attrs[k]);
-    }
-    (children || []).forEach((c) => node.appendChild(typeof c === "string" ?
-      document.createTextNode(c) : c));
-    return node;
-  }
-  function dur(ms) {
-    if (ms == null || ms < 0) return "";
-    if (ms < 1000) return Math.round(ms) + " ms";
-    if (ms < 60000) return (ms / 1000).toFixed(ms < 10000 ? 2 : 1) + " s";
-    if (ms < 3600000) return Math.floor(ms / 60000) + " min " + Math.floor(ms % 60000 / 1000) + " s";
-    return Math.floor(ms / 3600000) + " h " + Math.floor(ms % 3600000 / 60000) + " min";
-  }
+  const { el, dur, tick, section, csvCell } = BF;
   function at(ms) { return "+" + dur(ms); }
-  // An axis label: as short as the tick step allows.
-  function tick(ms, step) {
-    if (ms === 0) return "0";
-    if (step >= 60000 && ms >= 60000) return Math.floor(ms / 60000) + " min" + (ms % 60000 ? " " + Math.round(ms % 60000 / 1000) + " s" : "");
-    if (step >= 1000) return (ms / 1000) + " s";
-    if (step >= 100 && ms >= 1000) return (ms / 1000).toFixed(1) + " s";
-    return Math.round(ms) + " ms";
-  }
   function pct(part, whole) {
     if (!whole) return "0 %";
     const p = part * 100 / whole;
@@ -56,9 +30,6 @@
   function queue(a) { return a[PUB] >= 0 ? a[T] - a[PUB] : -1; }
   function laneName(l) { const lane = D.lanes[l]; return lane ? lane.worker + " · slot " + lane.slot : "?"; }
   function outcome(a) { return D.outcomes[a[OUT]] || "?"; }
-  function section(id, title, children) {
-    return el("section", { id: id }, [el("h2", { text: title })].concat(children));
-  }
 
   const main = el("main");
   body.appendChild(main);
@@ -122,12 +93,7 @@
       "Bars narrower than a pixel are merged into one-pixel columns coloured by their main phase." })]));
 
   function X(t, width) { return GUTTER + (t - view.t0) * (width - GUTTER) / (view.t1 - view.t0); }
-  function tickStep(span, px) {
-    const raw = span / Math.max(1, px / 110);
-    const pow = Math.pow(10, Math.floor(Math.log10(Math.max(raw, 1))));
-    for (const m of [1, 2, 5, 10]) if (m * pow >= raw) return m * pow;
-    return 10 * pow;
-  }
+  function tickStep(span, px) { return BF.tickStep(span, px / 110); }
   function setupCanvas(canvas, cssHeight) {
     const ratio = window.devicePixelRatio || 1;
     const width = Math.max(300, canvas.parentNode.clientWidth || 1200);
@@ -502,7 +468,6 @@
     pager.textContent = "rows " + (to ? from + 1 : 0).toLocaleString() + "–" + to.toLocaleString() + " of " +
       table.rows.length.toLocaleString() + (compact.on ? " (compact: over " + dur(compact.threshold) + ")" : "");
   }
-  function csvCell(v) { const s = String(v); return /[",\n]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s; }
   // The table's rows (all pages, its order and filter) as CSV, times in milliseconds.
   function csvText() {
     const lines = [COLUMNS.map((c) => c[0] + (c[3] === dur || c[3] === at ? " ms" : "")).join(",")];

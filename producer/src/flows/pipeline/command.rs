@@ -11,6 +11,10 @@
 //! followed by the interpreter's own `bin` folder (a venv's `pip` and tools). It gets
 //! `limits.timeout` seconds, [`DEFAULT_TIMEOUT`] when it gives none; then its whole process
 //! group is killed and the step fails.
+//!
+//! Its statuses (`batchfleet_common::step_record`): staging until its inputs are downloaded and
+//! its output folders made, no queue, running until the command exits, uploading (outputs, then
+//! its log) until it ends.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +27,7 @@ use url::Url;
 use batchfleet_common::job::InputValue;
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::spec::{CommandPiece, CommandStep};
+use batchfleet_common::step_record::{now_ms, StepTimes};
 use batchfleet_common::store::local_path;
 
 use super::{staging, StepVerdict};
@@ -62,6 +67,7 @@ pub async fn run_step(
     step: &CommandStep,
     folder: &JobRoot,
     python: StepPython<'_>,
+    times: &mut StepTimes,
 ) -> (StepVerdict, String) {
     let log_key = folder.layout.step_log(name);
     let log_url = folder.key_url(&log_key);
@@ -72,7 +78,7 @@ pub async fn run_step(
         }
     };
     let local_log = local_path_of(&log_url).unwrap_or_else(|| staging.path().join("log.txt"));
-    let verdict = run(step, staging.path(), &local_log, python.python).await;
+    let verdict = run(step, staging.path(), &local_log, python.python, times).await;
     if local_path_of(&log_url).is_none() {
         let uploaded = match std::fs::read(&local_log) {
             Ok(bytes) => {
@@ -95,7 +101,13 @@ fn local_path_of(url: &str) -> Option<PathBuf> {
     Url::parse(url).ok().as_ref().and_then(local_path)
 }
 
-async fn run(step: &CommandStep, staging: &Path, log: &Path, python: &Path) -> Result<(), String> {
+async fn run(
+    step: &CommandStep,
+    staging: &Path,
+    log: &Path,
+    python: &Path,
+    times: &mut StepTimes,
+) -> Result<(), String> {
     let cwd = working_dir(step)?;
     let path = search_path(step, staging, python)?;
     let mut inputs = BTreeMap::new();
@@ -145,6 +157,10 @@ async fn run(step: &CommandStep, staging: &Path, log: &Path, python: &Path) -> R
         std::fs::File::create(log).map_err(|e| format!("creating `{}`: {e}", log.display()))?;
     let stderr = log_file.try_clone().map_err(|e| format!("opening the log twice: {e}"))?;
     tracing::info!(command = %line, cwd = %cwd.display(), "running a command step");
+    // Inputs staged; a command waits in no queue.
+    let started = now_ms();
+    times.queued_ms = Some(started);
+    times.running_ms = Some(started);
     let mut child = shell(&line)
         .current_dir(&cwd)
         .envs(&step.environment_variables)
@@ -156,7 +172,9 @@ async fn run(step: &CommandStep, staging: &Path, log: &Path, python: &Path) -> R
         .spawn()
         .map_err(|e| format!("cannot start the command: {e}"))?;
     let timeout = step.timeout.map_or(DEFAULT_TIMEOUT, Duration::from_secs);
-    let status = match tokio::time::timeout(timeout, child.wait()).await {
+    let waited = tokio::time::timeout(timeout, child.wait()).await;
+    times.finalizing_ms = Some(now_ms());
+    let status = match waited {
         Ok(waited) => waited.map_err(|e| format!("waiting for the command: {e}"))?,
         Err(_) => {
             kill_group(&mut child).await;

@@ -9,8 +9,11 @@
 //! as written (`pipeline.yaml`) and resolved (`pipeline.json`), each command step's log
 //! (`<step>/log.txt`), how each step ended (`<step>/step.json`), the pathless outputs of every
 //! step (`<step>/outputs/<name>/`) and of the pipeline (`outputs/<name>/`), and
-//! `pipeline_result.txt`. The first step that fails stops the pipeline; `resume` runs it again
-//! from the steps that did not succeed. [`manifest`] is what `watch` checks of a pipeline.
+//! `pipeline_result.txt`. `step.json` is written when a step starts and again when it ends,
+//! with the time it entered each status (`batchfleet_common::step_record`; a parallel step's
+//! from its attempt records, `step_times`). The first step that fails stops the pipeline;
+//! `resume` runs it again from the steps that did not succeed. [`manifest`] is what `watch`
+//! checks of a pipeline.
 
 mod command;
 mod interpreters;
@@ -24,6 +27,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::spec::{ParsedPipeline, PipelineFile, PipelineStep, StepKind};
+use batchfleet_common::step_record::{now_ms, StepRecord, StepTimes};
 
 pub use command::DEFAULT_TIMEOUT;
 pub use interpreters::Interpreters;
@@ -33,13 +37,6 @@ use crate::job::confine::AllowList;
 use crate::job::lifecycle::{check_entry_script, locate, new_job_id, store_url, JobReport};
 use crate::modes::run::{run_job, RunOptions};
 use crate::modes::submit::{follow_published, publish_loaded, SubmitOptions};
-
-/// `<step>/step.json`: how a step ended (`{"succeeded": true, "location": …}`).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct StepRecord {
-    succeeded: bool,
-    location: String,
-}
 
 /// Where the parallel steps run.
 pub enum Fleet<'a> {
@@ -298,6 +295,7 @@ async fn run_steps(
     let mut launched: Vec<bool> = ended.iter().map(Option::is_some).collect();
     let mut running = FuturesUnordered::new();
     let mut failed = false;
+    let created_ms = now_ms();
     loop {
         for (i, step) in steps.iter().enumerate() {
             if failed || launched[i] || !ready(step, steps, &ended) {
@@ -305,10 +303,21 @@ async fn run_steps(
             }
             launched[i] = true;
             eprintln!("step `{}` ({}) starts", step.name, step.kind.label());
-            running
-                .push(async move { (i, run_step(step, folder, text, fleet, interpreters).await) });
+            let times = StepTimes {
+                created_ms: Some(created_ms),
+                started_ms: Some(now_ms()),
+                ..Default::default()
+            };
+            // So that a profile or a page of the running pipeline sees the step begin.
+            let record = StepRecord { succeeded: false, location: String::new(), times };
+            if let Err(error) = write_record(folder, &step.name, &record).await {
+                tracing::warn!(%error, step = %step.name, "could not record the step's start");
+            }
+            running.push(async move {
+                (i, run_step(step, folder, text, fleet, interpreters, times).await)
+            });
         }
-        let Some((i, (verdict, location))) = running.next().await else { break };
+        let Some((i, (verdict, location, times))) = running.next().await else { break };
         let step = &steps[i];
         let kind = step.kind.label();
         match &verdict {
@@ -318,10 +327,12 @@ async fn run_steps(
             }
             _ => eprintln!("step `{}` ({kind}) succeeded", step.name),
         }
-        let record =
-            StepRecord { succeeded: verdict == StepVerdict::Succeeded, location: location.clone() };
-        let record = serde_json::to_vec(&record).map_err(ProducerError::internal)?;
-        folder.write_step_record(&step.name, Bytes::from(record)).await?;
+        let record = StepRecord {
+            succeeded: verdict == StepVerdict::Succeeded,
+            location: location.clone(),
+            times,
+        };
+        write_record(folder, &step.name, &record).await?;
         ended[i] = Some(StepOutcome { name: step.name.clone(), kind, verdict, location });
     }
     let outcomes = steps
@@ -355,30 +366,68 @@ fn ready(step: &PipelineStep, steps: &[PipelineStep], ended: &[Option<StepOutcom
     })
 }
 
+async fn write_record(
+    folder: &JobRoot,
+    step: &str,
+    record: &StepRecord,
+) -> Result<(), ProducerError> {
+    let json = serde_json::to_vec(record).map_err(ProducerError::internal)?;
+    folder.write_step_record(step, Bytes::from(json)).await?;
+    Ok(())
+}
+
+/// Run one step; its verdict, location and the times it entered each status (`times` holds
+/// when it was created and started).
 async fn run_step(
     step: &PipelineStep,
     folder: &JobRoot,
     text: &str,
     fleet: &Fleet<'_>,
     interpreters: &Interpreters,
-) -> (StepVerdict, String) {
-    match &step.kind {
+    mut times: StepTimes,
+) -> (StepVerdict, String, StepTimes) {
+    let (verdict, location) = match &step.kind {
         StepKind::Command(command) => {
             let (python, _) = interpreters.for_environment(command.environment.as_ref());
             let python = command::StepPython { python };
-            command::run_step(&step.name, command, folder, python).await
+            command::run_step(&step.name, command, folder, python, &mut times).await
         }
         StepKind::Parallel(job) => {
             let (python, _) = interpreters.for_environment(job.task.environment.as_ref());
             let job = job.as_ref().clone();
             match run_parallel(job, text, fleet, python, &folder.url()).await {
-                Ok(report) => (step_verdict(&report), report.root_url),
+                Ok(report) => {
+                    step_times(&report.root_url, &mut times).await;
+                    (step_verdict(&report), report.root_url)
+                }
                 Err(error) => {
                     (StepVerdict::Failed(format!("could not start: {error}")), String::new())
                 }
             }
         }
-    }
+    };
+    times.ended_ms = Some(now_ms());
+    (verdict, location, times)
+}
+
+/// A parallel step's queued, running and finalizing times, from the attempt records in its job
+/// root, read once when the job ended (`StepTimes::take_attempts`).
+async fn step_times(root_url: &str, times: &mut StepTimes) {
+    let records = match locate(root_url, None) {
+        Ok(root) => root.read_attempt_records().await,
+        Err(error) => {
+            tracing::warn!(%error, root_url, "the step's job root; its times are not recorded");
+            return;
+        }
+    };
+    let records = match records {
+        Ok(read) => read.records,
+        Err(error) => {
+            tracing::warn!(%error, root_url, "reading the step's attempt records for its times");
+            return;
+        }
+    };
+    times.take_attempts(&records);
 }
 
 fn step_verdict(report: &JobReport) -> StepVerdict {

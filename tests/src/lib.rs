@@ -43,10 +43,18 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// The Python interpreter for entry scripts: the test venv when `infra/run-tests` made one.
+/// The Python interpreter for entry scripts: the test venv when `infra/run-tests` made one,
+/// else `python3` as found on the `PATH` now — an absolute path, so that a test's interpreter
+/// wrapper named `python3` never runs itself.
 pub fn python() -> PathBuf {
-    std::env::var_os("BATCHFLEET_TEST_PYTHON")
-        .map(PathBuf::from)
+    if let Some(python) = std::env::var_os("BATCHFLEET_TEST_PYTHON") {
+        return PathBuf::from(python);
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("python3"))
+        .find(|candidate| candidate.is_file())
         .unwrap_or_else(|| PathBuf::from("python3"))
 }
 

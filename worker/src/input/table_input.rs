@@ -251,11 +251,68 @@ fn file_name(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchfleet_common::table::{HeaderMode, TableRead, TextEncoding};
 
     #[test]
     fn the_header_line_is_dropped_with_its_line_break() {
         assert_eq!(after_first_line(Bytes::from_static(b"a,b\r\n1,2\n")), &b"1,2\n"[..]);
         assert_eq!(after_first_line(Bytes::from_static(b"a,b")), &b""[..]);
+    }
+
+    fn batch(header: HeaderMode, pieces: Vec<TablePiece>, header_file: Option<&str>) -> TableBatch {
+        TableBatch {
+            read: TableRead {
+                format: TableFormat::Delimited {
+                    delimiter: ",".into(),
+                    encoding: TextEncoding::Utf8,
+                    header,
+                    empty_as_string: false,
+                    support_multi_line: false,
+                    infer_column_types: true,
+                },
+                include_path_column: false,
+                partition_format: None,
+                column_steps: Vec::new(),
+                row_steps: Vec::new(),
+            },
+            pieces,
+            partition_key_value: Default::default(),
+            header_file: header_file.map(str::to_string),
+        }
+    }
+
+    fn piece(url: &str, start: u64, end: u64) -> TablePiece {
+        TablePiece {
+            url: url.into(),
+            size: 100,
+            start,
+            end,
+            row_groups: None,
+            path_columns: Default::default(),
+            skip_rows: 0,
+            take_rows: None,
+        }
+    }
+
+    #[test]
+    fn only_whole_local_files_under_their_own_header_are_read_in_place() {
+        let own = piece("file:///data/S1/B1/data.csv", 0, 100);
+        let same_headers = batch(HeaderMode::AllFilesSameHeaders, vec![own.clone()], None);
+        let local = Some(PathBuf::from("/data/S1/B1/data.csv"));
+        assert_eq!(text_in_place(&same_headers, &own, InPlace::All), local);
+        assert_eq!(text_in_place(&same_headers, &own, InPlace::None), None, "download: a copy");
+        let viewed = InPlace::Viewed(Path::new("/elsewhere"));
+        assert_eq!(text_in_place(&same_headers, &own, viewed), None, "outside the view");
+        let range = piece("file:///data/S1/B1/data.csv", 0, 50);
+        assert_eq!(text_in_place(&same_headers, &range, InPlace::All), None, "a byte range");
+        let remote = piece("s3://bucket/S1/B1/data.csv", 0, 100);
+        assert_eq!(text_in_place(&same_headers, &remote, InPlace::All), None, "a remote file");
+        let no_header = batch(HeaderMode::NoHeader, vec![own.clone()], None);
+        assert_eq!(text_in_place(&no_header, &own, InPlace::All), local);
+        let first = batch(HeaderMode::FromFirstFile, vec![own.clone()], Some("file:///data/h.csv"));
+        assert_eq!(text_in_place(&first, &own, InPlace::All), None, "another file's header");
+        let itself = batch(HeaderMode::FromFirstFile, vec![own.clone()], Some(own.url.as_str()));
+        assert_eq!(text_in_place(&itself, &own, InPlace::All), local, "the first file itself");
     }
 
     #[test]

@@ -372,7 +372,7 @@ def with_columns(pd, df, added):
     one by one costs pandas more than reading a small piece."""
     rows = len(df)
     text = text_dtype(pd)
-    if not df.columns.is_unique:  # a frame of its own can't hold them: one by one
+    if not df.columns.is_unique or df.columns.nlevels > 1:  # one by one, as pandas adds them
         df = df.copy()
         for name, value in added:
             df[name] = pd.Series([value] * rows, index=df.index, dtype=text)
@@ -380,7 +380,9 @@ def with_columns(pd, df, added):
     columns = {name: df[name].array for name in df.columns}
     for name, value in added:
         columns[name] = pd.array([value] * rows, dtype=text)
-    return pd.DataFrame(columns, index=df.index, copy=False)
+    combined = pd.DataFrame(columns, index=df.index, copy=False)
+    combined.columns.name = df.columns.name
+    return combined
 
 
 def combine(pd, frames, added):

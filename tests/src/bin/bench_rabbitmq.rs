@@ -4,7 +4,10 @@
 //!    `run()` returns its input; timed from submit to the aggregated output.
 //! 2. Celery (installed by this program with pip into `target/bench-venv`): a group of N echo
 //!    tasks, one worker with 2 processes, results collected.
-//! 3. Raw lapin: N persistent messages published with confirms to a quorum queue and consumed
+//! 3. Dramatiq (`dramatiq[rabbitmq]`, into the same venv): N messages to an actor that writes
+//!    its result to a file of its own, one worker of 2 processes × 4 threads; timed from the
+//!    first send to the last file.
+//! 4. Raw lapin: N persistent messages published with confirms to a quorum queue and consumed
 //!    and acked concurrently: the broker's ceiling for this message flow.
 //!
 //! With `--records-rounds R`, batchfleet also runs R times without and R times with the
@@ -15,7 +18,8 @@
 //! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]
 //! [--prefetch N]` (the workers' `--prefetch`; by default none: the workers' own adaptive
 //! prefetch).
-//! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery).
+//! Needs RabbitMQ (`infra/rabbitmq`) and network access to PyPI on the first run (Celery,
+//! Dramatiq).
 //!
 //! The job root and the scratch folders are local folders (`--dir`, `target/bench-tmp` by
 //! default), so batchfleet's figure includes creating two files per mini-batch (the result
@@ -49,7 +53,7 @@ use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
 
 #[derive(Parser)]
-#[command(about = "Trivial mini-batches through RabbitMQ: batchfleet, Celery and raw lapin")]
+#[command(about = "Trivial mini-batches through RabbitMQ: batchfleet, Celery, Dramatiq, raw lapin")]
 struct Options {
     /// Mini-batches (tasks, messages) a run.
     #[arg(long, default_value_t = 5000)]
@@ -66,6 +70,9 @@ struct Options {
     /// Leave Celery out.
     #[arg(long)]
     skip_celery: bool,
+    /// Leave Dramatiq out.
+    #[arg(long)]
+    skip_dramatiq: bool,
     /// Pairs of runs without and with the per-attempt records.
     #[arg(long, default_value_t = 0)]
     records_rounds: usize,
@@ -121,6 +128,12 @@ fn main() -> Result<()> {
         print_figure("celery", n, celery);
         broker.print(n, " (with its worker's start and first task)");
     }
+    let broker = BrokerCpu::start();
+    let dramatiq = if options.skip_dramatiq { None } else { Some(dramatiq(&work, n)?) };
+    if let Some(dramatiq) = dramatiq {
+        print_figure("dramatiq", n, dramatiq);
+        broker.print(n, " (with its first message)");
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     settle_file_system();
     let broker = BrokerCpu::start();
@@ -131,6 +144,9 @@ fn main() -> Result<()> {
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     if let Some(celery) = celery {
         println!("batchfleet / celery: {:.2}x (target >= 8x)", rate(fleet) / rate(celery));
+    }
+    if let Some(dramatiq) = dramatiq {
+        println!("batchfleet / dramatiq: {:.2}x (target >= 2x)", rate(fleet) / rate(dramatiq));
     }
     println!("batchfleet / raw lapin: {:.1} % (target >= 50 %)", 100.0 * rate(fleet) / rate(raw));
     let _ = std::fs::remove_dir_all(&work);
@@ -288,17 +304,20 @@ fn settle_file_system() {
     let _ = Command::new("sync").status();
 }
 
-/// A venv under target/ with Celery, made on first use.
-fn celery_venv() -> Result<PathBuf> {
+/// The venv under target/ with the Python peers (Celery, Dramatiq), made on first use; each
+/// peer's package is installed when its command is missing.
+fn peers_venv(command: &str, package: &str) -> Result<PathBuf> {
     let venv = repo_root().join("target/bench-venv");
     let python = venv.join("bin/python");
-    if !venv.join("bin/celery").exists() {
-        eprintln!("installing Celery into {} ...", venv.display());
+    if !python.exists() {
         let made = Command::new(python_for_venv()).args(["-m", "venv"]).arg(&venv).status()?;
         ensure!(made.success(), "python -m venv failed");
+    }
+    if !venv.join("bin").join(command).exists() {
+        eprintln!("installing {package} into {} ...", venv.display());
         let installed =
-            Command::new(&python).args(["-m", "pip", "install", "-q", "celery"]).status()?;
-        ensure!(installed.success(), "pip install celery failed");
+            Command::new(&python).args(["-m", "pip", "install", "-q", package]).status()?;
+        ensure!(installed.success(), "pip install {package} failed");
     }
     Ok(venv)
 }
@@ -332,7 +351,7 @@ print(took)
 "#;
 
 fn celery(work: &Path, n: usize) -> Result<Duration> {
-    let venv = celery_venv()?;
+    let venv = peers_venv("celery", "celery")?;
     let dir = work.join("celery");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("tasks.py"), CELERY_TASKS)?;
@@ -364,6 +383,77 @@ fn celery(work: &Path, n: usize) -> Result<Duration> {
     );
     let secs: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
     delete_queues(&[queue]);
+    Ok(Duration::from_secs_f64(secs))
+}
+
+const DRAMATIQ_TASKS: &str = r#"
+import os
+import dramatiq
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+dramatiq.set_broker(RabbitmqBroker(url=os.environ["BENCH_AMQP"]))
+OUT = os.environ["BENCH_OUT"]
+
+@dramatiq.actor(queue_name=os.environ["BENCH_QUEUE"], max_retries=0)
+def echo(x):
+    with open(os.path.join(OUT, "%s.txt" % x), "w") as f:
+        f.write("%s\n" % x)
+"#;
+
+const DRAMATIQ_CLIENT: &str = r#"
+import os, sys, time
+from tasks import echo, OUT
+n = int(sys.argv[1])
+echo.send("warm")
+while not os.path.exists(os.path.join(OUT, "warm.txt")):
+    time.sleep(0.01)
+os.remove(os.path.join(OUT, "warm.txt"))
+start = time.monotonic()
+for i in range(n):
+    echo.send(i)
+while len(os.listdir(OUT)) < n:
+    time.sleep(0.02)
+took = time.monotonic() - start
+for i in range(n):
+    with open(os.path.join(OUT, "%d.txt" % i)) as f:
+        assert f.read() == "%d\n" % i, "dramatiq result %d differs" % i
+print(took)
+"#;
+
+/// Dramatiq: `n` messages to an actor that writes each result to its own file, one worker
+/// of 2 processes × 4 threads; timed from the first send until the last file is there.
+fn dramatiq(work: &Path, n: usize) -> Result<Duration> {
+    let venv = peers_venv("dramatiq", "dramatiq[rabbitmq]")?;
+    let dir = work.join("dramatiq");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(dir.join("tasks.py"), DRAMATIQ_TASKS)?;
+    std::fs::write(dir.join("client.py"), DRAMATIQ_CLIENT)?;
+    let queue = format!("bench-dramatiq-{}", std::process::id());
+    let env = [("BENCH_AMQP", amqp_url()), ("BENCH_QUEUE", queue.clone())];
+    let worker = Command::new(venv.join("bin/dramatiq"))
+        .args(["tasks", "--processes", "2", "--threads", "4"])
+        .current_dir(&dir)
+        .envs(env.clone())
+        .env("BENCH_OUT", &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _worker = Guard(worker);
+    settle_file_system();
+    let output = Command::new(venv.join("bin/python"))
+        .arg("client.py")
+        .arg(n.to_string())
+        .current_dir(&dir)
+        .envs(env)
+        .env("BENCH_OUT", &out)
+        .output()?;
+    ensure!(
+        output.status.success(),
+        "the Dramatiq client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let secs: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
+    delete_queues(&[queue.clone(), format!("{queue}.DQ"), format!("{queue}.XQ")]);
     Ok(Duration::from_secs_f64(secs))
 }
 

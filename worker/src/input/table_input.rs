@@ -1,6 +1,9 @@
 //! Loading a tabular mini-batch: each piece's records are read from the store (ranged reads,
 //! only the piece's own bytes and the end of its last record) into a local file that the
-//! runtime hands to pandas in one call. No row ever crosses the worker–runtime pipe.
+//! runtime hands to pandas in one call. No row ever crosses the worker–runtime pipe. A piece
+//! that is a whole local file under its own header (or none) is read where it is, when the
+//! runtime may read the input in place (`direct`, or the read-only view of `ro_mount`): a
+//! partition of local files costs the worker no read, no write and no folder.
 //!
 //! Delimited files get their header line written at the top of every piece's file (the
 //! file's own first line, or the first file's for `from_first_file`), so every range is read
@@ -88,19 +91,25 @@ pub(crate) async fn prepare(
     scratch: &Path,
     in_place: InPlace<'_>,
 ) -> Result<Materialized, InfraError> {
-    let folder = batch_folder(scratch, "table-")?;
+    // Made when a piece first needs a local file: a batch whose files are all read where they
+    // are (a partition of local files, most often) costs no folder.
+    let mut folder: Option<tempfile::TempDir> = None;
     let mut paths = Vec::new();
     let mut pieces = Vec::new();
     for (i, piece) in batch.pieces.iter().enumerate() {
         let local = match &batch.read.format {
             TableFormat::FileList | TableFormat::Parquet => {
-                let local = folder.path().join(format!("{i}-{}", file_name(&piece.url)));
+                let folder = batch_folder_once(&mut folder, scratch)?;
+                let local = folder.join(format!("{i}-{}", file_name(&piece.url)));
                 whole_file(readers, piece, &local, in_place).await?
             }
-            _ => {
-                records_file(batch, readers, piece, &folder.path().join(format!("piece-{i}")))
-                    .await?
-            }
+            _ => match text_in_place(batch, piece, in_place) {
+                Some(path) => path,
+                None => {
+                    let folder = batch_folder_once(&mut folder, scratch)?;
+                    records_file(batch, readers, piece, &folder.join(format!("piece-{i}"))).await?
+                }
+            },
         };
         paths.push(local.to_string_lossy().into_owned());
         pieces.push(TablePieceRequest {
@@ -116,7 +125,36 @@ pub(crate) async fn prepare(
     if table.is_some() {
         paths.clear();
     }
-    Ok(Materialized { paths, table, _downloads: Some(folder.into()) })
+    Ok(Materialized { paths, table, _downloads: folder.map(Into::into) })
+}
+
+/// The batch's folder under `scratch`, made on first use.
+fn batch_folder_once<'a>(
+    folder: &'a mut Option<tempfile::TempDir>,
+    scratch: &Path,
+) -> Result<&'a Path, InfraError> {
+    let made = match folder.take() {
+        Some(made) => made,
+        None => batch_folder(scratch, "table-")?,
+    };
+    Ok(folder.insert(made).path())
+}
+
+/// A delimited or JSON Lines piece that is its whole local file, read where it is: the file
+/// `records_file` would write holds the same records under the same header line (the file's
+/// own, or none). `None` when the piece must be written out (a byte range, another file's
+/// header, a remote file, a file `in_place` does not keep).
+fn text_in_place(batch: &TableBatch, piece: &TablePiece, in_place: InPlace<'_>) -> Option<PathBuf> {
+    let whole = piece.start == 0 && piece.end >= piece.size;
+    let own_header = match batch.header_source(piece) {
+        None => !batch.file_starts_with_header(piece),
+        Some(source) => source == piece.url && batch.file_starts_with_header(piece),
+    };
+    if !whole || !own_header {
+        return None;
+    }
+    let path = Url::parse(&piece.url).ok().as_ref().and_then(store::local_path)?;
+    in_place.keeps(&path).then_some(path)
 }
 
 /// The piece's records (with the header line first, when the format has one) in `local`.
@@ -213,11 +251,68 @@ fn file_name(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchfleet_common::table::{HeaderMode, TableRead, TextEncoding};
 
     #[test]
     fn the_header_line_is_dropped_with_its_line_break() {
         assert_eq!(after_first_line(Bytes::from_static(b"a,b\r\n1,2\n")), &b"1,2\n"[..]);
         assert_eq!(after_first_line(Bytes::from_static(b"a,b")), &b""[..]);
+    }
+
+    fn batch(header: HeaderMode, pieces: Vec<TablePiece>, header_file: Option<&str>) -> TableBatch {
+        TableBatch {
+            read: TableRead {
+                format: TableFormat::Delimited {
+                    delimiter: ",".into(),
+                    encoding: TextEncoding::Utf8,
+                    header,
+                    empty_as_string: false,
+                    support_multi_line: false,
+                    infer_column_types: true,
+                },
+                include_path_column: false,
+                partition_format: None,
+                column_steps: Vec::new(),
+                row_steps: Vec::new(),
+            },
+            pieces,
+            partition_key_value: Default::default(),
+            header_file: header_file.map(str::to_string),
+        }
+    }
+
+    fn piece(url: &str, start: u64, end: u64) -> TablePiece {
+        TablePiece {
+            url: url.into(),
+            size: 100,
+            start,
+            end,
+            row_groups: None,
+            path_columns: Default::default(),
+            skip_rows: 0,
+            take_rows: None,
+        }
+    }
+
+    #[test]
+    fn only_whole_local_files_under_their_own_header_are_read_in_place() {
+        let own = piece("file:///data/S1/B1/data.csv", 0, 100);
+        let same_headers = batch(HeaderMode::AllFilesSameHeaders, vec![own.clone()], None);
+        let local = Some(PathBuf::from("/data/S1/B1/data.csv"));
+        assert_eq!(text_in_place(&same_headers, &own, InPlace::All), local);
+        assert_eq!(text_in_place(&same_headers, &own, InPlace::None), None, "download: a copy");
+        let viewed = InPlace::Viewed(Path::new("/elsewhere"));
+        assert_eq!(text_in_place(&same_headers, &own, viewed), None, "outside the view");
+        let range = piece("file:///data/S1/B1/data.csv", 0, 50);
+        assert_eq!(text_in_place(&same_headers, &range, InPlace::All), None, "a byte range");
+        let remote = piece("s3://bucket/S1/B1/data.csv", 0, 100);
+        assert_eq!(text_in_place(&same_headers, &remote, InPlace::All), None, "a remote file");
+        let no_header = batch(HeaderMode::NoHeader, vec![own.clone()], None);
+        assert_eq!(text_in_place(&no_header, &own, InPlace::All), local);
+        let first = batch(HeaderMode::FromFirstFile, vec![own.clone()], Some("file:///data/h.csv"));
+        assert_eq!(text_in_place(&first, &own, InPlace::All), None, "another file's header");
+        let itself = batch(HeaderMode::FromFirstFile, vec![own.clone()], Some(own.url.as_str()));
+        assert_eq!(text_in_place(&itself, &own, InPlace::All), local, "the first file itself");
     }
 
     #[test]

@@ -272,10 +272,6 @@ ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}"
 ISO_OFFSET = re.compile(r"(?:Z|[+-]\d{2}(?::?\d{2})?)$")
 
 
-def is_text_column(pd, column):
-    return column.dtype == object or isinstance(column.dtype, pd.StringDtype)
-
-
 def infer_column(pd, column):
     """A text column as bool / datetime64[ns] when every non-missing value is one, else None.
 
@@ -314,8 +310,8 @@ def infer_column_types(pd, df, skip):
     """mltable's infer_column_types over a combined delimited mini-batch: text columns that
     hold only booleans or only ISO-8601 dates become typed; the columns in `skip` (path
     columns, Path) stay text."""
-    for name in df.columns:
-        if name in skip or not is_text_column(pd, df[name]):
+    for name, dtype in df.dtypes.items():  # one look at the types, not a Series per column
+        if name in skip or not (dtype == object or isinstance(dtype, pd.StringDtype)):
             continue
         typed = infer_column(pd, df[name])
         if typed is not None:
@@ -355,12 +351,38 @@ def read_piece(pd, table, piece, reader):
     added = added_columns(table, piece)
     if skip or take is not None:
         df = df.iloc[skip:] if take is None else df.iloc[skip:skip + take]
-        if added:
-            df = df.copy()  # a slice of the piece's frame; columns are added below
-    text = pd.Series(["text"]).dtype  # pandas' default for strings: str (3.x) or object
-    for column, value in added:
-        df[column] = pd.Series([value] * len(df), index=df.index, dtype=text)
+    if added:
+        df = with_columns(pd, df, added)
     return df, known
+
+
+TEXT_DTYPE = []
+
+
+def text_dtype(pd):
+    """pandas' default dtype for strings (str in 3.x, object before), found once."""
+    if not TEXT_DTYPE:
+        TEXT_DTYPE.append(pd.Series(["text"]).dtype)
+    return TEXT_DTYPE[0]
+
+
+def with_columns(pd, df, added):
+    """`df` with the constant text columns `added` ((name, value) in order) after its own (a
+    name it already has is replaced in place), built as one new frame: inserting the columns
+    one by one costs pandas more than reading a small piece."""
+    rows = len(df)
+    text = text_dtype(pd)
+    if not df.columns.is_unique or df.columns.nlevels > 1:  # one by one, as pandas adds them
+        df = df.copy()
+        for name, value in added:
+            df[name] = pd.Series([value] * rows, index=df.index, dtype=text)
+        return df
+    columns = {name: df[name].array for name in df.columns}
+    for name, value in added:
+        columns[name] = pd.array([value] * rows, dtype=text)
+    combined = pd.DataFrame(columns, index=df.index, copy=False)
+    combined.columns.name = df.columns.name
+    return combined
 
 
 def combine(pd, frames, added):
@@ -387,7 +409,10 @@ def combine(pd, frames, added):
                     empty[column] = df[column].iloc[0:0].reset_index(drop=True)
         return pd.DataFrame({column: empty[column] for column in columns})
     if len(filled) == 1:
-        df = filled[0].reset_index(drop=True)
+        df = filled[0]
+        index = df.index
+        if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
+            df = df.reset_index(drop=True)
     else:
         df = pd.concat(filled, ignore_index=True, sort=False)
     if list(df.columns) != columns:
@@ -440,7 +465,7 @@ def read_table(table):
     if table.get("format") == "delimited" and table.get("infer_column_types", True):
         df = infer_column_types(pd, df, added)
     if not frames and table.get("include_path_column"):
-        df["Path"] = pd.Series(dtype=pd.Series(["text"]).dtype)
+        df["Path"] = pd.Series(dtype=text_dtype(pd))
     return apply_column_steps(pd, df, table.get("column_steps") or [], known)
 
 

@@ -8,12 +8,17 @@ use std::time::{Duration, UNIX_EPOCH};
 use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 
+use crate::report::cost::Cost;
+use crate::report::timeline::Timeline;
+
 /// What [`write_job_report`] wrote.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct JobReportSummary {
     pub attempts: usize,
     /// Record lines that could not be read (each named on stderr).
     pub unreadable: usize,
+    /// The job's worker time, from the same records (none without records).
+    pub cost: Option<Cost>,
 }
 
 /// The files of the report, by name.
@@ -35,7 +40,12 @@ pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRoo
     for (name, text) in files {
         root.write_job_report(name, text).await?;
     }
-    Ok(JobReportSummary { attempts: records.records.len(), unreadable: records.skipped.len() })
+    let cost = (!records.records.is_empty()).then(|| Cost::of(&Timeline::new(&records.records)));
+    Ok(JobReportSummary {
+        attempts: records.records.len(),
+        unreadable: records.skipped.len(),
+        cost,
+    })
 }
 
 /// `2026-11-25T09:30:00.123Z`.

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod bench;
+pub mod browser;
 pub mod chaos;
 pub mod cluster;
 pub mod fleet;

@@ -4,70 +4,18 @@
 //! critical path's steps, script errors, and that it finished rendering.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
+use batchfleet_tests::browser::{body_attribute, dump_dom};
 use batchfleet_tests::fleet::{run_bounded, Pool};
 use batchfleet_tests::{batchfleet, describe, file_names, run, JobFixture};
-
-/// How long one Chromium render may take before the test gives up.
-const RENDER_BOUND: Duration = Duration::from_secs(90);
-
-fn chromium() -> PathBuf {
-    match std::env::var_os("BATCHFLEET_TEST_CHROMIUM") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => panic!(
-            "BATCHFLEET_TEST_CHROMIUM is not set: run infra/chromium (it installs Debian's \
-             chromium when missing and prints its path) and export BATCHFLEET_TEST_CHROMIUM=<that \
-             path>, or run the tests through infra/run-tests, which does both"
-        ),
-    }
-}
 
 /// The page's DOM after its scripts ran, as headless Chromium dumps it. `#selftest` makes the
 /// page also exercise its interactive parts once (compact view, sorting, zoom, the CSV) and
 /// report on `<body data-selftest>`.
 fn render(page: &Path) -> String {
-    let profile_dir = tempfile::tempdir().expect("a browser profile folder");
-    let child = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"])
-        .arg(format!("--user-data-dir={}", profile_dir.path().display()))
-        .arg("--dump-dom")
-        .arg(format!("file://{}#selftest", page.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start chromium ({}): {e}", chromium().display()));
-    let pid = child.id();
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = sender.send(child.wait_with_output());
-    });
-    let output = match receiver.recv_timeout(RENDER_BOUND) {
-        Ok(output) => output.expect("chromium's output"),
-        Err(_) => {
-            let pid = nix::unistd::Pid::from_raw(pid as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("chromium did not render {} within {RENDER_BOUND:?}", page.display());
-        }
-    };
-    let dom = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success() && dom.contains("<body"),
-        "chromium failed to render {}: {}",
-        page.display(),
-        describe(&output)
-    );
-    dom
-}
-
-/// The value of attribute `name` on the dumped `<body>` tag.
-fn body_attribute(dom: &str, name: &str) -> Option<String> {
-    let start = dom.find("<body")?;
-    let tag = &dom[start..start + dom[start..].find('>')?];
-    let at = tag.find(&format!("{name}=\""))? + name.len() + 2;
-    Some(tag[at..at + tag[at..].find('"')?].to_string())
+    dump_dom(&format!("file://{}#selftest", page.display()), 10_000)
 }
 
 /// The text of the element with `id` up to the end of its section.

@@ -208,7 +208,13 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
 /// (the counts say where the job is without it).
 async fn cost_so_far(root: &JobRoot) -> Option<Cost> {
     match root.read_attempt_records().await {
-        Ok(read) if !read.records.is_empty() => Some(Cost::of(&Timeline::new(&read.records))),
+        Ok(read) if !read.records.is_empty() => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            Some(Cost::so_far(&Timeline::new(&read.records), now_ms))
+        }
         Ok(_) => None,
         Err(error) => {
             tracing::warn!(%error, "could not read the attempt records for the job's cost");

@@ -38,6 +38,19 @@ impl Cost {
         }
     }
 
+    /// The cost of a job still running at `now_ms`: its workers and slots held from the
+    /// timeline's start until now, not only until the last attempt on record ended.
+    pub fn so_far(timeline: &Timeline, now_ms: u64) -> Cost {
+        let cost = Cost::of(timeline);
+        let wall_ms = now_ms.saturating_sub(timeline.origin_ms).max(cost.wall_ms);
+        Cost {
+            wall_ms,
+            worker_ms: wall_ms * cost.workers as u64,
+            slot_ms: wall_ms * cost.slots as u64,
+            ..cost
+        }
+    }
+
     pub fn worker_seconds(&self) -> f64 {
         self.worker_ms as f64 / 1000.0
     }

@@ -17,6 +17,10 @@
 //! local files into the slot's folder (so a script cannot damage them), which costs a file
 //! create, a copy and a removal per input file; `direct` passes the paths with no protection.
 //!
+//! `--live` adds `batchfleet run --live 127.0.0.1:0` as one more peer, its live page watched as
+//! a browser would while the job runs (the job's state every second, the profile page every
+//! 30 s): what the page costs the job is its ratio to `batchfleet run` in the same rounds.
+//!
 //! Files and job roots go under `--dir` (default `target/bench-tmp/peers`, the default disk;
 //! `--dir /dev/shm/peers` for tmpfs; `--store DIR` puts only the job roots elsewhere).
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
@@ -82,6 +86,9 @@ struct Options {
     /// Another `batchfleet` binary (an earlier build) run as one more peer in the same rounds.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// One more peer: `batchfleet run --live`, its page polled as a browser does.
+    #[arg(long)]
+    live: bool,
 }
 
 fn python() -> PathBuf {
@@ -111,6 +118,8 @@ fn data(dir: &Path, count: usize) -> Result<PathBuf> {
 struct Peer {
     name: &'static str,
     command: Box<dyn Fn(&Path) -> Command>,
+    /// Its live page is watched while it runs.
+    live: bool,
 }
 
 fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
@@ -160,7 +169,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     std::fs::write(dir.join("loop.py"), single)?;
 
     let store = options.store.clone().unwrap_or_else(|| dir.join("jobs"));
-    let batchfleet = |binary: PathBuf| -> Box<dyn Fn(&Path) -> Command> {
+    let batchfleet = |binary: PathBuf, live: bool| -> Box<dyn Fn(&Path) -> Command> {
         let (dir, store) = (dir.clone(), store.clone());
         Box::new(move |_out| {
             let mut command = Command::new(&binary);
@@ -171,11 +180,14 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                 .arg(&store)
                 .arg("--no-progress")
                 .env("BATCHFLEET_PYTHON", python());
+            if live {
+                command.args(["--live", "127.0.0.1:0"]);
+            }
             command
         })
     };
     let mut peers = vec![
-        Peer { name: "batchfleet run", command: batchfleet(binary) },
+        Peer { name: "batchfleet run", command: batchfleet(binary.clone(), false), live: false },
         Peer {
             name: "multiprocessing.Pool",
             command: Box::new({
@@ -186,6 +198,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                     command
                 }
             }),
+            live: false,
         },
         Peer {
             name: "one Python loop",
@@ -197,13 +210,20 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                     command
                 }
             }),
+            live: false,
         },
     ];
+    if options.live {
+        peers.insert(
+            1,
+            Peer { name: "batchfleet run --live", command: batchfleet(binary, true), live: true },
+        );
+    }
     if let Some(baseline) = &options.baseline {
         let baseline = std::path::absolute(baseline)?;
         ensure!(baseline.exists(), "{}: no such binary", baseline.display());
-        peers
-            .insert(1, Peer { name: "batchfleet run (--baseline)", command: batchfleet(baseline) });
+        let command = batchfleet(baseline, false);
+        peers.insert(1, Peer { name: "batchfleet run (--baseline)", command, live: false });
     }
     if let Some(ray_python) = &options.ray_python {
         let ray = format!(
@@ -226,9 +246,70 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                 command.arg(&script).arg(out);
                 command
             }),
+            live: false,
         });
     }
     Ok(peers)
+}
+
+/// Watch the live page a `batchfleet run --live` prints on `stderr` as a browser would until
+/// `done`: its job's state every second, the profile page every 30 s. Returns the stderr lines
+/// and how many requests were answered.
+fn watch_page(
+    stderr: std::process::ChildStderr,
+    done: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(String, u64)> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        let (sender, receiver) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("live page: ") {
+                    let _ = sender.send(url.trim().to_string());
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let mut answered = 0;
+        if let Ok(url) = receiver.recv() {
+            let config = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(10)))
+                .http_status_as_error(false)
+                .build();
+            let agent = ureq::Agent::new_with_config(config);
+            let get = |path: &str| -> Option<String> {
+                let mut response = agent.get(format!("{url}{path}")).call().ok()?;
+                (response.status().as_u16() == 200)
+                    .then(|| response.body_mut().read_to_string().ok())
+                    .flatten()
+            };
+            let mut profile_at: Option<Instant> = None;
+            while !done.load(Ordering::Relaxed) {
+                let job = get("api/jobs").and_then(|text| {
+                    let jobs: serde_json::Value = serde_json::from_str(&text).ok()?;
+                    jobs["jobs"][0].as_str().map(str::to_owned)
+                });
+                if let Some(job) = job {
+                    answered += 1;
+                    if let Some(state) = get(&format!("api/jobs/{job}/state")) {
+                        answered += 1;
+                        let none_ended = state.contains("\"attempts\":0,");
+                        let due =
+                            profile_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
+                        if !none_ended && due {
+                            profile_at = Some(Instant::now());
+                            answered += u64::from(get(&format!("jobs/{job}/profile")).is_some());
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        (reader.join().unwrap_or_default(), answered)
+    })
 }
 
 /// Sum of the resident set of `root` and its descendants, in bytes.
@@ -331,14 +412,31 @@ fn main() -> Result<()> {
                 let _ = std::fs::remove_dir_all(store);
             }
             let started = Instant::now();
-            let child = (peer.command)(&out)
+            let mut child = (peer.command)(&out)
                 .current_dir(&options.dir)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
                 .with_context(|| format!("starting {}", peer.name))?;
-            let (secs, peak) =
-                measure(child, started).with_context(|| format!("{} failed", peer.name))?;
+            let watched = Arc::new(AtomicBool::new(false));
+            let watcher = match (peer.live, child.stderr.take()) {
+                (true, Some(stderr)) => Some(watch_page(stderr, Arc::clone(&watched))),
+                (_, stderr) => {
+                    child.stderr = stderr;
+                    None
+                }
+            };
+            let measured = measure(child, started);
+            watched.store(true, Ordering::Relaxed);
+            let watched = watcher.map(|w| w.join().unwrap_or_default());
+            let (secs, peak) = measured.with_context(|| {
+                let stderr = watched.as_ref().map(|w| w.0.as_str()).unwrap_or_default();
+                format!("{} failed {stderr}", peer.name)
+            })?;
+            if let Some((_, answered)) = &watched {
+                ensure!(*answered > 0, "{}: its live page answered no request", peer.name);
+                println!("round {round}: {} answered {answered} page requests", peer.name);
+            }
             // batchfleet writes its append_row_to file; the others the file they were given.
             let written = if peer.name.starts_with("batchfleet run") {
                 options.dir.join("output/rows.txt")
@@ -379,6 +477,13 @@ fn main() -> Result<()> {
             })
             .collect();
         println!("round {round}: {} (load {})", ratios.join(", "), load_average());
+        if let Some(live) = peers.iter().position(|p| p.live) {
+            let off = peers.iter().position(|p| p.name == "batchfleet run").unwrap_or(0);
+            println!(
+                "round {round}: --live / off {:.3}×",
+                times[live][round - 1] / times[off][round - 1]
+            );
+        }
     }
     let pool_median = median(&times[pool]);
     println!("\n| peer | min s | median s | peak RSS MB | median / Pool |\n|---|---|---|---|---|");
@@ -391,6 +496,19 @@ fn main() -> Result<()> {
             peer.name,
             peaks[i] as f64 / 1e6,
             med / pool_median
+        );
+    }
+    if let Some(live) = peers.iter().position(|p| p.live) {
+        let off = peers.iter().position(|p| p.name == "batchfleet run").unwrap_or(0);
+        let per_round: Vec<f64> =
+            times[live].iter().zip(&times[off]).map(|(on, off)| on / off).collect();
+        println!(
+            "\n--live / off: median of the rounds' ratios {:.3}×, ratio of the medians {:.3}× \
+             (min {:.3}×, max {:.3}×)",
+            median(&per_round),
+            median(&times[live]) / median(&times[off]),
+            per_round.iter().copied().fold(f64::INFINITY, f64::min),
+            per_round.iter().copied().fold(0.0, f64::max),
         );
     }
     Ok(())

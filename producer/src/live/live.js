@@ -1,5 +1,5 @@
-// batchfleet's live page: polls api/jobs/<id>/state every second and draws it. No network
-// beyond this server, no library. For a headless test it keeps on <body>: data-updates (polls
+// batchfleet's live page: polls api/jobs/<id>/state every 2 s (workers write their attempt
+// records every 2 s) and draws it. No network beyond this server, no library. For a headless test it keeps on <body>: data-updates (polls
 // drawn), data-ended (mini-batches ended), data-history (every ended count drawn, in order),
 // data-failures and data-tracebacks (failure records and tracebacks shown), data-finished,
 // data-errors (script errors) and data-ready="1" once the first state is drawn.
@@ -8,7 +8,7 @@
   var body = document.body;
   var params = new URLSearchParams(location.search);
   var token = params.get("token");
-  var POLL_MS = 1000;
+  var POLL_MS = 2000;
   var jobId = params.get("job");
   var profileLoadedAt = 0;
   var history = [];

@@ -1,7 +1,11 @@
-//! A job root read again and again for the live page, through `JobRoot`: each status, records
-//! file and failure record is fetched once (workers and the producer write each once) and kept;
-//! what is listed anew is only the key listings. A finished job (`logs/job_result.txt`) is read
-//! once more after its result appeared, then no more.
+//! A job root read again and again for the live page, through `JobRoot`: each records file and
+//! failure record is fetched once (workers and the producer write each once) and kept; what is
+//! listed anew is only the key listings. A status is final and listed with its time: it is read
+//! only when the batch can have ended otherwise than succeeded — it has failure records, or the
+//! job was stopped — so that a job of many mini-batches is not read twice over (the aggregation
+//! reads them all at the end); a succeeded batch's items come from its attempt record. A
+//! finished job (`logs/job_result.txt`) is read once more after its result appeared, then no
+//! more.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,7 +37,9 @@ pub struct JobReader {
     pub job: Option<ResolvedJob>,
     /// Mini-batches and items, once the plan is complete.
     pub planned: Option<(u64, u64)>,
-    /// Final statuses by batch id, without their rows.
+    /// Every final status listed: batch id → when it was written (ms since the epoch).
+    pub ended: BTreeMap<String, u64>,
+    /// The final statuses read (see the module's comment), by batch id, without their rows.
     pub statuses: BTreeMap<String, BatchStatus>,
     /// Records files by key, each file's records.
     records: BTreeMap<String, Vec<AttemptRecord>>,
@@ -55,6 +61,7 @@ impl JobReader {
             root,
             job: None,
             planned: None,
+            ended: BTreeMap::new(),
             statuses: BTreeMap::new(),
             records: BTreeMap::new(),
             skipped: 0,
@@ -88,7 +95,7 @@ impl JobReader {
         if self.settled {
             return Ok(());
         }
-        let before = (self.statuses.len(), self.records.len(), self.failures.len());
+        let before = (self.ended.len(), self.records.len(), self.failures.len());
         if self.job.is_none() {
             self.job = self.root.read_job().await.ok();
         }
@@ -103,11 +110,12 @@ impl JobReader {
             }
         }
         self.cancelled = self.root.cancel_reason().await?;
+        // Failures first: they tell which statuses to read.
+        self.read_failures().await?;
         self.read_statuses().await?;
         self.read_records().await?;
-        self.read_failures().await?;
         if result != self.result
-            || before != (self.statuses.len(), self.records.len(), self.failures.len())
+            || before != (self.ended.len(), self.records.len(), self.failures.len())
         {
             self.generation += 1;
         }
@@ -118,6 +126,7 @@ impl JobReader {
     }
 
     async fn new_keys(&self, prefix: &Key, ends: &str) -> Result<BTreeSet<Key>, JobRootError> {
+        // Listed again each time; only the keys not read yet are fetched.
         Ok(self
             .root
             .list(prefix)
@@ -129,15 +138,26 @@ impl JobReader {
     }
 
     async fn read_statuses(&mut self) -> Result<(), JobRootError> {
-        let listed = self.new_keys(&self.root.layout.status_prefix(), ".json").await?;
-        let ids: BTreeSet<String> = listed
-            .iter()
-            .filter_map(|key| key.filename()?.strip_suffix(".json").map(str::to_owned))
-            .collect();
+        let listed = self.root.list(&self.root.layout.status_prefix()).await?;
         // `resume --failed-only` removes statuses: they are no longer final.
-        self.statuses.retain(|id, _| ids.contains(id));
-        let wanted: Vec<String> =
-            ids.into_iter().filter(|id| !self.statuses.contains_key(id)).collect();
+        self.ended.clear();
+        for meta in listed {
+            let Some(id) = meta.location.filename().and_then(|f| f.strip_suffix(".json")) else {
+                continue;
+            };
+            let written = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
+            self.ended.insert(id.to_owned(), written);
+        }
+        self.statuses.retain(|id, _| self.ended.contains_key(id));
+        let failed: BTreeSet<&str> = self.failures.values().map(|f| f.batch_id.as_str()).collect();
+        let stopped = self.cancelled.is_some();
+        let wanted: Vec<String> = self
+            .ended
+            .keys()
+            .filter(|id| !self.statuses.contains_key(*id))
+            .filter(|id| stopped || failed.contains(id.as_str()))
+            .cloned()
+            .collect();
         let root = &self.root;
         let read: Vec<Option<BatchStatus>> = futures::stream::iter(wanted)
             .map(|id| async move { root.read_status(&id).await })

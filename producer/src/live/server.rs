@@ -1,5 +1,5 @@
 //! The live page's HTTP server (axum): the page, each job's snapshot as JSON (computed at most
-//! once a second per job, whoever asks), the profile page of what ended, and a failure
+//! once every 2 s per job, whoever asks), the profile page of what ended, and a failure
 //! record's JSON. Read-only: every route is a GET and none writes anything.
 //!
 //! Routes: `/` the page; `/api/jobs` the jobs; `/api/jobs/{id}/state` a job's snapshot;
@@ -30,8 +30,9 @@ const PAGE_HTML: &str = include_str!("live.html");
 const PAGE_CSS: &str = include_str!("live.css");
 const PAGE_JS: &str = include_str!("live.js");
 
-/// A job's snapshot is computed again once it is this old.
-const FRESH_FOR: Duration = Duration::from_secs(1);
+/// A job's snapshot is computed again once it is this old (the page asks every 2 s; workers
+/// write their attempt records every 2 s).
+const FRESH_FOR: Duration = Duration::from_secs(2);
 /// The store's job roots are listed again once the list is this old.
 const LIST_FRESH_FOR: Duration = Duration::from_secs(10);
 

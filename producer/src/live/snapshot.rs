@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use batchfleet_common::records::AttemptRecord;
+use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 use batchfleet_common::status::BatchState;
 
 use super::reader::JobReader;
@@ -33,14 +33,14 @@ pub fn snapshot(reader: &JobReader, now_ms: u64, price_per_hour: Option<f64>) ->
     let records: Vec<AttemptRecord> = reader.records().cloned().collect();
     let timeline = Timeline::new(&records);
     let origin = job_origin(reader, &timeline);
-    let counts = counts(reader);
+    let counts = counts(reader, &records);
     let ended = counts.0 + counts.1 + counts.2;
     let planned = reader.planned.map(|(b, _)| b);
     let finished = reader.finished();
     let end_ms =
         if finished { last_end(reader).max(timeline.origin_ms + timeline.wall_ms) } else { now_ms };
     let progress = progress_series(reader, origin);
-    let rate = rate(reader, end_ms);
+    let rate = rate(reader, origin, end_ms);
     let cost = (!records.is_empty()).then(|| {
         if finished {
             Cost::of(&timeline)
@@ -83,10 +83,24 @@ pub fn snapshot(reader: &JobReader, now_ms: u64, price_per_hour: Option<f64>) ->
     })
 }
 
-/// (succeeded, failed, cancelled, items succeeded, items failed) of the final statuses.
-fn counts(reader: &JobReader) -> (u64, u64, u64, u64, u64) {
+/// (succeeded, failed, cancelled, items succeeded, items failed) of the final statuses: a status
+/// the reader read says its state; one it did not read is a batch that succeeded (see
+/// `reader`), its items those of its succeeded attempt on record.
+fn counts(reader: &JobReader, records: &[AttemptRecord]) -> (u64, u64, u64, u64, u64) {
+    let mut succeeded_items: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for record in records.iter().filter(|r| r.outcome == AttemptOutcome::Succeeded) {
+        succeeded_items.insert(&record.batch_id, (record.items_in, record.items_out));
+    }
     let mut c = (0, 0, 0, 0, 0);
-    for status in reader.statuses.values() {
+    for id in reader.ended.keys() {
+        let Some(status) = reader.statuses.get(id) else {
+            c.0 += 1;
+            if let Some((items_in, items_out)) = succeeded_items.get(id.as_str()) {
+                c.3 += items_out;
+                c.4 += items_in.saturating_sub(*items_out);
+            }
+            continue;
+        };
         match status.state {
             BatchState::Succeeded => {
                 c.0 += 1;
@@ -105,7 +119,7 @@ fn counts(reader: &JobReader) -> (u64, u64, u64, u64, u64) {
 
 /// The earliest publish or receive on record, or the earliest status.
 fn job_origin(reader: &JobReader, timeline: &Timeline) -> u64 {
-    let first_status = reader.statuses.values().map(|s| s.started_at_ms.min(s.ended_at_ms)).min();
+    let first_status = reader.ended.values().copied().min();
     match (timeline.attempts.is_empty(), first_status) {
         (false, Some(s)) => timeline.origin_ms.min(s),
         (false, None) => timeline.origin_ms,
@@ -115,12 +129,12 @@ fn job_origin(reader: &JobReader, timeline: &Timeline) -> u64 {
 }
 
 fn last_end(reader: &JobReader) -> u64 {
-    reader.statuses.values().map(|s| s.ended_at_ms).max().unwrap_or(0)
+    reader.ended.values().copied().max().unwrap_or(0)
 }
 
 /// `[[seconds since the start, mini-batches ended], …]`, at most [`CHART_POINTS`].
 fn progress_series(reader: &JobReader, origin: u64) -> Vec<Value> {
-    let mut ends: Vec<u64> = reader.statuses.values().map(|s| s.ended_at_ms).collect();
+    let mut ends: Vec<u64> = reader.ended.values().copied().collect();
     ends.sort_unstable();
     let step = ends.len().div_ceil(CHART_POINTS).max(1);
     let mut points = vec![json!([0.0, 0])];
@@ -134,11 +148,11 @@ fn progress_series(reader: &JobReader, origin: u64) -> Vec<Value> {
 
 /// Mini-batches ended per second over the last [`RATE_WINDOW_MS`] before `end_ms` (or since the
 /// first end, when that is shorter), and how many it counts.
-fn rate(reader: &JobReader, end_ms: u64) -> Option<(f64, u64, u64)> {
-    let first = reader.statuses.values().map(|s| s.started_at_ms).min()?;
+fn rate(reader: &JobReader, origin: u64, end_ms: u64) -> Option<(f64, u64, u64)> {
+    let first = origin.min(reader.ended.values().copied().min()?);
     let from = end_ms.saturating_sub(RATE_WINDOW_MS).max(first);
     let window = end_ms.saturating_sub(from).max(1);
-    let ended = reader.statuses.values().filter(|s| s.ended_at_ms > from).count() as u64;
+    let ended = reader.ended.values().filter(|&&at| at > from).count() as u64;
     Some((ended as f64 * 1000.0 / window as f64, ended, window))
 }
 

@@ -18,8 +18,9 @@
 //! create, a copy and a removal per input file; `direct` passes the paths with no protection.
 //!
 //! `--live` adds `batchfleet run --live 127.0.0.1:0` as one more peer, its live page watched as
-//! a browser would while the job runs (the job's state every second, the profile page every
-//! 30 s): what the page costs the job is its ratio to `batchfleet run` in the same rounds.
+//! a browser would while the job runs (the job's state every 2 s, the profile page every
+//! 30 s): what the page costs the job is its ratio to `batchfleet run` in the same rounds, in
+//! wall time and in CPU seconds of the process tree (less noisy on a shared machine).
 //!
 //! Files and job roots go under `--dir` (default `target/bench-tmp/peers`, the default disk;
 //! `--dir /dev/shm/peers` for tmpfs; `--store DIR` puts only the job roots elsewhere).
@@ -253,7 +254,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
 }
 
 /// Watch the live page a `batchfleet run --live` prints on `stderr` as a browser would until
-/// `done`: its job's state every second, the profile page every 30 s. Returns the stderr lines
+/// `done`: its job's state every 2 s, the profile page every 30 s. Returns the stderr lines
 /// and how many requests were answered.
 fn watch_page(
     stderr: std::process::ChildStderr,
@@ -305,7 +306,7 @@ fn watch_page(
                         }
                     }
                 }
-                std::thread::sleep(Duration::from_secs(1));
+                std::thread::sleep(Duration::from_secs(2));
             }
         }
         (reader.join().unwrap_or_default(), answered)
@@ -348,8 +349,25 @@ fn tree_rss(root: u32) -> u64 {
         .sum()
 }
 
-/// Run `child` to its end; returns (seconds, peak RSS of its tree in bytes).
-fn measure(child: Child, started: Instant) -> Result<(f64, u64)> {
+/// CPU seconds (user + system) of this process's children that ended and were waited for,
+/// their own waited-for descendants included.
+fn children_cpu() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let (user, system) = (u.user_time(), u.system_time());
+            user.tv_sec() as f64
+                + user.tv_usec() as f64 / 1e6
+                + system.tv_sec() as f64
+                + system.tv_usec() as f64 / 1e6
+        })
+        .unwrap_or(0.0)
+}
+
+/// Run `child` to its end; returns (seconds, peak RSS of its tree in bytes, CPU seconds of its
+/// tree).
+fn measure(child: Child, started: Instant) -> Result<(f64, u64, f64)> {
+    let cpu_before = children_cpu();
     let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -367,13 +385,14 @@ fn measure(child: Child, started: Instant) -> Result<(f64, u64)> {
     let secs = started.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     let peak = sampler.join().unwrap_or(0);
+    let cpu = children_cpu() - cpu_before;
     ensure!(
         output.status.success(),
         "failed ({}):\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    Ok((secs, peak))
+    Ok((secs, peak, cpu))
 }
 
 /// The output's lines, sorted (peers write them in different orders).
@@ -399,6 +418,7 @@ fn main() -> Result<()> {
         load_average()
     );
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut peaks: Vec<u64> = vec![0; peers.len()];
     let mut reference: Option<Vec<String>> = None;
     let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
@@ -429,7 +449,7 @@ fn main() -> Result<()> {
             let measured = measure(child, started);
             watched.store(true, Ordering::Relaxed);
             let watched = watcher.map(|w| w.join().unwrap_or_default());
-            let (secs, peak) = measured.with_context(|| {
+            let (secs, peak, cpu) = measured.with_context(|| {
                 let stderr = watched.as_ref().map(|w| w.0.as_str()).unwrap_or_default();
                 format!("{} failed {stderr}", peer.name)
             })?;
@@ -460,11 +480,12 @@ fn main() -> Result<()> {
                 ),
             }
             println!(
-                "round {round}: {:<28} {secs:>7.2} s  peak RSS {:>6.0} MB",
+                "round {round}: {:<28} {secs:>7.2} s  CPU {cpu:>6.2} s  peak RSS {:>6.0} MB",
                 peer.name,
                 peak as f64 / 1e6
             );
             times[i].push(secs);
+            cpus[i].push(cpu);
             peaks[i] = peaks[i].max(peak);
         }
         // Every round's ratios, so that a drift across rounds shows.
@@ -480,8 +501,9 @@ fn main() -> Result<()> {
         if let Some(live) = peers.iter().position(|p| p.live) {
             let off = peers.iter().position(|p| p.name == "batchfleet run").unwrap_or(0);
             println!(
-                "round {round}: --live / off {:.3}×",
-                times[live][round - 1] / times[off][round - 1]
+                "round {round}: --live / off {:.3}× wall, {:.3}× CPU",
+                times[live][round - 1] / times[off][round - 1],
+                cpus[live][round - 1] / cpus[off][round - 1]
             );
         }
     }
@@ -509,6 +531,18 @@ fn main() -> Result<()> {
             median(&times[live]) / median(&times[off]),
             per_round.iter().copied().fold(f64::INFINITY, f64::min),
             per_round.iter().copied().fold(0.0, f64::max),
+        );
+        let cpu_per_round: Vec<f64> =
+            cpus[live].iter().zip(&cpus[off]).map(|(on, off)| on / off).collect();
+        println!(
+            "--live / off, CPU seconds of the process tree: median of the rounds' ratios {:.3}×, \
+             ratio of the medians {:.3}× ({:.2} s against {:.2} s; min {:.3}×, max {:.3}×)",
+            median(&cpu_per_round),
+            median(&cpus[live]) / median(&cpus[off]),
+            median(&cpus[live]),
+            median(&cpus[off]),
+            cpu_per_round.iter().copied().fold(f64::INFINITY, f64::min),
+            cpu_per_round.iter().copied().fold(0.0, f64::max),
         );
     }
     Ok(())

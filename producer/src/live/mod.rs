@@ -90,8 +90,10 @@ pub struct LivePage {
     pub addr: SocketAddr,
 }
 
-/// Start serving `jobs` on `options.addr` in the background of this runtime, and say where on
-/// stderr. For [`Jobs::ThisProcess`], jobs are shown as they are [`register`]ed.
+/// Start serving `jobs` on `options.addr` on a thread of its own, with a runtime of its own, so
+/// that the page's reads never wait on (or hold up) the thread that follows the job — `submit`
+/// follows its job on one thread. For [`Jobs::ThisProcess`], jobs are shown as they are
+/// [`register`]ed; the server opens each job root again on its thread (its own store client).
 pub async fn start(options: &LiveOptions, jobs: Jobs) -> Result<LivePage, LiveError> {
     let token = match (&options.token, options.addr.ip().is_loopback()) {
         (Some(token), _) => {
@@ -108,17 +110,28 @@ pub async fn start(options: &LiveOptions, jobs: Jobs) -> Result<LivePage, LiveEr
     if matches!(jobs, Jobs::ThisProcess) {
         let _ = REGISTERED.set(Mutex::new(Vec::new()));
     }
-    let listener = tokio::net::TcpListener::bind(options.addr)
-        .await
-        .map_err(|source| LiveError::Bind { addr: options.addr, source })?;
-    let addr =
-        listener.local_addr().map_err(|source| LiveError::Bind { addr: options.addr, source })?;
+    let bind_failed = |source| LiveError::Bind { addr: options.addr, source };
+    let listener = std::net::TcpListener::bind(options.addr).map_err(bind_failed)?;
+    listener.set_nonblocking(true).map_err(bind_failed)?;
+    let addr = listener.local_addr().map_err(bind_failed)?;
     let url = match &token {
         Some(token) => format!("http://{addr}/?token={token}"),
         None => format!("http://{addr}/"),
     };
     let state = Arc::new(server::Shared::new(jobs, token, options.price_per_hour));
-    tokio::spawn(server::serve(listener, state));
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(bind_failed)?;
+    std::thread::Builder::new()
+        .name("batchfleet-live".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => server::serve(listener, state).await,
+                    Err(error) => tracing::warn!(%error, "the live page cannot serve"),
+                }
+            })
+        })
+        .map_err(bind_failed)?;
     Ok(LivePage { url, addr })
 }
 

@@ -91,6 +91,8 @@ impl Shared {
         let Some(root) = roots.into_iter().find(|r| r.job_id == id) else {
             return Err(error(StatusCode::NOT_FOUND, &format!("no job {id} here")));
         };
+        // A root another runtime made holds that runtime's store client: this thread's own.
+        let root = JobRoot::open(&root.url()).unwrap_or(root);
         let followed =
             Arc::new(Mutex::new(Followed { reader: JobReader::new(root), snapshot: None }));
         self.followed.lock().await.insert(id.to_owned(), followed.clone());

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{load_average, median};
+use batchfleet_tests::bench::{load_average, median, watch_live_page};
 use batchfleet_tests::repo_root;
 
 const BATCH: usize = 100;
@@ -253,66 +253,6 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     Ok(peers)
 }
 
-/// Watch the live page a `batchfleet run --live` prints on `stderr` as a browser would until
-/// `done`: its job's state every 2 s, the profile page every 30 s. Returns the stderr lines
-/// and how many requests were answered.
-fn watch_page(
-    stderr: std::process::ChildStderr,
-    done: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(String, u64)> {
-    use std::io::BufRead;
-    std::thread::spawn(move || {
-        let (sender, receiver) = std::sync::mpsc::channel::<String>();
-        let reader = std::thread::spawn(move || {
-            let mut text = String::new();
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("live page: ") {
-                    let _ = sender.send(url.trim().to_string());
-                }
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text
-        });
-        let mut answered = 0;
-        if let Ok(url) = receiver.recv() {
-            let config = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(10)))
-                .http_status_as_error(false)
-                .build();
-            let agent = ureq::Agent::new_with_config(config);
-            let get = |path: &str| -> Option<String> {
-                let mut response = agent.get(format!("{url}{path}")).call().ok()?;
-                (response.status().as_u16() == 200)
-                    .then(|| response.body_mut().read_to_string().ok())
-                    .flatten()
-            };
-            let mut profile_at: Option<Instant> = None;
-            while !done.load(Ordering::Relaxed) {
-                let job = get("api/jobs").and_then(|text| {
-                    let jobs: serde_json::Value = serde_json::from_str(&text).ok()?;
-                    jobs["jobs"][0].as_str().map(str::to_owned)
-                });
-                if let Some(job) = job {
-                    answered += 1;
-                    if let Some(state) = get(&format!("api/jobs/{job}/state")) {
-                        answered += 1;
-                        let none_ended = state.contains("\"attempts\":0,");
-                        let due =
-                            profile_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(30));
-                        if !none_ended && due {
-                            profile_at = Some(Instant::now());
-                            answered += u64::from(get(&format!("jobs/{job}/profile")).is_some());
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_secs(2));
-            }
-        }
-        (reader.join().unwrap_or_default(), answered)
-    })
-}
-
 /// Sum of the resident set of `root` and its descendants, in bytes.
 fn tree_rss(root: u32) -> u64 {
     let Ok(entries) = std::fs::read_dir("/proc") else { return 0 };
@@ -440,7 +380,7 @@ fn main() -> Result<()> {
                 .with_context(|| format!("starting {}", peer.name))?;
             let watched = Arc::new(AtomicBool::new(false));
             let watcher = match (peer.live, child.stderr.take()) {
-                (true, Some(stderr)) => Some(watch_page(stderr, Arc::clone(&watched))),
+                (true, Some(stderr)) => Some(watch_live_page(stderr, Arc::clone(&watched))),
                 (_, stderr) => {
                     child.stderr = stderr;
                     None

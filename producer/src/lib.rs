@@ -16,6 +16,7 @@ pub mod error;
 pub mod flows;
 pub mod infra;
 pub mod job;
+pub mod live;
 pub mod modes;
 pub mod report;
 pub mod words;

@@ -1,5 +1,6 @@
 //! What the broker benchmarks (`bench_rabbitmq`, `bench_sqs`) share: the release binaries, the
-//! Python their workers run, a process's CPU time, and the trivial echo job they submit.
+//! Python their workers run, a process's CPU time, and the trivial echo job they submit; and
+//! the watcher of a live page (`bench_peers --live`, `bench_rabbitmq --live-rounds`).
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -91,4 +92,70 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
+}
+
+/// Watch the live page a `batchfleet run --live` (or `submit --live`) prints on `stderr` as a
+/// browser would until
+/// `done`: its job's state every 2 s, the profile page every 30 s. Returns the stderr lines
+/// and how many requests were answered.
+pub fn watch_live_page(
+    stderr: std::process::ChildStderr,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(String, u64)> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        let (sender, receiver) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("live page: ") {
+                    let _ = sender.send(url.trim().to_string());
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let mut answered = 0;
+        if let Ok(url) = receiver.recv() {
+            let config = ureq::Agent::config_builder()
+                .timeout_global(Some(std::time::Duration::from_secs(10)))
+                .http_status_as_error(false)
+                .build();
+            let agent = ureq::Agent::new_with_config(config);
+            let get = |path: &str| -> Option<String> {
+                let mut response = agent.get(format!("{url}{path}")).call().ok()?;
+                (response.status().as_u16() == 200)
+                    .then(|| response.body_mut().read_to_string().ok())
+                    .flatten()
+            };
+            let mut profile_at: Option<std::time::Instant> = None;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let job = get("api/jobs").and_then(|text| {
+                    let jobs: serde_json::Value = serde_json::from_str(&text).ok()?;
+                    jobs["jobs"][0].as_str().map(str::to_owned)
+                });
+                // The page is up before its job is created: look again soon, as the page does.
+                let Some(job) = job else {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    continue;
+                };
+                {
+                    answered += 1;
+                    if let Some(state) = get(&format!("api/jobs/{job}/state")) {
+                        answered += 1;
+                        let none_ended = state.contains("\"attempts\":0,");
+                        let due = profile_at
+                            .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(30));
+                        if !none_ended && due {
+                            profile_at = Some(std::time::Instant::now());
+                            answered += u64::from(get(&format!("jobs/{job}/profile")).is_some());
+                        }
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_secs(2));
+            }
+        }
+        (reader.join().unwrap_or_default(), answered)
+    })
 }

@@ -1,6 +1,6 @@
-//! Headless Chromium for the tests of `batchfleet profile`'s pages: `infra/chromium` installs it
-//! and prints its path, which `infra/run-tests` exports as `BATCHFLEET_TEST_CHROMIUM`. A page is
-//! loaded from disk and the test reads what its script set on `<body>` in the dumped DOM.
+//! Headless Chromium for the tests of batchfleet's pages (`infra/chromium` installs it and
+//! prints its path, which `infra/run-tests` exports as `BATCHFLEET_TEST_CHROMIUM`): the DOM after
+//! a page's scripts ran, a screenshot, and what a page's script set on `<body>`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use crate::describe;
 
-/// How long one Chromium render may take before the test gives up.
-pub const RENDER_BOUND: Duration = Duration::from_secs(90);
+/// How long one Chromium run may take before the test gives up.
+const RUN_BOUND: Duration = Duration::from_secs(90);
 
-/// The Chromium `BATCHFLEET_TEST_CHROMIUM` names.
 pub fn chromium() -> PathBuf {
     match std::env::var_os("BATCHFLEET_TEST_CHROMIUM") {
         Some(path) if !path.is_empty() => PathBuf::from(path),
@@ -23,15 +22,14 @@ pub fn chromium() -> PathBuf {
     }
 }
 
-/// Chromium headless on `page` + `fragment` with `extra` arguments, bounded by
-/// [`RENDER_BOUND`].
-fn headless(page: &Path, fragment: &str, extra: &[String]) -> Output {
+/// Chromium headless on `url` with `args`, bounded by [`RUN_BOUND`].
+fn headless(url: &str, args: &[String]) -> Output {
     let profile_dir = tempfile::tempdir().expect("a browser profile folder");
     let child = Command::new(chromium())
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"])
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
         .arg(format!("--user-data-dir={}", profile_dir.path().display()))
-        .args(extra)
-        .arg(format!("file://{}{fragment}", page.display()))
+        .args(args)
+        .arg(url)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -41,43 +39,51 @@ fn headless(page: &Path, fragment: &str, extra: &[String]) -> Output {
     std::thread::spawn(move || {
         let _ = sender.send(child.wait_with_output());
     });
-    match receiver.recv_timeout(RENDER_BOUND) {
+    match receiver.recv_timeout(RUN_BOUND) {
         Ok(output) => output.expect("chromium's output"),
         Err(_) => {
             let pid = nix::unistd::Pid::from_raw(pid as i32);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            panic!("chromium did not render {} within {RENDER_BOUND:?}", page.display());
+            panic!("chromium did not finish with {url} within {RUN_BOUND:?}");
         }
     }
 }
 
-/// The page's DOM after its scripts ran, as headless Chromium dumps it, loaded with `fragment`
-/// (`#selftest` makes a profile page exercise its interactive parts once and report on
-/// `<body data-selftest>`).
+/// A page on disk, loaded with `fragment` (`#selftest` makes a profile page exercise its
+/// interactive parts once and report on `<body data-selftest>`): its DOM after its scripts ran
+/// for 10 s of virtual time.
 pub fn render(page: &Path, fragment: &str) -> String {
-    let output = headless(page, fragment, &["--dump-dom".to_string()]);
+    dump_dom(&format!("file://{}{fragment}", page.display()), 10_000)
+}
+
+/// The page's DOM once its scripts ran for `budget_ms` of virtual time (timers run ahead;
+/// requests to a server are awaited for real).
+pub fn dump_dom(url: &str, budget_ms: u64) -> String {
+    let output =
+        headless(url, &[format!("--virtual-time-budget={budget_ms}"), "--dump-dom".to_string()]);
     let dom = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success() && dom.contains("<body"),
-        "chromium failed to render {}: {}",
-        page.display(),
+        "chromium failed to render {url}: {}",
         describe(&output)
     );
     dom
 }
 
-/// A PNG of the page (loaded with `fragment`) at `width` × `height` CSS pixels, written to
-/// `png`.
-pub fn screenshot(page: &Path, fragment: &str, png: &Path, width: u32, height: u32) {
+/// A `width`×`height` screenshot of `url` after `budget_ms` of virtual time, as a PNG at `path`.
+pub fn screenshot(url: &str, path: &Path, (width, height): (u32, u32), budget_ms: u64) {
     let output = headless(
-        page,
-        fragment,
-        &[format!("--screenshot={}", png.display()), format!("--window-size={width},{height}")],
+        url,
+        &[
+            format!("--virtual-time-budget={budget_ms}"),
+            format!("--window-size={width},{height}"),
+            format!("--screenshot={}", path.display()),
+        ],
     );
     assert!(
-        output.status.success() && png.is_file(),
-        "chromium took no screenshot of {}: {}",
-        page.display(),
+        output.status.success() && path.is_file(),
+        "chromium took no screenshot of {url} into {}: {}",
+        path.display(),
         describe(&output)
     );
 }

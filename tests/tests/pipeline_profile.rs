@@ -279,13 +279,13 @@ fn a_pipelines_profile_shows_its_steps_critical_path_views_and_csv() {
     if let Some(folder) = std::env::var_os("BATCHFLEET_TEST_SCREENSHOTS") {
         let folder = PathBuf::from(folder);
         std::fs::create_dir_all(&folder).expect("the screenshots folder");
-        screenshot(&page, "", &folder.join("pipeline-profile.png"), 1440, 900);
+        let url = format!("file://{}", page.display());
+        screenshot(&url, &folder.join("pipeline-profile.png"), (1440, 900), 10_000);
         screenshot(
-            &page,
-            "#view=hierarchical&open=score",
+            &format!("{url}#view=hierarchical&open=score"),
             &folder.join("pipeline-profile-hierarchical.png"),
-            1440,
-            1400,
+            (1440, 1400),
+            10_000,
         );
     }
 }

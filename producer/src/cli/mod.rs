@@ -42,6 +42,9 @@ Examples:
   batchfleet cp my-inputs/ s3://batchfleet/scoring/data/      a folder's files, under the prefix
   batchfleet cp scoring.yaml s3://batchfleet/manifests/       one file, by its name
   batchfleet cp s3://batchfleet/manifests/scoring.yaml.result.json -    an object to stdout";
+const SERVE_EXIT_CODES: &str = "Exit codes:
+  0  stopped by Ctrl-C or SIGTERM
+  2  no job root or store there, or the address cannot be listened on";
 const PROFILE_EXIT_CODES: &str = "Exit codes:
   0  the profile was written
   1  the job has no attempt records
@@ -78,6 +81,8 @@ pub enum Command {
         shared: JobArgs,
         #[command(flatten)]
         places: PlaceArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
     /// Submit a job to a fleet of `batchfleet-worker`s through a broker, and follow it to its
     /// end (or return once it is published, with --detach).
@@ -111,6 +116,8 @@ pub enum Command {
         python: PathBuf,
         #[command(flatten)]
         places: PlaceArgs,
+        #[command(flatten)]
+        live: LiveArgs,
     },
     /// Finish a job whose producer stopped (from its job root), or re-run the mini-batches of a
     /// finished job that did not succeed (--failed-only), then aggregate again.
@@ -142,6 +149,8 @@ pub enum Command {
         /// the job root holds the job with its datastore paths already resolved.)
         #[arg(long, env = "BATCHFLEET_METRICS_ADDR")]
         metrics_addr: Option<std::net::SocketAddr>,
+        #[command(flatten)]
+        live: LiveArgs,
     },
     /// Run a job for every manifest (job YAML) dropped under a prefix, each exactly once even
     /// with several watchers; the outcome is written beside it as `<manifest>.result.json`.
@@ -213,6 +222,8 @@ pub enum Command {
         /// here, repeatable (an `environments.yaml` beside a manifest is not read).
         #[arg(long = "environment", value_name = "NAME=PYTHON")]
         environments: Vec<String>,
+        #[command(flatten)]
+        live: LiveArgs,
     },
     /// Size a fleet of worker containers on this Docker engine to the pool's outstanding work
     /// (ready + in flight), from --min (0 allowed) to --max; idle workers are drained first.
@@ -262,6 +273,21 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Serve the live page of a job root, or of every job root in a store folder, running or
+    /// finished (local folder, s3://, gs://, az://), until Ctrl-C; read-only (docs/live.md).
+    #[command(after_help = SERVE_EXIT_CODES)]
+    Serve {
+        /// A job root (folder or URL), a job id (under --store), or a store folder of job roots.
+        job: String,
+        /// Where job roots are, for a job id.
+        #[arg(long, env = "BATCHFLEET_STORE")]
+        store: Option<String>,
+        /// The address to serve at; one other than loopback asks for a token.
+        #[arg(long, default_value = "127.0.0.1:8765")]
+        addr: std::net::SocketAddr,
+        #[command(flatten)]
+        page: PageArgs,
+    },
 }
 
 /// Exit codes: 0 the job succeeded, 1 the job failed, 2 the job could not start (bad spec,
@@ -270,7 +296,10 @@ pub enum Command {
 /// records, 2 no such job or it could not be read or written.
 pub async fn main(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Run { job, store, python, shared, places } => {
+        Command::Run { job, store, python, shared, places, live } => {
+            if let Err(code) = live.start().await {
+                return code;
+            }
             let datastores = match shared.start(&job) {
                 Ok(map) => map,
                 Err(code) => return code,
@@ -309,7 +338,11 @@ pub async fn main(cli: Cli) -> ExitCode {
             shared,
             python,
             places,
+            live,
         } => {
+            if let Err(code) = live.start().await {
+                return code;
+            }
             let datastores = match shared.start(&job) {
                 Ok(map) => map,
                 Err(code) => return code,
@@ -363,8 +396,12 @@ pub async fn main(cli: Cli) -> ExitCode {
             failed_only,
             no_progress,
             metrics_addr,
+            live,
         } => {
             if let Err(code) = serve_metrics(metrics_addr) {
+                return code;
+            }
+            if let Err(code) = live.start().await {
                 return code;
             }
             if is_pipeline_folder(&job, store.as_deref()).await {
@@ -409,7 +446,11 @@ pub async fn main(cli: Cli) -> ExitCode {
             datastore_map,
             python,
             environments,
+            live,
         } => {
+            if let Err(code) = live.start().await {
+                return code;
+            }
             let options = WatchOptions {
                 prefix,
                 broker,
@@ -470,14 +511,19 @@ pub async fn main(cli: Cli) -> ExitCode {
         Command::Profile { job, store, out } => {
             crate::modes::profile::run_command(&ProfileOptions { job, store, out }).await
         }
+        Command::Serve { job, store, addr, page } => {
+            live::serve(&job, store.as_deref(), addr, &page).await
+        }
     }
 }
 
 mod args;
+mod live;
 mod pipelines;
 mod report;
 
 pub use args::{JobArgs, PlaceArgs};
+pub use live::{LiveArgs, PageArgs};
 use pipelines::{finish_pipeline, resume_a_pipeline};
 use report::{
     allow_list, default_watcher_id, failed_to_start, interactive, print_report, serve_metrics,

@@ -50,13 +50,14 @@ pub async fn finish_in_process(
         let root = root.clone();
         async move {
             stop_workers(&mut fleet, grace).await;
-            lifecycle::write_attempts_report(&root).await;
+            lifecycle::write_attempts_report(&root).await
         }
     });
     let workers_done = async {
-        if let Err(error) = workers_done.await {
+        workers_done.await.unwrap_or_else(|error| {
             tracing::error!(%error, "stopping the workers and writing the job report failed");
-        }
+            None
+        })
     };
     let report = finish_alongside(job, root, &tracker, end, workers_done).await;
     lifecycle::write_producer_log(root, started_ms).await;

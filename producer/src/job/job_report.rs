@@ -8,6 +8,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use batchfleet_common::job_root::{JobRoot, JobRootError};
 use batchfleet_common::records::{AttemptOutcome, AttemptRecord};
 
+use crate::report::cost::Cost;
+use crate::report::timeline::Timeline;
+
 /// What [`write_job_report`] wrote.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct JobReportSummary {
@@ -16,6 +19,8 @@ pub struct JobReportSummary {
     pub unreadable: usize,
     /// Store requests of the attempts that failed on the way and were tried again.
     pub store_retries: u64,
+    /// The job's worker time, from the same records (none without records).
+    pub cost: Option<Cost>,
 }
 
 /// The files of the report, by name.
@@ -37,10 +42,12 @@ pub async fn write_job_report(root: &JobRoot) -> Result<JobReportSummary, JobRoo
     for (name, text) in files {
         root.write_job_report(name, text).await?;
     }
+    let cost = (!records.records.is_empty()).then(|| Cost::of(&Timeline::new(&records.records)));
     Ok(JobReportSummary {
         attempts: records.records.len(),
         unreadable: records.skipped.len(),
         store_retries: records.records.iter().map(|r| r.store_retries).sum(),
+        cost,
     })
 }
 

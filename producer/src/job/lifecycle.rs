@@ -28,6 +28,7 @@ use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
 use crate::job::progress::Progress;
 use crate::job::reuse::Identities;
 use crate::job::tracker::Tracker;
+use crate::report::cost::{with_cost_line, Cost};
 
 /// Where jobs go when neither `--store` nor `BATCHFLEET_STORE` says.
 pub const DEFAULT_STORE: &str = "batchfleet-jobs";
@@ -117,6 +118,7 @@ pub fn new_job_id(name: &str) -> String {
 /// under it (`<job root>/outputs/<name>/`), before `job.json` is written.
 pub fn create_root(store: Option<&str>, job: &mut ResolvedJob) -> Result<JobRoot, ProducerError> {
     let root = JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?;
+    crate::live::register(&root);
     job.fill_default_outputs(&root.location.url);
     Ok(root)
 }
@@ -237,9 +239,24 @@ pub async fn await_user_logs(
 /// they stopped the job's runtimes, and this process's `logs/sys/producer.log` (its lines for
 /// the job since `started_ms`); what cannot be written is said on stderr and does not change the
 /// job's verdict.
+///
+/// The result, written before (the runtimes' last records come once they saw it), gets the
+/// job's cost line from the same records.
 pub async fn write_job_report(root: &JobRoot, started_ms: u64) {
     write_producer_log(root, started_ms).await;
-    write_attempts_report(root).await;
+    let Some(cost) = write_attempts_report(root).await else {
+        return;
+    };
+    let added = async {
+        let Some(text) = root.read_text(&root.layout.job_result()).await? else {
+            return Ok(());
+        };
+        root.write_job_result(Bytes::from(with_cost_line(&text, &cost))).await
+    };
+    if let Err(error) = added.await {
+        tracing::warn!(%error, "adding the job's cost to its result failed");
+        eprintln!("the job's cost could not be added to logs/job_result.txt: {error}");
+    }
 }
 
 /// This process's `logs/sys/producer.log`: its lines for the job since `started_ms`.
@@ -253,8 +270,9 @@ pub async fn write_producer_log(root: &JobRoot, started_ms: u64) {
     }
 }
 
-/// The job report (`logs/sys/job_report/*.csv`) from the attempt records in the root.
-pub async fn write_attempts_report(root: &JobRoot) {
+/// The job report (`logs/sys/job_report/*.csv`) from the attempt records in the root; the
+/// job's cost, from the same records, when it has any.
+pub async fn write_attempts_report(root: &JobRoot) -> Option<Cost> {
     match crate::job::job_report::write_job_report(root).await {
         Ok(summary) if summary.attempts > 0 => {
             tracing::info!(
@@ -275,11 +293,16 @@ pub async fn write_attempts_report(root: &JobRoot) {
                 root.key_url(&root.layout.job_report(crate::job::job_report::PROCESSED)),
                 root.url()
             );
+            summary.cost
         }
-        Ok(_) => eprintln!("job report: no attempt records in the job root"),
+        Ok(_) => {
+            eprintln!("job report: no attempt records in the job root");
+            None
+        }
         Err(error) => {
             tracing::warn!(%error, "writing the job report failed");
             eprintln!("job report: could not be written: {error}");
+            None
         }
     }
 }
@@ -423,21 +446,25 @@ pub async fn finish(
     tracker: &Tracker,
     end: FollowEnd,
 ) -> Result<JobReport, ProducerError> {
-    finish_alongside(job, root, tracker, end, async {}).await
+    finish_alongside(job, root, tracker, end, async { None }).await
 }
 
 /// [`finish`], with `alongside` run while the output is aggregated (`run` stops its workers
 /// and writes the job report from their records meanwhile: each is a pass over every batch,
-/// and the two share no file); `logs/job_result.txt` is written once both are done.
+/// and the two share no file); `logs/job_result.txt` is written once both are done, with the
+/// job's cost when `alongside` gives it.
 pub async fn finish_alongside(
     job: &ResolvedJob,
     root: &JobRoot,
     tracker: &Tracker,
     end: FollowEnd,
-    alongside: impl std::future::Future<Output = ()>,
+    alongside: impl std::future::Future<Output = Option<Cost>>,
 ) -> Result<JobReport, ProducerError> {
-    let (finished, ()) = tokio::join!(aggregate_output(job, root, tracker, &end), alongside);
-    let Finished { verdict, text, output } = finished?;
+    let (finished, cost) = tokio::join!(aggregate_output(job, root, tracker, &end), alongside);
+    let Finished { verdict, mut text, output } = finished?;
+    if let Some(cost) = cost {
+        text = with_cost_line(&text, &cost);
+    }
     // Workers that stopped meanwhile (`run`'s) recorded shutdown()'s output they could not store.
     let (verdict, text) = with_missing_outputs(verdict, text, &missing_outputs(root).await);
     write_result(root, &verdict, text).await?;

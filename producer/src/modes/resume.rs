@@ -53,6 +53,7 @@ pub struct ResumeOptions {
 pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError> {
     let started_ms = batchfleet_common::status::now_ms();
     let root = locate(&options.job, options.store.as_deref())?;
+    crate::live::register(&root);
     let job = read_job(&root).await?;
     check_state(&root, options.failed_only).await?;
     eprintln!("{}", code_note(&job, &root.url()));

@@ -11,6 +11,8 @@ use crate::job::fleet_note::{fleet_of, resume_line, Fleet};
 use crate::job::lifecycle::locate;
 use crate::job::plan::PlanSummary;
 use crate::job::tracker::{Counts, Tracker};
+use crate::report::cost::Cost;
+use crate::report::timeline::Timeline;
 use batchfleet_common::job_root::JobRoot;
 
 /// Where a job stands.
@@ -26,6 +28,8 @@ pub enum JobStatus {
         /// Whether a producer follows the job, as far as the job root tells.
         producer: Producer,
         fleet: Option<Fleet>,
+        /// The worker time so far, from the attempt records in the root.
+        cost: Option<Cost>,
     },
     /// Every mini-batch ended but no producer aggregated the output (it was detached).
     Unaggregated {
@@ -33,6 +37,7 @@ pub enum JobStatus {
         /// Whether the job was submitted with `--detach`.
         detached: bool,
         fleet: Option<Fleet>,
+        cost: Option<Cost>,
     },
 }
 
@@ -68,7 +73,7 @@ impl StatusReport {
     pub fn text(&self) -> String {
         match &self.status {
             JobStatus::Finished { job_result, .. } => job_result.clone(),
-            JobStatus::Running { counts, planned, cancelled, producer, fleet } => {
+            JobStatus::Running { counts, planned, cancelled, producer, fleet, cost } => {
                 let state = match producer {
                     Producer::Following => "running".to_string(),
                     Producer::Detached => "running (submitted with --detach: no producer follows \
@@ -91,6 +96,9 @@ impl StatusReport {
                     }
                 };
                 let mut text = format!("job {}: {state}\n{}\n", self.job_id, counts_line(counts));
+                if let Some(cost) = cost {
+                    text.push_str(&format!("{} so far\n", cost.line()));
+                }
                 if !planned {
                     text.push_str("planning: the plan is not complete yet\n");
                 }
@@ -103,15 +111,16 @@ impl StatusReport {
                 text.push_str(&format!("job root: {}\n", self.root_url));
                 text
             }
-            JobStatus::Unaggregated { counts, detached, fleet } => {
+            JobStatus::Unaggregated { counts, detached, fleet, cost } => {
                 let why = if *detached {
                     "it was submitted with --detach"
                 } else {
                     "the producer that followed it stopped before the end"
                 };
+                let cost = cost.map(|c| format!("{}\n", c.line())).unwrap_or_default();
                 format!(
                     "job {}: every mini-batch ended; the output was not aggregated ({why})\n{}\n\
-                     aggregate it with: {}\njob root: {}\n",
+                     {cost}aggregate it with: {}\njob root: {}\n",
                     self.job_id,
                     counts_line(counts),
                     self.resume(fleet),
@@ -186,12 +195,32 @@ async fn progress(root: &JobRoot) -> Result<JobStatus, ProducerError> {
     let counts = tracker.counts();
     let detached = root.detached_note().await?;
     let fleet = fleet_of(root, detached.clone()).await?;
+    let cost = cost_so_far(root).await;
     if summary.is_some() && tracker.is_complete() {
-        return Ok(JobStatus::Unaggregated { counts, detached: detached.is_some(), fleet });
+        return Ok(JobStatus::Unaggregated { counts, detached: detached.is_some(), fleet, cost });
     }
     let producer =
         if detached.is_some() { Producer::Detached } else { producer_silence(root).await };
-    Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled, producer, fleet })
+    Ok(JobStatus::Running { counts, planned: summary.is_some(), cancelled, producer, fleet, cost })
+}
+
+/// The worker time of the attempts on record; none when there are none or they cannot be read
+/// (the counts say where the job is without it).
+async fn cost_so_far(root: &JobRoot) -> Option<Cost> {
+    match root.read_attempt_records().await {
+        Ok(read) if !read.records.is_empty() => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            Some(Cost::so_far(&Timeline::new(&read.records), now_ms))
+        }
+        Ok(_) => None,
+        Err(error) => {
+            tracing::warn!(%error, "could not read the attempt records for the job's cost");
+            None
+        }
+    }
 }
 
 /// How long the job root has heard nothing from a producer: the age of the progress overview,

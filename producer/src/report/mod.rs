@@ -10,6 +10,8 @@
 //! - [`critical`]: the critical path of a timeline (the lane that finished last, back to the
 //!   start);
 //! - [`analysis`]: the two together, as the page and the trace read them;
+//! - [`cost`]: the worker-seconds and slot utilisation of a timeline (the job result, `status`
+//!   and the live page say them);
 //! - [`page`]: `profile.html`, one self-contained file (the data as JSON, `profile.css` and
 //!   `profile.js` inlined);
 //! - [`trace`]: `trace.json` in Chrome's trace-event format, for Perfetto;
@@ -20,6 +22,7 @@
 //! Tests are in the sibling `*_tests.rs` files.
 
 pub mod analysis;
+pub mod cost;
 pub mod critical;
 pub mod load;
 pub mod page;

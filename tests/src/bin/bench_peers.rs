@@ -17,6 +17,11 @@
 //! local files into the slot's folder (so a script cannot damage them), which costs a file
 //! create, a copy and a removal per input file; `direct` passes the paths with no protection.
 //!
+//! `--live` adds `batchfleet run --live 127.0.0.1:0` as one more peer, its live page watched as
+//! a browser would while the job runs (the job's state every 2 s, the profile page every
+//! 30 s): what the page costs the job is its ratio to `batchfleet run` in the same rounds, in
+//! wall time and in CPU seconds of the process tree (less noisy on a shared machine).
+//!
 //! Files and job roots go under `--dir` (default `target/bench-tmp/peers`, the default disk;
 //! `--dir /dev/shm/peers` for tmpfs; `--store DIR` puts only the job roots elsewhere).
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
@@ -36,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{load_average, median};
+use batchfleet_tests::bench::{load_average, median, watch_live_page};
 use batchfleet_tests::repo_root;
 
 const BATCH: usize = 100;
@@ -82,6 +87,9 @@ struct Options {
     /// Another `batchfleet` binary (an earlier build) run as one more peer in the same rounds.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// One more peer: `batchfleet run --live`, its page polled as a browser does.
+    #[arg(long)]
+    live: bool,
 }
 
 fn python() -> PathBuf {
@@ -111,6 +119,8 @@ fn data(dir: &Path, count: usize) -> Result<PathBuf> {
 struct Peer {
     name: &'static str,
     command: Box<dyn Fn(&Path) -> Command>,
+    /// Its live page is watched while it runs.
+    live: bool,
 }
 
 fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
@@ -160,7 +170,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     std::fs::write(dir.join("loop.py"), single)?;
 
     let store = options.store.clone().unwrap_or_else(|| dir.join("jobs"));
-    let batchfleet = |binary: PathBuf| -> Box<dyn Fn(&Path) -> Command> {
+    let batchfleet = |binary: PathBuf, live: bool| -> Box<dyn Fn(&Path) -> Command> {
         let (dir, store) = (dir.clone(), store.clone());
         Box::new(move |_out| {
             let mut command = Command::new(&binary);
@@ -171,11 +181,14 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                 .arg(&store)
                 .arg("--no-progress")
                 .env("BATCHFLEET_PYTHON", python());
+            if live {
+                command.args(["--live", "127.0.0.1:0"]);
+            }
             command
         })
     };
     let mut peers = vec![
-        Peer { name: "batchfleet run", command: batchfleet(binary) },
+        Peer { name: "batchfleet run", command: batchfleet(binary.clone(), false), live: false },
         Peer {
             name: "multiprocessing.Pool",
             command: Box::new({
@@ -186,6 +199,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                     command
                 }
             }),
+            live: false,
         },
         Peer {
             name: "one Python loop",
@@ -197,13 +211,20 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                     command
                 }
             }),
+            live: false,
         },
     ];
+    if options.live {
+        peers.insert(
+            1,
+            Peer { name: "batchfleet run --live", command: batchfleet(binary, true), live: true },
+        );
+    }
     if let Some(baseline) = &options.baseline {
         let baseline = std::path::absolute(baseline)?;
         ensure!(baseline.exists(), "{}: no such binary", baseline.display());
-        peers
-            .insert(1, Peer { name: "batchfleet run (--baseline)", command: batchfleet(baseline) });
+        let command = batchfleet(baseline, false);
+        peers.insert(1, Peer { name: "batchfleet run (--baseline)", command, live: false });
     }
     if let Some(ray_python) = &options.ray_python {
         let ray = format!(
@@ -226,6 +247,7 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
                 command.arg(&script).arg(out);
                 command
             }),
+            live: false,
         });
     }
     Ok(peers)
@@ -267,8 +289,25 @@ fn tree_rss(root: u32) -> u64 {
         .sum()
 }
 
-/// Run `child` to its end; returns (seconds, peak RSS of its tree in bytes).
-fn measure(child: Child, started: Instant) -> Result<(f64, u64)> {
+/// CPU seconds (user + system) of this process's children that ended and were waited for,
+/// their own waited-for descendants included.
+fn children_cpu() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let (user, system) = (u.user_time(), u.system_time());
+            user.tv_sec() as f64
+                + user.tv_usec() as f64 / 1e6
+                + system.tv_sec() as f64
+                + system.tv_usec() as f64 / 1e6
+        })
+        .unwrap_or(0.0)
+}
+
+/// Run `child` to its end; returns (seconds, peak RSS of its tree in bytes, CPU seconds of its
+/// tree).
+fn measure(child: Child, started: Instant) -> Result<(f64, u64, f64)> {
+    let cpu_before = children_cpu();
     let pid = child.id();
     let done = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -286,13 +325,14 @@ fn measure(child: Child, started: Instant) -> Result<(f64, u64)> {
     let secs = started.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     let peak = sampler.join().unwrap_or(0);
+    let cpu = children_cpu() - cpu_before;
     ensure!(
         output.status.success(),
         "failed ({}):\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    Ok((secs, peak))
+    Ok((secs, peak, cpu))
 }
 
 /// The output's lines, sorted (peers write them in different orders).
@@ -318,6 +358,7 @@ fn main() -> Result<()> {
         load_average()
     );
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut peaks: Vec<u64> = vec![0; peers.len()];
     let mut reference: Option<Vec<String>> = None;
     let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
@@ -331,14 +372,31 @@ fn main() -> Result<()> {
                 let _ = std::fs::remove_dir_all(store);
             }
             let started = Instant::now();
-            let child = (peer.command)(&out)
+            let mut child = (peer.command)(&out)
                 .current_dir(&options.dir)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
                 .with_context(|| format!("starting {}", peer.name))?;
-            let (secs, peak) =
-                measure(child, started).with_context(|| format!("{} failed", peer.name))?;
+            let watched = Arc::new(AtomicBool::new(false));
+            let watcher = match (peer.live, child.stderr.take()) {
+                (true, Some(stderr)) => Some(watch_live_page(stderr, Arc::clone(&watched))),
+                (_, stderr) => {
+                    child.stderr = stderr;
+                    None
+                }
+            };
+            let measured = measure(child, started);
+            watched.store(true, Ordering::Relaxed);
+            let watched = watcher.map(|w| w.join().unwrap_or_default());
+            let (secs, peak, cpu) = measured.with_context(|| {
+                let stderr = watched.as_ref().map(|w| w.0.as_str()).unwrap_or_default();
+                format!("{} failed {stderr}", peer.name)
+            })?;
+            if let Some((_, answered)) = &watched {
+                ensure!(*answered > 0, "{}: its live page answered no request", peer.name);
+                println!("round {round}: {} answered {answered} page requests", peer.name);
+            }
             // batchfleet writes its append_row_to file; the others the file they were given.
             let written = if peer.name.starts_with("batchfleet run") {
                 options.dir.join("output/rows.txt")
@@ -362,11 +420,12 @@ fn main() -> Result<()> {
                 ),
             }
             println!(
-                "round {round}: {:<28} {secs:>7.2} s  peak RSS {:>6.0} MB",
+                "round {round}: {:<28} {secs:>7.2} s  CPU {cpu:>6.2} s  peak RSS {:>6.0} MB",
                 peer.name,
                 peak as f64 / 1e6
             );
             times[i].push(secs);
+            cpus[i].push(cpu);
             peaks[i] = peaks[i].max(peak);
         }
         // Every round's ratios, so that a drift across rounds shows.
@@ -379,6 +438,14 @@ fn main() -> Result<()> {
             })
             .collect();
         println!("round {round}: {} (load {})", ratios.join(", "), load_average());
+        if let Some(live) = peers.iter().position(|p| p.live) {
+            let off = peers.iter().position(|p| p.name == "batchfleet run").unwrap_or(0);
+            println!(
+                "round {round}: --live / off {:.3}× wall, {:.3}× CPU",
+                times[live][round - 1] / times[off][round - 1],
+                cpus[live][round - 1] / cpus[off][round - 1]
+            );
+        }
     }
     let pool_median = median(&times[pool]);
     println!("\n| peer | min s | median s | peak RSS MB | median / Pool |\n|---|---|---|---|---|");
@@ -391,6 +458,31 @@ fn main() -> Result<()> {
             peer.name,
             peaks[i] as f64 / 1e6,
             med / pool_median
+        );
+    }
+    if let Some(live) = peers.iter().position(|p| p.live) {
+        let off = peers.iter().position(|p| p.name == "batchfleet run").unwrap_or(0);
+        let per_round: Vec<f64> =
+            times[live].iter().zip(&times[off]).map(|(on, off)| on / off).collect();
+        println!(
+            "\n--live / off: median of the rounds' ratios {:.3}×, ratio of the medians {:.3}× \
+             (min {:.3}×, max {:.3}×)",
+            median(&per_round),
+            median(&times[live]) / median(&times[off]),
+            per_round.iter().copied().fold(f64::INFINITY, f64::min),
+            per_round.iter().copied().fold(0.0, f64::max),
+        );
+        let cpu_per_round: Vec<f64> =
+            cpus[live].iter().zip(&cpus[off]).map(|(on, off)| on / off).collect();
+        println!(
+            "--live / off, CPU seconds of the process tree: median of the rounds' ratios {:.3}×, \
+             ratio of the medians {:.3}× ({:.2} s against {:.2} s; min {:.3}×, max {:.3}×)",
+            median(&cpu_per_round),
+            median(&cpus[live]) / median(&cpus[off]),
+            median(&cpus[live]),
+            median(&cpus[off]),
+            cpu_per_round.iter().copied().fold(f64::INFINITY, f64::min),
+            cpu_per_round.iter().copied().fold(0.0, f64::max),
         );
     }
     Ok(())

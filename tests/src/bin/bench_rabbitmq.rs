@@ -14,6 +14,10 @@
 //! workers' per-attempt records (alternating; `batchfleet-worker --no-attempt-records`) and
 //! prints both medians and their ratio: what the records cost.
 //!
+//! With `--live-rounds R`, batchfleet also runs R times without and R times with `submit --live
+//! 127.0.0.1:0`, its page watched as a browser does (alternating), and prints both medians and
+//! their ratio: what the live page costs the job.
+//!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_rabbitmq [--n 5000] [--concurrency 4]
 //! [--prefetch N]` (the workers' `--prefetch`; by default none: the workers' own adaptive
@@ -48,7 +52,9 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
-use batchfleet_tests::bench::{process_cpu, python, release_binary, write_echo_job, Guard};
+use batchfleet_tests::bench::{
+    process_cpu, python, release_binary, watch_live_page, write_echo_job, Guard,
+};
 use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
 
@@ -76,6 +82,9 @@ struct Options {
     /// Pairs of runs without and with the per-attempt records.
     #[arg(long, default_value_t = 0)]
     records_rounds: usize,
+    /// Pairs of runs without and with the live page (`submit --live`, watched).
+    #[arg(long, default_value_t = 0)]
+    live_rounds: usize,
     /// Where the inputs, job roots and scratch folders go.
     #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp"))]
     dir: PathBuf,
@@ -108,7 +117,7 @@ fn main() -> Result<()> {
         options.prefetch.map_or("adaptive (the workers' default)".to_owned(), |p| p.to_string())
     );
     let broker = BrokerCpu::start();
-    let fleet = batchfleet(&work, &options, true, "")?;
+    let fleet = batchfleet(&work, &options, true, false, "")?;
     print_figure("batchfleet", n, fleet);
     broker.print(n, " (with the workers' start)");
     println!(
@@ -121,6 +130,9 @@ fn main() -> Result<()> {
     );
     if options.records_rounds > 0 {
         records_cost(&work, &options)?;
+    }
+    if options.live_rounds > 0 {
+        live_cost(&work, &options)?;
     }
     let broker = BrokerCpu::start();
     let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
@@ -224,8 +236,8 @@ fn print_figure(name: &str, n: usize, took: Duration) {
 fn records_cost(work: &Path, options: &Options) -> Result<()> {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for round in 0..options.records_rounds {
-        let without = batchfleet(work, options, false, &format!("-off-{round}"))?;
-        let with = batchfleet(work, options, true, &format!("-on-{round}"))?;
+        let without = batchfleet(work, options, false, false, &format!("-off-{round}"))?;
+        let with = batchfleet(work, options, true, false, &format!("-on-{round}"))?;
         println!(
             "  records round {round}: off {:.0}/s, on {:.0}/s",
             options.n as f64 / without.as_secs_f64(),
@@ -247,7 +259,44 @@ fn records_cost(work: &Path, options: &Options) -> Result<()> {
     Ok(())
 }
 
-fn batchfleet(work: &Path, options: &Options, records: bool, tag: &str) -> Result<Duration> {
+/// Alternate runs without and with the live page; print both medians and the ratio.
+fn live_cost(work: &Path, options: &Options) -> Result<()> {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..options.live_rounds {
+        let without = batchfleet(work, options, true, false, &format!("-live-off-{round}"))?;
+        let with = batchfleet(work, options, true, true, &format!("-live-on-{round}"))?;
+        println!(
+            "  live round {round}: off {:.2} s, on {:.2} s: {:.3}×",
+            without.as_secs_f64(),
+            with.as_secs_f64(),
+            with.as_secs_f64() / without.as_secs_f64()
+        );
+        off.push(without);
+        on.push(with);
+    }
+    let ratios: Vec<f64> =
+        off.iter().zip(&on).map(|(off, on)| on.as_secs_f64() / off.as_secs_f64()).collect();
+    off.sort();
+    on.sort();
+    let (off, on) = (off[off.len() / 2], on[on.len() / 2]);
+    println!(
+        "live page: median {:.2} s without, {:.2} s with: {:.3}× (median of the rounds' ratios \
+         {:.3}×)",
+        off.as_secs_f64(),
+        on.as_secs_f64(),
+        on.as_secs_f64() / off.as_secs_f64(),
+        batchfleet_tests::bench::median(&ratios)
+    );
+    Ok(())
+}
+
+fn batchfleet(
+    work: &Path,
+    options: &Options,
+    records: bool,
+    live: bool,
+    tag: &str,
+) -> Result<Duration> {
     let dir = work.join(format!("batchfleet{tag}"));
     write_echo_job(&dir, options.n, options.concurrency, options.workers)?;
     // Deletes the pool's queues when the benchmark is done.
@@ -277,19 +326,31 @@ fn batchfleet(work: &Path, options: &Options, records: bool, tag: &str) -> Resul
     }
     settle_file_system();
     let started = Instant::now();
-    let output = Command::new(release_binary("batchfleet")?)
+    let mut submit = Command::new(release_binary("batchfleet")?);
+    submit
         .arg("submit")
         .arg(dir.join("job.yaml"))
         .args(["--broker", &amqp_url(), "--pool", &pool, "--no-progress", "--store"])
         .arg(dir.join("jobs"))
-        .env("BATCHFLEET_LOG", "warn")
-        .output()?;
+        .env("BATCHFLEET_LOG", "warn");
+    if live {
+        submit.args(["--live", "127.0.0.1:0"]);
+    }
+    let mut child = submit.stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = match live {
+        true => child.stderr.take().map(|stderr| watch_live_page(stderr, done.clone())),
+        false => None,
+    };
+    let output = child.wait_with_output()?;
     let took = started.elapsed();
-    ensure!(
-        output.status.success(),
-        "batchfleet submit failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (stderr, answered) = match watcher {
+        Some(watcher) => watcher.join().unwrap_or_default(),
+        None => (String::from_utf8_lossy(&output.stderr).into_owned(), 0),
+    };
+    ensure!(output.status.success(), "batchfleet submit failed: {stderr}");
+    ensure!(!live || answered > 0, "the live page answered no request: {stderr}");
     let rows = std::fs::read_to_string(dir.join("out/rows.txt"))?.lines().count();
     ensure!(rows == options.n, "batchfleet output has {rows} rows, {} expected", options.n);
     drop(workers);

@@ -371,3 +371,130 @@ fn a_page_on_an_address_other_than_loopback_asks_for_its_token() {
     let (status, jobs) = get(&format!("{bare}api/jobs"), Some(&token));
     assert_eq!(status, 200, "a bearer token is taken too: {jobs}");
 }
+
+/// prep (command) → score (parallel, each batch held until the test opens `GATE`) → report
+/// (command).
+const HELD_PIPELINE: &str = "\
+type: pipeline
+inputs:
+  raw:
+    type: uri_folder
+    path: ./raw
+jobs:
+  prep:
+    type: command
+    inputs:
+      raw: ${{parent.inputs.raw}}
+    outputs:
+      out:
+        type: uri_folder
+    command: cp ${{inputs.raw}}/*.txt ${{outputs.out}}/
+  score:
+    type: parallel
+    inputs:
+      data: ${{parent.jobs.prep.outputs.out}}
+    outputs:
+      scores:
+        type: uri_folder
+    input_data: ${{inputs.data}}
+    mini_batch_size: \"1\"
+    task:
+      type: run_function
+      code: ./src
+      entry_script: score.py
+      append_row_to: ${{outputs.scores}}
+  report:
+    type: command
+    inputs:
+      scores: ${{parent.jobs.score.outputs.scores}}
+    outputs:
+      summary:
+        type: uri_folder
+    command: wc -l ${{inputs.scores}}/parallel_run_step.txt > ${{outputs.summary}}/lines.txt
+";
+
+#[test]
+fn the_live_page_of_a_running_pipeline_draws_its_steps_and_their_states() {
+    let dir = tempfile::tempdir().expect("a temp folder");
+    let d = dir.path();
+    let gate = d.join("open");
+    for (rel, text) in [
+        ("raw/a.txt", "a".to_string()),
+        ("raw/b.txt", "bb".to_string()),
+        ("pipeline.yml", HELD_PIPELINE.to_string()),
+        (
+            "src/score.py",
+            format!(
+                "import os, time\ndef init():\n    pass\ndef run(mini_batch):\n    \
+                 deadline = time.time() + 300\n    while not os.path.exists({gate:?}):\n        \
+                 if time.time() > deadline:\n            raise TimeoutError('never opened')\n        \
+                 time.sleep(0.05)\n    return [os.path.basename(p) for p in mini_batch]\n",
+                gate = gate.display().to_string()
+            ),
+        ),
+    ] {
+        let path = d.join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("a folder");
+        std::fs::write(path, text).expect("a file");
+    }
+    let mut pipeline = Started::new(
+        batchfleet()
+            .arg("run")
+            .arg(d.join("pipeline.yml"))
+            .arg("--store")
+            .arg(d.join("jobs"))
+            .args(["--no-progress", "--live", "127.0.0.1:0"])
+            .current_dir(d),
+        true,
+        "live page: ",
+    );
+
+    // While score is held: prep done, score running, report waiting, two arrows.
+    let deadline = Instant::now() + SHOW_BOUND;
+    let mut last;
+    let dom = loop {
+        let dom = dump_dom(&pipeline.url, 4_000);
+        assert_eq!(body_attribute(&dom, "data-errors").as_deref(), Some("0"), "script errors");
+        last = body_attribute(&dom, "data-pipeline-steps").unwrap_or_default();
+        if last == "prep:succeeded,score:running,report:waiting" {
+            break dom;
+        }
+        assert!(
+            !last.contains("report:") || last.contains("report:waiting"),
+            "report cannot have started while score is held: {last}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the page did not show score running within {SHOW_BOUND:?}; last: {last:?}"
+        );
+    };
+    assert_eq!(number(&dom, "data-pipeline-edges"), 2, "prep → score → report");
+    assert!(dom.contains("pipeline-graph"), "the graph is drawn");
+    let (status, pipelines) = get(&at(&pipeline.url, "api/pipelines"), None);
+    assert_eq!(status, 200, "api/pipelines: {pipelines}");
+    let pipelines: serde_json::Value = serde_json::from_str(&pipelines).expect("JSON");
+    let id = pipelines["pipelines"][0]["id"].as_str().expect("the pipeline's id").to_string();
+    let (status, profile) = get(&at(&pipeline.url, &format!("pipelines/{id}/profile")), None);
+    assert_eq!(status, 200, "the pipeline's profile page: {profile}");
+    assert!(profile.contains(&format!("Profile of pipeline {id}")), "its profile page");
+
+    std::fs::write(&gate, "").expect("open the gate");
+    pipeline.wait_for_end(SHOW_BOUND);
+
+    // `serve` of the finished pipeline's folder: every step succeeded; score's job is listed.
+    let folder = d.join("jobs").join(&id);
+    let served = Started::new(
+        batchfleet().arg("serve").arg(&folder).args(["--addr", "127.0.0.1:0"]),
+        false,
+        "http://",
+    );
+    let url = format!("http://{}", served.url);
+    let dom = dump_dom(&url, 4_000);
+    assert_eq!(
+        body_attribute(&dom, "data-pipeline-steps").as_deref(),
+        Some("prep:succeeded,score:succeeded,report:succeeded"),
+        "last seen while running: {last}"
+    );
+    assert_eq!(number(&dom, "data-ended"), 2, "score's job: its two mini-batches");
+    assert_eq!(body_attribute(&dom, "data-errors").as_deref(), Some("0"), "script errors");
+}

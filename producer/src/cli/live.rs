@@ -74,6 +74,7 @@ pub async fn serve(
     let what = match &jobs {
         Jobs::Root(root) => format!("job {}", root.job_id),
         Jobs::Store(url) => format!("the jobs under {url}"),
+        Jobs::Pipeline(folder) => format!("pipeline {}", folder.job_id),
         Jobs::ThisProcess => "this process's jobs".to_string(),
     };
     let page = match live::start(&page.options(addr), jobs).await {
@@ -89,12 +90,15 @@ pub async fn serve(
     ExitCode::SUCCESS
 }
 
-/// A job root (a folder or URL holding `job.json`, or a job id under `store`), else the store
-/// folder the target names.
+/// A job root (a folder or URL holding `job.json`, or a job id under `store`), a pipeline's
+/// folder (holding `pipeline.json`), else the store folder the target names.
 async fn jobs_of(target: &str, store: Option<&str>) -> Result<Jobs, String> {
     if let Ok(root) = locate(target, store) {
         if root.exists(&root.layout.job_json()).await.map_err(|e| e.to_string())? {
             return Ok(Jobs::Root(root));
+        }
+        if root.exists(&root.layout.pipeline_json()).await.map_err(|e| e.to_string())? {
+            return Ok(Jobs::Pipeline(root));
         }
     }
     let url = store_url(Some(target)).map_err(|e| e.to_string())?;

@@ -273,11 +273,13 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-    /// Serve the live page of a job root, or of every job root in a store folder, running or
-    /// finished (local folder, s3://, gs://, az://), until Ctrl-C; read-only (docs/live.md).
+    /// Serve the live page of a job root, a pipeline's folder, or every job root in a store
+    /// folder, running or finished (local folder, s3://, gs://, az://), until Ctrl-C; read-only
+    /// (docs/live.md).
     #[command(after_help = SERVE_EXIT_CODES)]
     Serve {
-        /// A job root (folder or URL), a job id (under --store), or a store folder of job roots.
+        /// A job root (folder or URL), a job id (under --store), a pipeline's folder, or a store
+        /// folder of job roots.
         job: String,
         /// Where job roots are, for a job id.
         #[arg(long, env = "BATCHFLEET_STORE")]

@@ -2,7 +2,8 @@
 // records every 2 s) and draws it. No network beyond this server, no library. For a headless test it keeps on <body>: data-updates (polls
 // drawn), data-ended (mini-batches ended), data-history (every ended count drawn, in order),
 // data-failures and data-tracebacks (failure records and tracebacks shown), data-finished,
-// data-errors (script errors) and data-ready="1" once the first state is drawn.
+// data-errors (script errors) and data-ready="1" once the first state is drawn; of a pipeline,
+// data-pipeline-steps (`name:state,…`) and data-pipeline-edges (arrows drawn).
 (function () {
   "use strict";
   var body = document.body;
@@ -213,6 +214,61 @@
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
   }
 
+  // A pipeline's steps as a graph, left to right: a step's column is one past the furthest of
+  // the steps it reads from (they come in dependency order), an arrow from each of those.
+  var pipelineLoadedAt = 0, pipelineResult = null;
+  function drawPipeline(p) {
+    $("pipeline").hidden = false;
+    $("pipeline-name").textContent = p.id;
+    var st = $("pipeline-state");
+    st.textContent = p.error ? "cannot read it" : (p.result || "running");
+    st.className = "badge" + (p.result ? (/^succeeded/.test(p.result) ? " ok" : " bad") : "");
+    $("pipeline-summary").textContent = p.error || p.summary || "";
+    var url = withToken("pipelines/" + encodeURIComponent(p.id) + "/profile");
+    $("pipeline-open").href = url;
+    if (!pipelineLoadedAt || p.result !== pipelineResult || Date.now() - pipelineLoadedAt > 30000) {
+      $("pipeline-frame").src = url; pipelineLoadedAt = Date.now(); pipelineResult = p.result;
+    }
+    var steps = p.steps || [], col = {}, row = [], at = {}, W = 190, H = 54, GX = 60, GY = 16;
+    steps.forEach(function (s) {
+      var c = 0;
+      s.after.forEach(function (a) { if (col[a] != null) c = Math.max(c, col[a] + 1); });
+      col[s.name] = c; row[c] = (row[c] || 0) + 1;
+      at[s.name] = { x: 10 + c * (W + GX), y: 10 + (row[c] - 1) * (H + GY) };
+    });
+    var width = 20 + row.length * (W + GX) - GX, height = 20 + Math.max.apply(null, row.concat([1])) * (H + GY) - GY;
+    var svg = '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#94a3b8"/></marker></defs>';
+    var edges = 0;
+    steps.forEach(function (s) {
+      s.after.forEach(function (a) {
+        var from = at[a], to = at[s.name];
+        if (!from) return;
+        var x1 = from.x + W, y1 = from.y + H / 2, x2 = to.x, y2 = to.y + H / 2, mx = (x1 + x2) / 2;
+        var critical = s.critical && steps.some(function (o) { return o.name === a && o.critical; });
+        svg += '<path class="edge' + (critical ? " critical" : "") + '" d="M' + x1 + "," + y1 + " C" + mx + "," + y1 + " " + mx + "," + y2 + " " + x2 + "," + y2 + '"/>';
+        edges++;
+      });
+    });
+    steps.forEach(function (s) {
+      var a = at[s.name], cls = "node " + s.state.replace(/ /g, "-") + (s.critical ? " critical" : "");
+      svg += '<g class="' + cls + '" data-step="' + esc(s.name) + '"><title>' + esc(s.name + " (" + s.kind + "): " + s.state +
+        (s.after.length ? "; reads from " + s.after.join(", ") : "")) + "</title>" +
+        '<rect x="' + a.x + '" y="' + a.y + '" width="' + W + '" height="' + H + '"/>' +
+        '<text class="name" x="' + (a.x + 10) + '" y="' + (a.y + 21) + '">' + (s.critical ? "★ " : "") + esc(s.name) + "</text>" +
+        '<text class="sub" x="' + (a.x + 10) + '" y="' + (a.y + 40) + '">' + esc(s.kind + " · " + s.state + (s.total_ms ? " · " + dur(s.total_ms / 1000) : "")) + "</text></g>";
+    });
+    var g = $("pipeline-graph");
+    g.setAttribute("width", width); g.setAttribute("height", height); g.setAttribute("viewBox", "0 0 " + width + " " + height);
+    g.innerHTML = svg;
+    body.dataset.pipelineSteps = steps.map(function (s) { return s.name + ":" + s.state; }).join(",");
+    body.dataset.pipelineEdges = String(edges);
+  }
+  function pollPipelines() {
+    return getJSON("api/pipelines").then(function (j) {
+      if (j.pipelines.length) drawPipeline(j.pipelines[j.pipelines.length - 1]);
+    }, function () {});
+  }
+
   function poll() {
     if (!jobId) { schedule(); return; }
     getJSON("api/jobs/" + encodeURIComponent(jobId) + "/state").then(draw, function (e) {
@@ -224,7 +280,7 @@
     setTimeout(pickJob, done ? 5 * POLL_MS : POLL_MS);
   }
   function pickJob() {
-    getJSON("api/jobs").then(function (j) {
+    pollPipelines().then(function () { return getJSON("api/jobs"); }).then(function (j) {
       var sel = $("jobs");
       sel.hidden = j.jobs.length < 2;
       if (!jobId || j.jobs.indexOf(jobId) < 0) jobId = j.jobs.length ? j.jobs[j.jobs.length - 1] : null;
@@ -234,6 +290,7 @@
   }
   $("jobs").onchange = function () { jobId = this.value; lastState = null; history = []; profileLoadedAt = 0; };
   $("profile-reload").onclick = function () { if (lastState) drawProfile(lastState, true); };
+  $("pipeline-reload").onclick = function () { pipelineLoadedAt = 0; pollPipelines(); };
   window.addEventListener("resize", function () { if (lastState) drawChart(lastState); });
   pickJob();
 })();

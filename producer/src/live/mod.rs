@@ -17,6 +17,7 @@
 //! the token (`?token=` or `Authorization: Bearer`), given or drawn at start and printed in the
 //! page's URL. The page shows no store keys and no broker URL.
 
+pub mod pipelines;
 pub mod reader;
 pub mod server;
 pub mod snapshot;
@@ -60,6 +61,8 @@ pub enum Jobs {
     Root(JobRoot),
     /// Every job root under a store URL (listed again when the index is asked for).
     Store(url::Url),
+    /// A pipeline's folder: its step graph and profile, and its parallel steps' jobs.
+    Pipeline(JobRoot),
 }
 
 /// The jobs of this process, when its page is on.
@@ -79,6 +82,27 @@ fn registered() -> Vec<JobRoot> {
     REGISTERED
         .get()
         .map(|jobs| jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+        .unwrap_or_default()
+}
+
+/// The pipelines of this process, when its page is on.
+static PIPELINES: OnceLock<Mutex<Vec<JobRoot>>> = OnceLock::new();
+
+/// A pipeline this process runs (its folder): its step graph and profile are shown on its live
+/// page, when `--live` turned it on (else nothing); its parallel steps register as jobs.
+pub fn register_pipeline(folder: &JobRoot) {
+    if let Some(pipelines) = PIPELINES.get() {
+        let mut pipelines = pipelines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !pipelines.iter().any(|p| p.url() == folder.url()) {
+            pipelines.push(folder.clone());
+        }
+    }
+}
+
+fn registered_pipelines() -> Vec<JobRoot> {
+    PIPELINES
+        .get()
+        .map(|p| p.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
         .unwrap_or_default()
 }
 
@@ -109,6 +133,7 @@ pub async fn start(options: &LiveOptions, jobs: Jobs) -> Result<LivePage, LiveEr
     };
     if matches!(jobs, Jobs::ThisProcess) {
         let _ = REGISTERED.set(Mutex::new(Vec::new()));
+        let _ = PIPELINES.set(Mutex::new(Vec::new()));
     }
     let bind_failed = |source| LiveError::Bind { addr: options.addr, source };
     let listener = std::net::TcpListener::bind(options.addr).map_err(bind_failed)?;

@@ -4,7 +4,8 @@
 //!
 //! Routes: `/` the page; `/api/jobs` the jobs; `/api/jobs/{id}/state` a job's snapshot;
 //! `/jobs/{id}/profile` `batchfleet profile`'s page; `/jobs/{id}/failures/{batch}/{file}` a
-//! failure record.
+//! failure record; `/api/pipelines` every pipeline's step graph; `/pipelines/{id}/profile` a
+//! pipeline's profile page.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use batchfleet_common::job_root::JobRoot;
 
 use super::reader::JobReader;
 use super::snapshot::snapshot;
-use super::{registered, Jobs};
+use super::{pipelines, registered, registered_pipelines, Jobs};
 use crate::report::analysis::Profile;
 
 const PAGE_HTML: &str = include_str!("live.html");
@@ -67,6 +68,7 @@ impl Shared {
         match &self.jobs {
             Jobs::ThisProcess => Ok(registered()),
             Jobs::Root(root) => Ok(vec![root.clone()]),
+            Jobs::Pipeline(folder) => Ok(pipelines::step_roots(folder).await),
             Jobs::Store(url) => {
                 let mut listed = self.listed.lock().await;
                 if let Some((at, roots)) = listed.as_ref() {
@@ -81,6 +83,21 @@ impl Shared {
                 Ok(roots)
             }
         }
+    }
+
+    /// The pipelines shown (their folders).
+    fn pipelines(&self) -> Vec<JobRoot> {
+        match &self.jobs {
+            Jobs::ThisProcess => registered_pipelines(),
+            Jobs::Pipeline(folder) => vec![folder.clone()],
+            Jobs::Root(_) | Jobs::Store(_) => Vec::new(),
+        }
+    }
+
+    /// The folder of pipeline `id`, opened with this thread's own store client.
+    fn pipeline(&self, id: &str) -> Option<JobRoot> {
+        let folder = self.pipelines().into_iter().find(|p| p.job_id == id)?;
+        Some(JobRoot::open(&folder.url()).unwrap_or(folder))
     }
 
     async fn job(&self, id: &str) -> Result<Arc<Mutex<Followed>>, Response> {
@@ -108,6 +125,8 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         .route("/api/jobs/{id}/state", get(state))
         .route("/jobs/{id}/profile", get(profile))
         .route("/jobs/{id}/failures/{batch}/{file}", get(failure))
+        .route("/api/pipelines", get(pipelines_state))
+        .route("/pipelines/{id}/profile", get(pipeline_profile))
         .layer(middleware::from_fn_with_state(shared.clone(), token_check))
         .with_state(shared);
     if let Err(error) = axum::serve(listener, app).await {
@@ -230,6 +249,30 @@ async fn failure(
     match found {
         Some(bytes) => json_bytes(bytes),
         None => error(StatusCode::NOT_FOUND, &format!("no failure record {key} on the page")),
+    }
+}
+
+/// Every pipeline's step graph, as it stands (a pipeline is a handful of small files: read at
+/// each look).
+async fn pipelines_state(State(shared): State<Arc<Shared>>) -> Response {
+    let mut shown = Vec::new();
+    for folder in shared.pipelines() {
+        let Some(folder) = shared.pipeline(&folder.job_id) else { continue };
+        match pipelines::state(&folder, now_ms()).await {
+            Ok(graph) => shown.push(graph),
+            Err(e) => shown.push(serde_json::json!({"id": folder.job_id, "error": e})),
+        }
+    }
+    json_bytes(Bytes::from(serde_json::json!({"pipelines": shown}).to_string()))
+}
+
+async fn pipeline_profile(State(shared): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let Some(folder) = shared.pipeline(&id) else {
+        return error(StatusCode::NOT_FOUND, &format!("no pipeline {id} here"));
+    };
+    match pipelines::page(&folder, now_ms()).await {
+        Ok(html) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response(),
+        Err(e) => error(StatusCode::BAD_GATEWAY, &format!("the pipeline's profile: {e}")),
     }
 }
 

@@ -29,6 +29,7 @@ fn attempt(batch: &str, attempt: u32, outcome: AttemptOutcome) -> AttemptRecord 
         error: None,
         lease_lost: false,
         lost_before: 0,
+        store_retries: 0,
     }
 }
 

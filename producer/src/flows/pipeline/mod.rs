@@ -153,6 +153,7 @@ pub async fn start_pipeline(
     check(&pipeline)?;
     let resolved = serde_json::to_vec_pretty(&pipeline).map_err(ProducerError::internal)?;
     folder.write_pipeline_spec(file.text.clone(), Bytes::from(resolved)).await?;
+    crate::live::register_pipeline(&folder);
     Ok(StartedPipeline { pipeline_id, folder, pipeline, text: file.text.clone() })
 }
 
@@ -231,6 +232,7 @@ pub async fn resume_pipeline(
             )));
         }
     }
+    crate::live::register_pipeline(&folder);
     let text = folder.read_text(&folder.layout.pipeline_yaml()).await?.unwrap_or_default();
     let mut done = BTreeMap::new();
     for step in &pipeline.steps {

@@ -78,8 +78,10 @@
     function x(t) { return L + (w - L - R) * t / tMax; }
     function y(n) { return T + (h - T - B) * (1 - n / planned); }
     g.strokeStyle = "#e5e7eb"; g.fillStyle = "#6b7280"; g.font = "11px sans-serif"; g.lineWidth = 1;
-    for (var i = 0; i <= 4; i++) {
-      var n = planned * i / 4;
+    // Up to 4 gridlines at whole mini-batches (a job of 2 gets 0, 1, 2).
+    var steps = Math.min(4, planned);
+    for (var i = 0; i <= steps; i++) {
+      var n = Math.round(planned * i / steps);
       g.beginPath(); g.moveTo(L, y(n)); g.lineTo(w - R, y(n)); g.stroke();
       g.fillText(Math.round(n).toLocaleString("en-US"), 4, y(n) + 4);
     }

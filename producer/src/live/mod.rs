@@ -65,45 +65,58 @@ pub enum Jobs {
     Pipeline(JobRoot),
 }
 
-/// The jobs of this process, when its page is on.
-static REGISTERED: OnceLock<Mutex<Vec<JobRoot>>> = OnceLock::new();
+/// Job roots (or pipeline folders) this process runs, shown on its page once `--live` turned
+/// the registry on; until then adding to it does nothing.
+struct Registry(OnceLock<Mutex<Vec<JobRoot>>>);
 
-/// A job this process runs: shown on its live page, when `--live` turned it on (else nothing).
-pub fn register(root: &JobRoot) {
-    if let Some(jobs) = REGISTERED.get() {
-        let mut jobs = jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !jobs.iter().any(|j| j.url() == root.url()) {
-            jobs.push(root.clone());
+impl Registry {
+    const fn new() -> Registry {
+        Registry(OnceLock::new())
+    }
+
+    fn turn_on(&self) {
+        let _ = self.0.set(Mutex::new(Vec::new()));
+    }
+
+    fn add(&self, root: &JobRoot) {
+        if let Some(roots) = self.0.get() {
+            let mut roots = roots.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if !roots.iter().any(|r| r.url() == root.url()) {
+                roots.push(root.clone());
+            }
         }
+    }
+
+    fn all(&self) -> Vec<JobRoot> {
+        self.0
+            .get()
+            .map(|roots| roots.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+            .unwrap_or_default()
     }
 }
 
-fn registered() -> Vec<JobRoot> {
-    REGISTERED
-        .get()
-        .map(|jobs| jobs.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
-        .unwrap_or_default()
+/// The jobs of this process, when its page is on.
+static REGISTERED: Registry = Registry::new();
+/// The pipelines of this process (their folders), when its page is on.
+static PIPELINES: Registry = Registry::new();
+
+/// A job this process runs: shown on its live page, when `--live` turned it on (else nothing).
+pub fn register(root: &JobRoot) {
+    REGISTERED.add(root);
 }
 
-/// The pipelines of this process, when its page is on.
-static PIPELINES: OnceLock<Mutex<Vec<JobRoot>>> = OnceLock::new();
+fn registered() -> Vec<JobRoot> {
+    REGISTERED.all()
+}
 
 /// A pipeline this process runs (its folder): its step graph and profile are shown on its live
 /// page, when `--live` turned it on (else nothing); its parallel steps register as jobs.
 pub fn register_pipeline(folder: &JobRoot) {
-    if let Some(pipelines) = PIPELINES.get() {
-        let mut pipelines = pipelines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !pipelines.iter().any(|p| p.url() == folder.url()) {
-            pipelines.push(folder.clone());
-        }
-    }
+    PIPELINES.add(folder);
 }
 
 fn registered_pipelines() -> Vec<JobRoot> {
-    PIPELINES
-        .get()
-        .map(|p| p.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
-        .unwrap_or_default()
+    PIPELINES.all()
 }
 
 /// A page being served.
@@ -132,8 +145,8 @@ pub async fn start(options: &LiveOptions, jobs: Jobs) -> Result<LivePage, LiveEr
         (None, false) => Some(draw_token()?),
     };
     if matches!(jobs, Jobs::ThisProcess) {
-        let _ = REGISTERED.set(Mutex::new(Vec::new()));
-        let _ = PIPELINES.set(Mutex::new(Vec::new()));
+        REGISTERED.turn_on();
+        PIPELINES.turn_on();
     }
     let bind_failed = |source| LiveError::Bind { addr: options.addr, source };
     let listener = std::net::TcpListener::bind(options.addr).map_err(bind_failed)?;

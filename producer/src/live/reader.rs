@@ -137,6 +137,22 @@ impl JobReader {
             .collect())
     }
 
+    /// The objects at `keys`, `AT_ONCE` at a time, in order (`None`: gone since listed).
+    async fn fetch(
+        &self,
+        keys: Vec<Key>,
+    ) -> Result<Vec<(Key, Option<bytes::Bytes>)>, JobRootError> {
+        let root = &self.root;
+        futures::stream::iter(keys)
+            .map(|key| async move {
+                let bytes = root.get_if_exists(&key).await?;
+                Ok::<_, JobRootError>((key, bytes))
+            })
+            .buffered(AT_ONCE)
+            .try_collect()
+            .await
+    }
+
     async fn read_statuses(&mut self) -> Result<(), JobRootError> {
         let listed = self.root.list(&self.root.layout.status_prefix()).await?;
         // `resume --failed-only` removes statuses: they are no longer final.
@@ -174,14 +190,7 @@ impl JobReader {
         let listed = self.new_keys(&self.root.layout.records_prefix(), ".jsonl").await?;
         let wanted: Vec<Key> =
             listed.into_iter().filter(|k| !self.records.contains_key(k.as_ref())).collect();
-        let root = &self.root;
-        let read: Vec<(Key, Option<bytes::Bytes>)> = futures::stream::iter(wanted)
-            .map(|key| async move {
-                Ok::<_, JobRootError>((key.clone(), root.get_if_exists(&key).await?))
-            })
-            .buffered(AT_ONCE)
-            .try_collect()
-            .await?;
+        let read = self.fetch(wanted).await?;
         for (key, bytes) in read {
             let Some(bytes) = bytes else { continue };
             let mut records = Vec::new();
@@ -201,14 +210,7 @@ impl JobReader {
         let listed = self.new_keys(&prefix, ".json").await?;
         let wanted: Vec<Key> =
             listed.into_iter().filter(|k| !self.failures.contains_key(&self.relative(k))).collect();
-        let root = &self.root;
-        let read: Vec<(Key, Option<bytes::Bytes>)> = futures::stream::iter(wanted)
-            .map(|key| async move {
-                Ok::<_, JobRootError>((key.clone(), root.get_if_exists(&key).await?))
-            })
-            .buffered(AT_ONCE)
-            .try_collect()
-            .await?;
+        let read = self.fetch(wanted).await?;
         for (key, bytes) in read {
             let relative = self.relative(&key);
             // failures/<batch id>/<attempt>.json

@@ -300,9 +300,18 @@ pub async fn load(folder: &JobRoot) -> Result<PipelinePlan, ReportError> {
 /// An old `step.json` of a parallel step: its times from its job root's records, the step
 /// starting at its first publish and ending at its last settle.
 async fn old_parallel_times(record: &mut StepRecord) {
-    let Ok(root) = JobRoot::open(&record.location) else { return };
-    let Ok(read) = root.read_attempt_records().await else { return };
-    record.times.take_attempts(&read.records);
+    if take_attempt_times(&record.location, &mut record.times).await.is_err() {
+        return;
+    }
     record.times.started_ms = record.times.queued_ms;
     record.times.ended_ms = record.times.finalizing_ms;
+}
+
+/// A parallel step's queued, running and finalizing times, from the attempt records in its job
+/// root at `location` (`StepTimes::take_attempts`); why not, when they cannot be read.
+pub async fn take_attempt_times(location: &str, times: &mut StepTimes) -> Result<(), String> {
+    let root = JobRoot::open(location).map_err(|e| e.to_string())?;
+    let read = root.read_attempt_records().await.map_err(|e| e.to_string())?;
+    times.take_attempts(&read.records);
+    Ok(())
 }

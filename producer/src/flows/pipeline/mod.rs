@@ -413,23 +413,11 @@ async fn run_step(
 }
 
 /// A parallel step's queued, running and finalizing times, from the attempt records in its job
-/// root, read once when the job ended (`StepTimes::take_attempts`).
+/// root, read once when the job ended.
 async fn step_times(root_url: &str, times: &mut StepTimes) {
-    let records = match locate(root_url, None) {
-        Ok(root) => root.read_attempt_records().await,
-        Err(error) => {
-            tracing::warn!(%error, root_url, "the step's job root; its times are not recorded");
-            return;
-        }
-    };
-    let records = match records {
-        Ok(read) => read.records,
-        Err(error) => {
-            tracing::warn!(%error, root_url, "reading the step's attempt records for its times");
-            return;
-        }
-    };
-    times.take_attempts(&records);
+    if let Err(error) = crate::report::pipeline::take_attempt_times(root_url, times).await {
+        tracing::warn!(%error, root_url, "reading the step's attempt records for its times");
+    }
 }
 
 fn step_verdict(report: &JobReport) -> StepVerdict {

@@ -19,6 +19,7 @@ fn request(scratch: &Scratch, index: u64, items: &[&str]) -> RunRequest {
         batch_id,
         items: items.iter().map(|s| s.to_string()).collect(),
         output: scratch.path().join(format!("out-{index}.txt")),
+        attach_max: None,
         table: None,
     }
 }

@@ -47,6 +47,7 @@ async fn run_rows(
         items: vec![item.to_string()],
         context: MiniBatchContext::for_files(index),
         output: output.clone(),
+        attach_max: None,
         table: None,
     };
     match process.run(request, RUN_TIMEOUT).await.expect("run") {

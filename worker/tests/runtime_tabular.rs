@@ -82,6 +82,7 @@ fn request(scratch: &Scratch, index: u64, table: TableRequest) -> RunRequest {
         items: Vec::new(),
         context: MiniBatchContext::for_table(index, &ColumnValues::new(), 0),
         output: scratch.path().join(format!("out-{index}.txt")),
+        attach_max: None,
         table: Some(table),
     }
 }
@@ -595,7 +596,8 @@ def run(df):
             rows: 2,
             lines: 2,
             header: Some("name score".into()),
-            items_in: Some(3)
+            items_in: Some(3),
+            attached_rows: None,
         }
     );
     assert_eq!(text, "cat 2\nemu 3\n");
@@ -619,6 +621,7 @@ async fn file_list_batches_report_no_items_in() {
         items: vec!["/in/a".into(), "/in/b".into()],
         context: MiniBatchContext::for_files(0),
         output: scratch.path().join("out.txt"),
+        attach_max: None,
         table: None,
     };
     let (success, text) = run_ok(&mut process, request).await;

@@ -176,18 +176,22 @@ impl JobRoot {
     /// the job root's format allows it (`job_root_format` ≥ 2), they are at most
     /// [`INLINE_ROWS_MAX`] bytes and UTF-8. `None`: they go to a result part.
     pub fn inline_rows(job_root_format: u32, output: &Path) -> Option<String> {
-        if job_root_format < 2 {
-            return None;
-        }
+        let max = Self::inline_rows_max(job_root_format)?;
         use std::io::Read;
         // One read past the threshold tells a large file (no separate stat).
         let mut rows = Vec::new();
         let file = std::fs::File::open(output).ok()?;
-        file.take(INLINE_ROWS_MAX + 1).read_to_end(&mut rows).ok()?;
-        if rows.len() as u64 > INLINE_ROWS_MAX {
+        file.take(max + 1).read_to_end(&mut rows).ok()?;
+        if rows.len() as u64 > max {
             return None;
         }
         String::from_utf8(rows).ok()
+    }
+
+    /// The most bytes of UTF-8 rows a batch's status may hold in a job root of this format:
+    /// [`INLINE_ROWS_MAX`] from format 2 on, `None` (every result in a part) before.
+    pub fn inline_rows_max(job_root_format: u32) -> Option<u64> {
+        (job_root_format >= 2).then_some(INLINE_ROWS_MAX)
     }
 
     /// The rows a succeeded batch's status holds (job root format 2), read from the stored

@@ -112,12 +112,14 @@ class Protocol:
     ENCODER = json.JSONEncoder(default=str)
     DECODER = json.JSONDecoder()
 
-    def send(self, msg_type, **fields):
+    def send(self, msg_type, attached=None, **fields):
+        """Send one message; `attached` (bytes) follows its line on the channel, as the
+        message's `rows_attached` says."""
         message = {"v": PROTOCOL_VERSION, "type": msg_type}
         message.update(fields)
         # One write per message, straight to the fd: no text layer, no flush.
-        write_all(self.writer_fd, (encode_flat(message) or self.ENCODER.encode(message))
-                  .encode("utf-8") + b"\n")
+        data = (encode_flat(message) or self.ENCODER.encode(message)).encode("utf-8") + b"\n"
+        write_all(self.writer_fd, data + attached if attached else data)
 
     def receive(self):
         """The next request, or None at end of input. A line that is not UTF-8 JSON raises
@@ -560,22 +562,47 @@ def is_dataframe(result):
             and hasattr(result, "to_csv") and hasattr(result, "columns"))
 
 
-def write_dataframe(df, output):
+def dataframe_csv(df, output=None):
+    """The rows of `df` as the aggregated output holds them: written to `output`, or returned
+    as text when `output` is None."""
     try:
-        df.to_csv(output, sep=" ", header=False, index=False, lineterminator="\n")
+        return df.to_csv(output, sep=" ", header=False, index=False, lineterminator="\n")
     except TypeError:  # pandas < 1.5 spells it line_terminator
-        df.to_csv(output, sep=" ", header=False, index=False, line_terminator="\n")
-    header = df.head(0).to_csv(sep=" ", index=False).strip()
-    return len(df), header
+        return df.to_csv(output, sep=" ", header=False, index=False, line_terminator="\n")
 
 
-# Rows joined per write: few syscalls for a small result, bounded memory for a large one.
+# Rows joined per write: few syscalls for a small result, bounded memory for a large one. A
+# result of at most this many rows is built in memory first, to be attached to the answer when
+# it fits (see write_rows).
 ROWS_PER_WRITE = 4096
 
 
-def write_lines(elements, output):
-    """One line per element (str()), UTF-8 with backslash escapes for what cannot be encoded.
-    Returns (lines, bytes) written: the worker need not read the file back to count them.
+def write_dataframe(df, output, attach_max=None):
+    """Returns (rows, header, attached): `attached` holds the rows' bytes when they fit in
+    `attach_max` (then nothing is written), else None."""
+    header = df.head(0).to_csv(sep=" ", index=False).strip()
+    if attach_max is not None and len(df) <= ROWS_PER_WRITE:
+        data = dataframe_csv(df).encode("utf-8")
+        if len(data) <= attach_max:
+            return len(df), header, data
+        write_file(output, [data])
+    else:
+        dataframe_csv(df, output)
+    return len(df), header, None
+
+
+def line_chunks(elements):
+    """One line per element (str()), UTF-8 with backslash escapes for what cannot be encoded,
+    ROWS_PER_WRITE elements a chunk."""
+    for start in range(0, len(elements), ROWS_PER_WRITE):
+        chunk = elements[start:start + ROWS_PER_WRITE]
+        yield ("\n".join([str(element) for element in chunk]) + "\n").encode(
+            "utf-8", "backslashreplace")
+
+
+def write_file(output, chunks):
+    """Write the byte strings `chunks` to `output` (created or truncated); returns (lines,
+    bytes) written: the worker need not read the file back to count them.
 
     os.open/os.write/os.close: three syscalls for a small result, where open() adds a stat,
     a terminal check and seeks (this runs once per mini-batch).
@@ -584,10 +611,7 @@ def write_lines(elements, output):
                  0o666)
     lines = size = 0
     try:
-        for start in range(0, len(elements), ROWS_PER_WRITE):
-            chunk = elements[start:start + ROWS_PER_WRITE]
-            data = ("\n".join([str(element) for element in chunk]) + "\n").encode(
-                "utf-8", "backslashreplace")
+        for data in chunks:
             write_all(fd, data)
             lines += data.count(b"\n")
             size += len(data)
@@ -596,15 +620,29 @@ def write_lines(elements, output):
     return lines, size
 
 
-def write_rows(result, output):
-    """Write run()'s result to `output`; returns (items_out, rows, header, written), written
-    being the (lines, bytes) in the file when they are known without reading it back."""
+def write_lines(elements, output, attach_max=None):
+    """Returns ((lines, bytes), attached): the rows' bytes when they fit in `attach_max` (then
+    nothing is written), else None and the rows are in `output`."""
+    chunks = line_chunks(elements)
+    if attach_max is not None and len(elements) <= ROWS_PER_WRITE:
+        data = next(chunks, b"")
+        if len(data) <= attach_max:
+            return (data.count(b"\n"), len(data)), data
+        chunks = [data]
+    return write_file(output, chunks), None
+
+
+def write_rows(result, output, attach_max=None):
+    """Store run()'s result: in `output`, or — when the worker allows it (`attach_max`) and
+    the rows fit — as bytes for the answer to carry, which spares the worker a file written
+    and read back per mini-batch. Returns (items_out, rows, header, written, attached),
+    `written` being the (lines, bytes) in the file when they are known without reading it."""
     if isinstance(result, (list, tuple)):
-        written = write_lines(result, output)
-        return len(result), len(result), None, written
+        written, attached = write_lines(result, output, attach_max)
+        return len(result), len(result), None, written, attached
     if is_dataframe(result):
-        rows, header = write_dataframe(result, output)
-        return rows, rows, header, None
+        rows, header, attached = write_dataframe(result, output, attach_max)
+        return rows, rows, header, None, attached
     raise BadReturn("run() must return a list, tuple or pandas DataFrame; it returned %s"
                     % ("None" if result is None else type(result).__name__))
 
@@ -639,27 +677,26 @@ def serve_run(protocol, module, pass_context, request):
         if mini_batch is None:
             return
         extra["items_in"] = len(mini_batch)
-        if not len(mini_batch):
-            # No rows (a byte range holding no row start, an empty file or row group): run()
-            # is not called; the batch succeeds with 0 items (its status shows items_in 0).
-            lines, size = write_lines([], request["output"])
-            protocol.send("done", batch_id=batch_id, items_out=0, rows=0, header=None,
-                          lines=lines, bytes=size, **extra)
-            return
     else:
         mini_batch = list(request.get("items") or [])
+    if table is not None and not len(mini_batch):
+        # No rows (a byte range holding no row start, an empty file or row group): run() is
+        # not called; the batch succeeds with 0 items (its status shows items_in 0).
+        result = []
+    else:
+        try:
+            if pass_context:
+                result = module.run(mini_batch, MiniBatchContext(request.get("context") or {}))
+            else:
+                result = module.run(mini_batch)
+        except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail it
+            sys.stderr.write(format_exc())
+            protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
+                          **exception_fields(exc), **extra)
+            return
     try:
-        if pass_context:
-            result = module.run(mini_batch, MiniBatchContext(request.get("context") or {}))
-        else:
-            result = module.run(mini_batch)
-    except BaseException as exc:  # SystemExit / KeyboardInterrupt in user code fail the batch
-        sys.stderr.write(format_exc())
-        protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
-                      **exception_fields(exc), **extra)
-        return
-    try:
-        items_out, rows, header, written = write_rows(result, request["output"])
+        items_out, rows, header, written, attached = write_rows(
+            result, request["output"], request.get("attach_max"))
     except BadReturn as exc:
         sys.stderr.write("batchfleet: %s\n" % exc)
         protocol.send("error", batch_id=batch_id, kind="bad_return", exception=None,
@@ -670,10 +707,12 @@ def serve_run(protocol, module, pass_context, request):
         protocol.send("error", batch_id=batch_id, kind=failure_kind(exc),
                       **exception_fields(exc), **extra)
         return
-    if written is not None:
+    if attached is not None:
+        extra["rows_attached"] = len(attached)
+    elif written is not None:
         extra["lines"], extra["bytes"] = written
-    protocol.send("done", batch_id=batch_id, items_out=items_out, rows=rows, header=header,
-                  **extra)
+    protocol.send("done", attached=attached, batch_id=batch_id, items_out=items_out,
+                  rows=rows, header=header, **extra)
 
 
 def serve_shutdown(protocol, module):

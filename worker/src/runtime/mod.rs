@@ -132,6 +132,9 @@ pub struct RunRequest {
     pub context: MiniBatchContext,
     /// Local file the result rows are written to.
     pub output: PathBuf,
+    /// Rows of up to this many bytes may come back with the answer instead
+    /// ([`RunSuccess::attached_rows`]); `None`: always in `output`.
+    pub attach_max: Option<u64>,
     /// A tabular mini-batch: `run()` gets its pieces as one pandas DataFrame.
     pub table: Option<TableRequest>,
 }
@@ -159,4 +162,7 @@ pub struct RunSuccess {
     /// Tabular mini-batches: the rows of the DataFrame `run()` got (the batch's item count);
     /// `None` for file lists.
     pub items_in: Option<u64>,
+    /// The rows, when the runtime sent them with its answer (the request allowed it and they
+    /// fit): the output file was then not written.
+    pub attached_rows: Option<String>,
 }

@@ -96,12 +96,14 @@ impl RuntimeProcess {
         }
         let batch_id = request.batch_id.clone();
         let output = request.output.clone();
+        let attach_max = request.attach_max;
         let nonce = protocol::nonce();
         let line = protocol::encode(&Request::Run {
             batch_id: request.batch_id,
             items: request.items,
             context: request.context,
             output: request.output,
+            attach_max,
             table: request.table.map(Box::new),
             nonce: Some(nonce.clone()),
         })
@@ -109,14 +111,15 @@ impl RuntimeProcess {
         if self.send(&line).await.is_err() {
             return Err(self.crashed().await);
         }
-        let response = match tokio::time::timeout(timeout, self.read_response()).await {
+        let answer = tokio::time::timeout(timeout, self.read_answer(attach_max)).await;
+        let (response, attached) = match answer {
             Err(_) => {
                 self.kill().await;
                 return Err(RuntimeError::Timeout { secs: whole_secs(timeout) });
             }
             Ok(Ok(None)) => return Err(self.crashed().await),
             Ok(Err(message)) => return Err(self.protocol_failure(message).await),
-            Ok(Ok(Some(response))) => response,
+            Ok(Ok(Some(answer))) => answer,
         };
         // Only the driver knows the nonce: a `done` or `error` without it, or for another
         // batch, was written by something else (the entry script holds the process and can
@@ -133,14 +136,25 @@ impl RuntimeProcess {
                 items_in,
                 lines: written_lines,
                 bytes: written_bytes,
+                rows_attached: _,
                 nonce: echoed,
             } if answers(&answered, &echoed) => {
-                let lines = match lines_of(&output, written_lines.zip(written_bytes)).await {
-                    Ok(lines) => lines,
-                    Err(error) => {
-                        let what = format!("counting the lines of {}: {error}", output.display());
-                        return Err(self.protocol_failure(what).await);
-                    }
+                let (lines, attached_rows) = match attached {
+                    Some(rows) => match String::from_utf8(rows) {
+                        Ok(rows) => (newlines(rows.as_bytes()), Some(rows)),
+                        Err(_) => {
+                            let what = format!("the rows of batch {batch_id} are not UTF-8");
+                            return Err(self.protocol_failure(what).await);
+                        }
+                    },
+                    None => match lines_of(&output, written_lines.zip(written_bytes)).await {
+                        Ok(lines) => (lines, None),
+                        Err(error) => {
+                            let what =
+                                format!("counting the lines of {}: {error}", output.display());
+                            return Err(self.protocol_failure(what).await);
+                        }
+                    },
                 };
                 if rows > lines || items_out > rows {
                     let message = format!(
@@ -149,7 +163,14 @@ impl RuntimeProcess {
                     );
                     return Err(self.protocol_failure(message).await);
                 }
-                Ok(RunOutcome::Succeeded(RunSuccess { items_out, rows, header, items_in, lines }))
+                Ok(RunOutcome::Succeeded(RunSuccess {
+                    items_out,
+                    rows,
+                    header,
+                    items_in,
+                    lines,
+                    attached_rows,
+                }))
             }
             Response::Error { batch_id: answered, kind, error, items_in, nonce: echoed }
                 if answers(&answered, &echoed) =>
@@ -304,6 +325,34 @@ impl RuntimeProcess {
         let stdin = self.stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
         stdin.write_all(line.as_bytes()).await?;
         stdin.flush().await
+    }
+
+    /// The answer to a run request, with the rows attached to it (a `done` that says
+    /// `rows_attached`, up to `attach_max` bytes); `Ok(None)` when the process closed its end.
+    async fn read_answer(
+        &mut self,
+        attach_max: Option<u64>,
+    ) -> Result<Option<(Response, Option<Vec<u8>>)>, String> {
+        let Some(response) = self.read_response().await? else {
+            return Ok(None);
+        };
+        let Response::Done { rows_attached: Some(size), .. } = &response else {
+            return Ok(Some((response, None)));
+        };
+        let size = *size;
+        if attach_max.is_none_or(|max| size > max) {
+            return Err(format!(
+                "the runtime attached {size} bytes of rows to its answer where {} were allowed",
+                attach_max.unwrap_or(0)
+            ));
+        }
+        // Bounded above: never more than the request allowed.
+        let mut rows = vec![0; size as usize];
+        self.stdout
+            .read_exact(&mut rows)
+            .await
+            .map_err(|error| format!("reading the rows attached to the answer failed: {error}"))?;
+        Ok(Some((response, Some(rows))))
     }
 
     /// The next protocol message; `Ok(None)` when the process closed its end.
@@ -532,6 +581,11 @@ async fn lines_of(path: &Path, written: Option<(u64, u64)>) -> std::io::Result<u
     count_lines(path).await
 }
 
+/// Newlines in `rows`: the lines the aggregated output gets from them.
+fn newlines(rows: &[u8]) -> u64 {
+    rows.iter().filter(|b| **b == b'\n').count() as u64
+}
+
 /// Newlines in a runtime's output file (0 when there is none), read and counted. A small
 /// file is read here, a large one on the blocking pool.
 async fn count_lines(path: &Path) -> std::io::Result<u64> {
@@ -543,7 +597,7 @@ async fn count_lines(path: &Path) -> std::io::Result<u64> {
             if read == 0 {
                 return Ok(lines);
             }
-            lines += buffer[..read].iter().filter(|b| **b == b'\n').count() as u64;
+            lines += newlines(&buffer[..read]);
         }
     }
     const READ_IN_PLACE: u64 = 256 * 1024;

@@ -190,6 +190,8 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// Worker → runtime.
+// A request is built and encoded once per batch and never stored: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
@@ -200,6 +202,10 @@ pub enum Request {
         context: MiniBatchContext,
         /// Local file the runtime writes the result rows to (created or truncated).
         output: PathBuf,
+        /// The runtime may instead attach rows of up to this many bytes to its `done` (its
+        /// `rows_attached`) and leave `output` alone; absent: always the file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attach_max: Option<u64>,
         /// A tabular mini-batch (`items` is then empty): `run()` gets one DataFrame.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         table: Option<Box<TableRequest>>,
@@ -250,6 +256,11 @@ pub enum Response {
         lines: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bytes: Option<u64>,
+        /// The rows are not in the output file: exactly this many bytes of them (UTF-8, a
+        /// line each) follow this message's line on the channel. Only up to the request's
+        /// `attach_max`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rows_attached: Option<u64>,
         /// The request's `nonce`, echoed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nonce: Option<String>,
@@ -389,6 +400,7 @@ mod tests {
             items: vec!["/data/a.txt".into()],
             context: MiniBatchContext::for_files(2),
             output: PathBuf::from("/tmp/out"),
+            attach_max: None,
             table: None,
             nonce: Some("n1".into()),
         })
@@ -431,6 +443,7 @@ mod tests {
                 items_in: None,
                 lines: None,
                 bytes: None,
+                rows_attached: None,
                 nonce: None,
             })
         );
@@ -505,6 +518,7 @@ mod tests {
                 40,
             ),
             output: PathBuf::from("/tmp/out"),
+            attach_max: Some(65536),
             table: Some(Box::new(table)),
             nonce: None,
         })

@@ -238,7 +238,10 @@ impl Slot {
             (None, false) => self.local_output_file(&message.batch_id).await?,
         };
         // No early return from here on: the output file is cleaned up below.
-        let result = match self.load_and_run(job, message, attempt, stop, &output).await {
+        // Small rows come back with the runtime's answer, to go into the status unwritten.
+        let attach_max = JobRoot::inline_rows_max(job.job.job_root_format);
+        let ran = self.load_and_run(job, message, attempt, stop, &output, attach_max).await;
+        let result = match ran {
             Ok(success) => {
                 let ran = Ran { success, attempt, part, started_ms, isolated: None };
                 self.record_success(job, message, &output, ran).await
@@ -254,8 +257,9 @@ impl Slot {
         result
     }
 
-    /// Run `message`'s items once, their rows going to `output`: start the runtime if needed,
-    /// load the items, run them (nothing is stored).
+    /// Run `message`'s items once, their rows going to `output` (or, up to `attach_max`
+    /// bytes, coming back with the answer): start the runtime if needed, load the items, run
+    /// them (nothing is stored).
     pub(super) async fn load_and_run(
         &mut self,
         job: &Arc<LoadedJob>,
@@ -263,6 +267,7 @@ impl Slot {
         attempt: u32,
         stop: &CancellationToken,
         output: &std::path::Path,
+        attach_max: Option<u64>,
     ) -> Result<RunSuccess, AttemptEnd> {
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
@@ -309,6 +314,7 @@ impl Slot {
             items: inputs.paths.clone(),
             context: batch_context(message),
             output: output.to_path_buf(),
+            attach_max,
             table: inputs.table.clone(),
         };
         self.run(request, job.run_timeout()).await
@@ -324,7 +330,8 @@ impl Slot {
         ran: Ran,
     ) -> Result<Finished, AttemptEnd> {
         self.publish_output_folder().await?;
-        let Ran { success, attempt, part, started_ms, isolated } = ran;
+        let Ran { mut success, attempt, part, started_ms, isolated } = ran;
+        let attached = success.attached_rows.take();
         let mut status =
             succeeded_status(message, &success, attempt, part, &self.shared, started_ms);
         status.error = isolated;
@@ -339,7 +346,7 @@ impl Slot {
                 )));
             }
         }
-        let finished = self.write_success(job, message, output, status).await?;
+        let finished = self.write_success(job, message, output, attached, status).await?;
         self.phases.written_ms = Some(now_ms());
         Ok(finished)
     }
@@ -438,10 +445,13 @@ impl Slot {
         job: &LoadedJob,
         message: &MiniBatchMessage,
         output: &std::path::Path,
+        attached: Option<String>,
         status: BatchStatus,
     ) -> Result<Finished, AttemptFailure> {
         let mut status = status;
-        status.inline_rows = JobRoot::inline_rows(job.job.job_root_format, output);
+        // Rows attached to the answer fit by construction (the request's `attach_max`).
+        status.inline_rows =
+            attached.or_else(|| JobRoot::inline_rows(job.job.job_root_format, output));
         let part = status.result_part.as_deref().unwrap_or_default();
         let written = async {
             match output::write_part_and_status(job, part, output, &status).await? {

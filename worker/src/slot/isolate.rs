@@ -174,7 +174,8 @@ impl Slot {
                 Ok(output) => output,
                 Err(end) => return Err((end, found)),
             };
-            match self.load_and_run(job, &part, attempt, stop, &output).await {
+            // The parts' rows stay in files (`None`): they are joined into one afterwards.
+            match self.load_and_run(job, &part, attempt, stop, &output, None).await {
                 Ok(success) => found.passed.push(Passed { items, output, success }),
                 Err(AttemptEnd::Failed(failure) | AttemptEnd::RuntimeBroken { failure, .. }) => {
                     remove_output(&output);
@@ -315,7 +316,14 @@ fn halves(items: Range<usize>) -> (Range<usize>, Range<usize>) {
 /// up to as one run's success.
 fn join_rows(passed: &[Passed], out: &std::path::Path) -> std::io::Result<RunSuccess> {
     let mut file = std::io::BufWriter::new(std::fs::File::create(out)?);
-    let mut joined = RunSuccess { items_out: 0, rows: 0, lines: 0, header: None, items_in: None };
+    let mut joined = RunSuccess {
+        items_out: 0,
+        rows: 0,
+        lines: 0,
+        header: None,
+        items_in: None,
+        attached_rows: None,
+    };
     let mut ordered: Vec<&Passed> = passed.iter().collect();
     ordered.sort_by_key(|p| p.items.start);
     for part in ordered {

@@ -164,4 +164,37 @@ mod tests {
         );
         assert!(without.iter().all(|(_, size)| *size == 0));
     }
+
+    #[tokio::test]
+    async fn a_listing_with_sizes_gives_each_files_own_size_and_time() {
+        // Sizes and times are read as the walk hands the files out (after the sort): the
+        // values are std's own, also for a time before 1970 and one with nanoseconds.
+        let dir = tempfile::tempdir().unwrap();
+        let times = [
+            std::time::UNIX_EPOCH - std::time::Duration::new(86_400, 250),
+            std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 123_456_789),
+        ];
+        for i in 0..2500 {
+            let path = dir.path().join(format!("f{i:05}.txt"));
+            std::fs::write(&path, "y".repeat(i % 11)).unwrap();
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(times[i % 2]).unwrap();
+        }
+        let location =
+            open(&resolve_location(dir.path().to_str().unwrap(), dir.path()).unwrap()).unwrap();
+        let listed: Vec<_> = list_reporting_sizes(&location, Skipped::default(), Sizes::Read)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 2500);
+        for (i, meta) in listed.iter().enumerate() {
+            let name = format!("f{i:05}.txt");
+            assert_eq!(meta.location.filename(), Some(name.as_str()));
+            let std_meta = std::fs::metadata(dir.path().join(&name)).unwrap();
+            assert_eq!(meta.size, std_meta.len(), "{}", meta.location);
+            let listed_time = std::time::SystemTime::from(meta.last_modified);
+            assert_eq!(listed_time, std_meta.modified().unwrap(), "{}", meta.location);
+            assert_eq!(std_meta.modified().unwrap(), times[i % 2]);
+        }
+    }
 }

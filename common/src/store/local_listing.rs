@@ -5,7 +5,9 @@
 //! directory. It runs on a blocking thread of its own, a few blocks of objects ahead of the
 //! stream's reader (so the walk and what the planner does with the objects share the cores).
 //! A regular file costs one `stat` relative to its folder (its size) when [`Sizes::Read`], none
-//! when [`Sizes::Skip`] (planning by count). Two kinds of entries are skipped, each reported
+//! when [`Sizes::Skip`] (planning by count). The `stat` is made as the walk hands the file out,
+//! after its level was read and sorted: the first blocks of a folder of 100,000 files reach the
+//! planner (and its first mini-batches the workers) before the folder's last file is looked at. Two kinds of entries are skipped, each reported
 //! once with its path and why (a `warn` event, and in the listing's [`Skipped`] record):
 //! - **symbolic links** other than links to files inside the input folder: a link to a folder
 //!   (it could loop) or to anything outside the folder (a link to `/etc` must not feed a
@@ -15,6 +17,7 @@
 //!   not find such a file again, and one name must not fail the batch it shares with others.
 
 use std::cmp::Ordering;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -69,7 +72,16 @@ enum Walked {
 /// A directory level's entry, still to be handed out or walked.
 enum Pending {
     Object(ObjectMeta),
-    Folder { dir: PathBuf, key: Path },
+    /// A regular file whose size and time are still to be read: `name` in the folder `dir`.
+    Unread {
+        meta: ObjectMeta,
+        dir: Arc<OwnedFd>,
+        name: String,
+    },
+    Folder {
+        dir: PathBuf,
+        key: Path,
+    },
 }
 
 /// An entry of one directory level, with where its name starts in its key (the entries of a
@@ -83,7 +95,7 @@ impl Entry {
     /// Its name's bytes and whether it is a folder.
     fn name(&self) -> (&[u8], bool) {
         let (key, folder) = match &self.pending {
-            Pending::Object(meta) => (meta.location.as_ref(), false),
+            Pending::Object(meta) | Pending::Unread { meta, .. } => (meta.location.as_ref(), false),
             Pending::Folder { key, .. } => (key.as_ref(), true),
         };
         (key.as_bytes().get(self.name_at..).unwrap_or_default(), folder)
@@ -151,36 +163,72 @@ fn walk(dir: PathBuf, key: Path, skipped: &Skipped, sizes: Sizes, out: &mpsc::Se
     let root = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
     let mut pending = vec![Pending::Folder { dir, key }];
     let mut block = Vec::with_capacity(BLOCK);
+    // What ends the walk early: what was found so far, then the error.
+    let fail = |block: Vec<ObjectMeta>, error| {
+        if block.is_empty() || out.blocking_send(Walked::Objects(block)).is_ok() {
+            let _ = out.blocking_send(Walked::Failed(error));
+        }
+    };
     while let Some(next) = pending.pop() {
-        match next {
-            Pending::Object(meta) => {
-                block.push(meta);
-                if block.len() >= BLOCK {
-                    let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
-                    if out.blocking_send(Walked::Objects(full)).is_err() {
-                        return;
-                    }
-                }
-            }
-            Pending::Folder { dir, key } => match read_level(&dir, &key, &root, skipped, sizes) {
-                Ok(mut level) => {
-                    level.sort_unstable_by(|a, b| b.cmp_in_level(a));
-                    pending.extend(level.into_iter().map(|entry| entry.pending));
-                }
-                Err(error) => {
-                    if !block.is_empty() && out.blocking_send(Walked::Objects(block)).is_err() {
-                        return;
-                    }
-                    let _ = out.blocking_send(Walked::Failed(error));
-                    return;
-                }
+        let meta = match next {
+            Pending::Object(meta) => meta,
+            Pending::Unread { meta, dir, name } => match with_size(meta, &dir, &name) {
+                Ok(Some(meta)) => meta,
+                Ok(None) => continue,
+                Err(error) => return fail(block, error),
             },
+            Pending::Folder { dir, key } => {
+                match read_level(&dir, &key, &root, skipped, sizes) {
+                    Ok(mut level) => {
+                        level.sort_unstable_by(|a, b| b.cmp_in_level(a));
+                        pending.extend(level.into_iter().map(|entry| entry.pending));
+                    }
+                    Err(error) => return fail(block, error),
+                }
+                continue;
+            }
+        };
+        block.push(meta);
+        if block.len() >= BLOCK {
+            let full = std::mem::replace(&mut block, Vec::with_capacity(BLOCK));
+            if out.blocking_send(Walked::Objects(full)).is_err() {
+                return;
+            }
         }
     }
     if !block.is_empty() && out.blocking_send(Walked::Objects(block)).is_err() {
         return;
     }
     let _ = out.blocking_send(Walked::Done);
+}
+
+/// `meta` with the size and time of the regular file `name` in the folder `dir` (one `stat`
+/// relative to the folder, not following a link); `None` when it is gone or no longer a
+/// regular file.
+fn with_size(
+    mut meta: ObjectMeta,
+    dir: &OwnedFd,
+    name: &str,
+) -> Result<Option<ObjectMeta>, StoreError> {
+    use nix::sys::stat::{fstatat, SFlag};
+    let stat = match fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) => stat,
+        Err(nix::errno::Errno::ENOENT) => return Ok(None),
+        Err(errno) => return Err(io_error(&meta.location, errno.into())),
+    };
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return Ok(None); // replaced by something else since it was listed
+    }
+    meta.size = u64::try_from(stat.st_size).unwrap_or_default();
+    // The time std's `Metadata::modified` gives: seconds from the epoch, plus nanoseconds.
+    let (secs, nanos) = (stat.st_mtime, u64::try_from(stat.st_mtime_nsec).unwrap_or_default());
+    let whole = std::time::Duration::from_secs(secs.unsigned_abs());
+    let time = match secs >= 0 {
+        true => std::time::UNIX_EPOCH + whole,
+        false => std::time::UNIX_EPOCH - whole,
+    };
+    meta.last_modified = (time + std::time::Duration::from_nanos(nanos)).into();
+    Ok(Some(meta))
 }
 
 /// One directory level: its files (with their size, when read) and folders; what cannot be
@@ -200,6 +248,8 @@ fn read_level(
         Err(e) => return Err(io(e)),
     };
     let mut level = Vec::new();
+    // The folder, held open for its files' `stat`s as they are handed out (after the sort).
+    let mut folder: Option<Arc<OwnedFd>> = None;
     for entry in entries {
         let entry = entry.map_err(io)?;
         let file_name = entry.file_name();
@@ -249,11 +299,25 @@ fn read_level(
                 Sizes::Skip => None,
             }
         } else if file_type.is_file() {
-            // One stat, relative to the folder (a regular file: no link to follow).
-            match sizes {
-                Sizes::Read => Some(entry.metadata()),
-                Sizes::Skip => None,
+            // One stat, relative to the folder (a regular file: no link to follow), once the
+            // level is sorted and the walk hands the file out.
+            if sizes == Sizes::Read {
+                let dir = match &folder {
+                    Some(dir) => dir.clone(),
+                    None => folder.insert(Arc::new(open_folder(dir).map_err(io)?)).clone(),
+                };
+                let meta = ObjectMeta {
+                    location: child,
+                    last_modified: Default::default(),
+                    size: 0,
+                    e_tag: None,
+                    version: None,
+                };
+                let pending = Pending::Unread { meta, dir, name: name.to_string() };
+                level.push(Entry { pending, name_at });
+                continue;
             }
+            None
         } else {
             continue; // sockets, FIFOs, devices: not input files
         };
@@ -270,6 +334,13 @@ fn read_level(
         level.push(Entry { pending: Pending::Object(meta), name_at });
     }
     Ok(level)
+}
+
+/// A folder opened to look at its files by name.
+fn open_folder(dir: &std::path::Path) -> std::io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::open(dir, flags, nix::sys::stat::Mode::empty())?)
 }
 
 fn io_error(key: &Path, source: std::io::Error) -> StoreError {

@@ -156,6 +156,14 @@ impl JobLayout {
         self.key("control/cancelled")
     }
 
+    /// Present once every batch of the job reached a final state: a producer following a fleet
+    /// elsewhere writes it when following ends, before it aggregates, so that idle workers stop
+    /// the job's runtimes (`shutdown()`, their logs and last records) meanwhile instead of
+    /// after the result.
+    pub fn ended_marker(&self) -> Path {
+        self.key("control/ended")
+    }
+
     /// Present when the job was submitted with `--detach`: holds the broker (password
     /// redacted) and the pool, as [`JobLayout::fleet_note`] does.
     pub fn detached_marker(&self) -> Path {

@@ -54,6 +54,8 @@ fn user_logs_are_in_the_job_root_when_submit_returns_with_workers_still_running(
         .filter(|name| name.starts_with("slot-"))
         .collect();
     assert!(!uploaded.is_empty(), "user logs in {}", logs.display());
+    // Marked ended once its last batch ended, so that the runtimes stopped while it aggregated.
+    assert!(root.join("control/ended").is_file(), "no control/ended in {}", root.display());
     // The runtimes' stops came after their records: the job report holds every batch.
     let report = root.join("logs/sys/job_report/processed_mini-batches.csv");
     let rows = std::fs::read_to_string(&report).unwrap_or_else(|e| {

@@ -104,10 +104,10 @@ impl LoadedJob {
         }
     }
 
-    /// Whether the job ended: its producer stopped it or wrote its result.
+    /// Whether the job ended: its producer stopped it, saw every batch end
+    /// (`control/ended`) or wrote its result.
     pub async fn has_ended(&self) -> bool {
-        self.is_cancelled().await
-            || self.root.exists(&self.root.layout.job_result()).await.unwrap_or(false)
+        self.is_cancelled().await || self.root.has_ended().await.unwrap_or(false)
     }
 }
 

@@ -931,6 +931,27 @@ async fn a_batch_past_its_lost_lease_budget_is_held_back_while_an_attempt_may_st
     assert_eq!(files_with_prefix(&fleet.path("markers"), "init-"), 0, "not run meanwhile");
 }
 
+/// A job whose producer saw every batch end (`control/ended`, written before it aggregates)
+/// has its runtimes stopped by idle slots without waiting for the result: their `shutdown()`
+/// and logs, which the producer waits for, come while the output is aggregated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_slot_stops_the_runtime_of_a_job_marked_ended_before_its_result() {
+    let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
+    fleet.input("a.txt", "1");
+    fleet.publish(&[fleet.message(0, &["a.txt"])]).await;
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("the batch's status", || async { fleet.status("00000000").is_some() }).await;
+    let marker = fleet.path("root/control/ended");
+    std::fs::create_dir_all(marker.parent().unwrap()).unwrap();
+    std::fs::write(&marker, "every batch of the job ended\n").unwrap();
+    let shutdowns = || files_with_prefix(&fleet.path("markers"), "shutdown-");
+    wait_until("the runtime's shutdown()", || async { shutdowns() == 1 }).await;
+    assert!(!fleet.path("root/logs/job_result.txt").exists(), "no result was written");
+    token.cancel();
+    let summary = handle.await.expect("worker task");
+    assert_eq!(summary.batches_succeeded, 1, "{summary:?}");
+}
+
 /// A receive that outlasts its wait (SQS waits whole seconds) does not hold up the end of the
 /// job: the slot looks for the job's end meanwhile and stops the runtime while the receive is
 /// still under way, so that the producer, which waits for that stop, is not kept waiting.

@@ -159,6 +159,20 @@ impl JobRoot {
         self.read_text(&self.layout.fleet_note()).await
     }
 
+    /// Every batch of the job reached a final state (`control/ended`): idle workers stop its
+    /// runtimes without waiting for the result.
+    pub async fn mark_ended(&self) -> Result<(), JobRootError> {
+        self.put(&self.layout.ended_marker(), Bytes::from_static(b"every batch of the job ended\n"))
+            .await
+    }
+
+    /// Whether the job's batches all ended or its result is written (a HEAD of each, the
+    /// marker first): what lets an idle worker stop the job's runtimes.
+    pub async fn has_ended(&self) -> Result<bool, JobRootError> {
+        Ok(self.exists(&self.layout.ended_marker()).await?
+            || self.exists(&self.layout.job_result()).await?)
+    }
+
     /// A signal stopped the job's producer (`control/interrupted`; `text` says which).
     pub async fn mark_interrupted(&self, text: String) -> Result<(), JobRootError> {
         self.put(&self.layout.interrupted_marker(), Bytes::from(text)).await

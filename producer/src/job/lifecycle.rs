@@ -395,6 +395,20 @@ pub async fn follow_from(
     Ok((tracker, end))
 }
 
+/// Every batch ended (`end` is not an early stop): mark the job ended (`control/ended`) before
+/// it is aggregated, so that idle workers of a fleet elsewhere stop its runtimes — their
+/// `shutdown()`, user logs and last attempt records, which the job report waits for — while
+/// the output is aggregated. Best effort: without the marker they stop once they see the
+/// result.
+pub async fn mark_ended(root: &JobRoot, end: &FollowEnd) {
+    if end.stopped_early() {
+        return;
+    }
+    if let Err(error) = root.mark_ended().await {
+        tracing::debug!(%error, "could not mark the job ended; its runtimes stop at the result");
+    }
+}
+
 /// After an early stop: tell workers to drop the job's remaining messages (the cancel
 /// marker), and count those batches as cancelled.
 pub async fn stop_the_rest(

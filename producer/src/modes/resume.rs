@@ -114,6 +114,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     // they see the result: the report comes after it.
     let report = async {
         let (mut tracker, end) = followed?;
+        lifecycle::mark_ended(&root, &end).await;
         let mut report = finish(&job, &root, &tracker, end).await?;
         lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
         // What the runtimes could not store from shutdown() is known once they stopped.
@@ -189,6 +190,7 @@ async fn forget_unsuccessful(
         root.delete_status(&status.batch_id).await?;
     }
     root.delete(&root.layout.cancel_marker()).await?;
+    root.delete(&root.layout.ended_marker()).await?;
     root.delete(&root.layout.job_result()).await?;
     eprintln!("re-running {} mini-batches that did not succeed", rerun.len());
     Ok(kept)

@@ -211,6 +211,7 @@ pub async fn follow_published(
         if end.stopped_early() {
             stop_the_rest(&root, &mut tracker, &end).await?;
         }
+        lifecycle::mark_ended(&root, &end).await;
         let mut report = finish(&job, &root, &tracker, end).await?;
         lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
         lifecycle::recheck_outputs(&root, &mut report).await?;

@@ -45,11 +45,17 @@ const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// The waits of a slot's first receives that find nothing after a batch, while it holds a
 /// runtime: after each, the slot looks whether the runtime's job ended (`retire_ended_job`).
 /// A queue that ran dry is most often a job that just ended, and its producer waits for the
-/// runtimes' stops (their logs): they come within about 100 ms of the job's result instead of
-/// after a full receive wait plus `ENDED_RECHECK` (1 to 3 s). A receive that outlasts its
-/// wait (SQS waits whole seconds) is looked past: see `Slot::receive`.
-const EARLY_IDLE_WAITS: [Duration; 4] = [
-    Duration::from_millis(100),
+/// runtimes' stops (their logs): a producer following a fleet marks the job ended as soon as
+/// its last batch ended (`control/ended`, before it aggregates), so idle slots stop them while
+/// the output is aggregated, instead of after a full receive wait plus `ENDED_RECHECK` (1 to
+/// 3 s). Looks at 25, 50, 100, 300, 700 and 1,500 ms: two more than
+/// waits starting at 100 ms, each a HEAD of the marker (and of the result while the marker is
+/// missing) on a cloud store. A receive that outlasts its wait (SQS waits whole seconds) is
+/// looked past: see `Slot::receive`.
+const EARLY_IDLE_WAITS: [Duration; 6] = [
+    Duration::from_millis(25),
+    Duration::from_millis(25),
+    Duration::from_millis(50),
     Duration::from_millis(200),
     Duration::from_millis(400),
     Duration::from_millis(800),

@@ -350,9 +350,9 @@ impl Slot {
         self.publish_best_effort(job, &stopped).await;
     }
 
-    /// An idle slot whose runtime serves a job that ended (its producer wrote the result or
-    /// stopped it) stops that runtime, so that `shutdown()` runs and the user log reaches the
-    /// job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`],
+    /// An idle slot whose runtime serves a job that ended (its producer saw every batch end,
+    /// wrote the result or stopped it) stops that runtime, so that `shutdown()` runs and the
+    /// user log reaches the job root while the producer waits for it. Looked at most every [`ENDED_RECHECK`],
     /// except `early` (the slot's first short waits after a batch, see `EARLY_IDLE_WAITS`).
     pub(super) async fn retire_ended_job(&mut self, early: bool) {
         let Some(active) = &self.runtime else {
@@ -363,9 +363,7 @@ impl Slot {
         }
         self.ended_checked = Some(Instant::now());
         let job = Arc::clone(&active.job);
-        let ended = job.is_cancelled().await
-            || job.root.exists(&job.root.layout.job_result()).await.unwrap_or(false);
-        if ended {
+        if job.has_ended().await {
             tracing::info!(job_id = %job.job_id, "the job ended; stopping its runtime");
             self.stop_runtime().await;
         }

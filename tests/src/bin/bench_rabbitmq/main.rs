@@ -10,6 +10,11 @@
 //! 4. Raw lapin: N persistent messages published with confirms to a quorum queue and consumed
 //!    and acked concurrently: the broker's ceiling for this message flow.
 //!
+//! With `--baseline DIR` (another build's binaries, such as a release build of main),
+//! batchfleet runs `--rounds` times with this build's `batchfleet` and `batchfleet-worker` and as
+//! often with DIR's, alternating, each run printed with the machine's load, and the ratios use
+//! this build's median run.
+//!
 //! With `--records-rounds R`, batchfleet also runs R times without and R times with the
 //! workers' per-attempt records (alternating; `batchfleet-worker --no-attempt-records`) and
 //! prints both medians and their ratio: what the records cost.
@@ -53,10 +58,13 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use batchfleet_tests::bench::{
-    process_cpu, python, release_binary, watch_live_page, write_echo_job, Guard,
+    load_average, median, process_cpu, python, release_binary, watch_live_page, write_echo_job,
+    Guard,
 };
 use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
+
+mod peers;
 
 #[derive(Parser)]
 #[command(about = "Trivial mini-batches through RabbitMQ: batchfleet, Celery, Dramatiq, raw lapin")]
@@ -85,6 +93,13 @@ struct Options {
     /// Pairs of runs without and with the live page (`submit --live`, watched).
     #[arg(long, default_value_t = 0)]
     live_rounds: usize,
+    /// Another build's binary folder (such as a release build of main): batchfleet also runs
+    /// with its `batchfleet` and `batchfleet-worker`, alternating with this build's.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// With `--baseline`: the runs of each build (this build first, then the baseline, …).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Where the inputs, job roots and scratch folders go.
     #[arg(long, default_value_os_t = repo_root().join("target/bench-tmp"))]
     dir: PathBuf,
@@ -116,10 +131,17 @@ fn main() -> Result<()> {
         options.concurrency,
         options.prefetch.map_or("adaptive (the workers' default)".to_owned(), |p| p.to_string())
     );
-    let broker = BrokerCpu::start();
-    let fleet = batchfleet(&work, &options, true, false, "")?;
-    print_figure("batchfleet", n, fleet);
-    broker.print(n, " (with the workers' start)");
+    let own = own_bins()?;
+    let fleet = match &options.baseline {
+        None => {
+            let broker = BrokerCpu::start();
+            let fleet = batchfleet(&work, &options, &own, true, false, "")?;
+            print_figure("batchfleet", n, fleet);
+            broker.print(n, " (with the workers' start)");
+            fleet
+        }
+        Some(baseline) => against_baseline(&work, &options, &own, baseline)?,
+    };
     println!(
         "  per mini-batch: {:.3} ms wall; {:.2} ms of slot time ({} workers x {} slots)",
         fleet.as_secs_f64() * 1e3 / n as f64,
@@ -135,13 +157,13 @@ fn main() -> Result<()> {
         live_cost(&work, &options)?;
     }
     let broker = BrokerCpu::start();
-    let celery = if options.skip_celery { None } else { Some(celery(&work, n)?) };
+    let celery = if options.skip_celery { None } else { Some(peers::celery(&work, n)?) };
     if let Some(celery) = celery {
         print_figure("celery", n, celery);
         broker.print(n, " (with its worker's start and first task)");
     }
     let broker = BrokerCpu::start();
-    let dramatiq = if options.skip_dramatiq { None } else { Some(dramatiq(&work, n)?) };
+    let dramatiq = if options.skip_dramatiq { None } else { Some(peers::dramatiq(&work, n)?) };
     if let Some(dramatiq) = dramatiq {
         print_figure("dramatiq", n, dramatiq);
         broker.print(n, " (with its first message)");
@@ -232,12 +254,65 @@ fn print_figure(name: &str, n: usize, took: Duration) {
     );
 }
 
+/// This build's binary folder.
+fn own_bins() -> Result<PathBuf> {
+    Ok(release_binary("batchfleet")?.parent().context("binary folder")?.to_path_buf())
+}
+
+/// Alternate batchfleet runs of this build and of the one in `baseline`, `--rounds` each, this
+/// build first; print each run with the machine's load, and both medians. Returns this build's
+/// median run.
+fn against_baseline(
+    work: &Path,
+    options: &Options,
+    own: &Path,
+    baseline: &Path,
+) -> Result<Duration> {
+    ensure!(
+        baseline.join("batchfleet").exists() && baseline.join("batchfleet-worker").exists(),
+        "{} holds no batchfleet and batchfleet-worker",
+        baseline.display()
+    );
+    let n = options.n as f64;
+    let (mut this, mut base) = (Vec::new(), Vec::new());
+    for round in 0..options.rounds.max(1) {
+        for (name, bins, runs) in
+            [("this build", own, &mut this), ("baseline", baseline, &mut base)]
+        {
+            let broker = BrokerCpu::start();
+            let took =
+                batchfleet(work, options, bins, true, false, &format!("-{round}-{}", runs.len()))?;
+            println!(
+                "  round {round}, {name:>10}: {:.0} per second ({:.2} s); load {}",
+                n / took.as_secs_f64(),
+                took.as_secs_f64(),
+                load_average()
+            );
+            broker.print(options.n, " (with the workers' start)");
+            runs.push(took);
+        }
+    }
+    let middle = |runs: &mut Vec<Duration>| {
+        runs.sort();
+        runs[runs.len() / 2]
+    };
+    let (this, base) = (middle(&mut this), middle(&mut base));
+    print_figure("batchfleet", options.n, this);
+    println!(
+        "   baseline: median {:.0} per second; this build / baseline: {:.3}x",
+        n / base.as_secs_f64(),
+        base.as_secs_f64() / this.as_secs_f64()
+    );
+    Ok(this)
+}
+
 /// Alternate runs without and with the per-attempt records; print both medians and the ratio.
 fn records_cost(work: &Path, options: &Options) -> Result<()> {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for round in 0..options.records_rounds {
-        let without = batchfleet(work, options, false, false, &format!("-off-{round}"))?;
-        let with = batchfleet(work, options, true, false, &format!("-on-{round}"))?;
+        let without =
+            batchfleet(work, options, &own_bins()?, false, false, &format!("-off-{round}"))?;
+        let with = batchfleet(work, options, &own_bins()?, true, false, &format!("-on-{round}"))?;
         println!(
             "  records round {round}: off {:.0}/s, on {:.0}/s",
             options.n as f64 / without.as_secs_f64(),
@@ -263,8 +338,10 @@ fn records_cost(work: &Path, options: &Options) -> Result<()> {
 fn live_cost(work: &Path, options: &Options) -> Result<()> {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     for round in 0..options.live_rounds {
-        let without = batchfleet(work, options, true, false, &format!("-live-off-{round}"))?;
-        let with = batchfleet(work, options, true, true, &format!("-live-on-{round}"))?;
+        let without =
+            batchfleet(work, options, &own_bins()?, true, false, &format!("-live-off-{round}"))?;
+        let with =
+            batchfleet(work, options, &own_bins()?, true, true, &format!("-live-on-{round}"))?;
         println!(
             "  live round {round}: off {:.2} s, on {:.2} s: {:.3}×",
             without.as_secs_f64(),
@@ -285,7 +362,7 @@ fn live_cost(work: &Path, options: &Options) -> Result<()> {
         off.as_secs_f64(),
         on.as_secs_f64(),
         on.as_secs_f64() / off.as_secs_f64(),
-        batchfleet_tests::bench::median(&ratios)
+        median(&ratios)
     );
     Ok(())
 }
@@ -293,6 +370,7 @@ fn live_cost(work: &Path, options: &Options) -> Result<()> {
 fn batchfleet(
     work: &Path,
     options: &Options,
+    bins: &Path,
     records: bool,
     live: bool,
     tag: &str,
@@ -304,7 +382,7 @@ fn batchfleet(
     let pool = guard.name.clone();
     let mut workers = Vec::new();
     for w in 0..options.workers {
-        let mut command = Command::new(release_binary("batchfleet-worker")?);
+        let mut command = Command::new(bins.join("batchfleet-worker"));
         command
             .args(["--broker", &amqp_url(), "--pool", &pool, "--worker-id", &format!("w{w}")])
             .args(["--concurrency", &options.concurrency.to_string()]);
@@ -326,7 +404,7 @@ fn batchfleet(
     }
     settle_file_system();
     let started = Instant::now();
-    let mut submit = Command::new(release_binary("batchfleet")?);
+    let mut submit = Command::new(bins.join("batchfleet"));
     submit
         .arg("submit")
         .arg(dir.join("job.yaml"))
@@ -363,159 +441,6 @@ fn batchfleet(
 /// own log writes included.
 fn settle_file_system() {
     let _ = Command::new("sync").status();
-}
-
-/// The venv under target/ with the Python peers (Celery, Dramatiq), made on first use; each
-/// peer's package is installed when its command is missing.
-fn peers_venv(command: &str, package: &str) -> Result<PathBuf> {
-    let venv = repo_root().join("target/bench-venv");
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        let made = Command::new(python_for_venv()).args(["-m", "venv"]).arg(&venv).status()?;
-        ensure!(made.success(), "python -m venv failed");
-    }
-    if !venv.join("bin").join(command).exists() {
-        eprintln!("installing {package} into {} ...", venv.display());
-        let installed =
-            Command::new(&python).args(["-m", "pip", "install", "-q", package]).status()?;
-        ensure!(installed.success(), "pip install {package} failed");
-    }
-    Ok(venv)
-}
-
-fn python_for_venv() -> PathBuf {
-    PathBuf::from("python3")
-}
-
-const CELERY_TASKS: &str = r#"
-import os
-from celery import Celery
-app = Celery("tasks", broker=os.environ["BENCH_AMQP"], backend="rpc://")
-app.conf.task_default_queue = os.environ["BENCH_QUEUE"]
-
-@app.task
-def echo(x):
-    return x
-"#;
-
-const CELERY_CLIENT: &str = r#"
-import sys, time
-from celery import group
-from tasks import echo
-n = int(sys.argv[1])
-assert echo.delay("warm").get(timeout=120) == "warm"
-start = time.monotonic()
-results = group(echo.s(i) for i in range(n)).apply_async().get(timeout=3600)
-took = time.monotonic() - start
-assert results == list(range(n)), "celery results differ"
-print(took)
-"#;
-
-fn celery(work: &Path, n: usize) -> Result<Duration> {
-    let venv = peers_venv("celery", "celery")?;
-    let dir = work.join("celery");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("tasks.py"), CELERY_TASKS)?;
-    std::fs::write(dir.join("client.py"), CELERY_CLIENT)?;
-    let queue = format!("bench-celery-{}", std::process::id());
-    // Celery's URL form of the default vhost is `//`.
-    let url = amqp_url().replace("/%2f", "//").replace("/%2F", "//");
-    let worker = Command::new(venv.join("bin/celery"))
-        .args(["-A", "tasks", "worker", "-c", "2", "--loglevel=warning", "-Q", &queue])
-        .current_dir(&dir)
-        .env("BENCH_AMQP", &url)
-        .env("BENCH_QUEUE", &queue)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let _worker = Guard(worker);
-    settle_file_system();
-    let output = Command::new(venv.join("bin/python"))
-        .arg("client.py")
-        .arg(n.to_string())
-        .current_dir(&dir)
-        .env("BENCH_AMQP", &url)
-        .env("BENCH_QUEUE", &queue)
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "the Celery client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let secs: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
-    delete_queues(&[queue]);
-    Ok(Duration::from_secs_f64(secs))
-}
-
-const DRAMATIQ_TASKS: &str = r#"
-import os
-import dramatiq
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
-dramatiq.set_broker(RabbitmqBroker(url=os.environ["BENCH_AMQP"]))
-OUT = os.environ["BENCH_OUT"]
-
-@dramatiq.actor(queue_name=os.environ["BENCH_QUEUE"], max_retries=0)
-def echo(x):
-    with open(os.path.join(OUT, "%s.txt" % x), "w") as f:
-        f.write("%s\n" % x)
-"#;
-
-const DRAMATIQ_CLIENT: &str = r#"
-import os, sys, time
-from tasks import echo, OUT
-n = int(sys.argv[1])
-echo.send("warm")
-while not os.path.exists(os.path.join(OUT, "warm.txt")):
-    time.sleep(0.01)
-os.remove(os.path.join(OUT, "warm.txt"))
-start = time.monotonic()
-for i in range(n):
-    echo.send(i)
-while len(os.listdir(OUT)) < n:
-    time.sleep(0.02)
-took = time.monotonic() - start
-for i in range(n):
-    with open(os.path.join(OUT, "%d.txt" % i)) as f:
-        assert f.read() == "%d\n" % i, "dramatiq result %d differs" % i
-print(took)
-"#;
-
-/// Dramatiq: `n` messages to an actor that writes each result to its own file, one worker
-/// of 2 processes × 4 threads; timed from the first send until the last file is there.
-fn dramatiq(work: &Path, n: usize) -> Result<Duration> {
-    let venv = peers_venv("dramatiq", "dramatiq[rabbitmq]")?;
-    let dir = work.join("dramatiq");
-    let out = dir.join("out");
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(dir.join("tasks.py"), DRAMATIQ_TASKS)?;
-    std::fs::write(dir.join("client.py"), DRAMATIQ_CLIENT)?;
-    let queue = format!("bench-dramatiq-{}", std::process::id());
-    let env = [("BENCH_AMQP", amqp_url()), ("BENCH_QUEUE", queue.clone())];
-    let worker = Command::new(venv.join("bin/dramatiq"))
-        .args(["tasks", "--processes", "2", "--threads", "4"])
-        .current_dir(&dir)
-        .envs(env.clone())
-        .env("BENCH_OUT", &out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let _worker = Guard(worker);
-    settle_file_system();
-    let output = Command::new(venv.join("bin/python"))
-        .arg("client.py")
-        .arg(n.to_string())
-        .current_dir(&dir)
-        .envs(env)
-        .env("BENCH_OUT", &out)
-        .output()?;
-    ensure!(
-        output.status.success(),
-        "the Dramatiq client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let secs: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
-    delete_queues(&[queue.clone(), format!("{queue}.DQ"), format!("{queue}.XQ")]);
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Publish `n` persistent messages with confirms (a window of 1,000) to a quorum queue while
@@ -577,14 +502,4 @@ async fn raw_lapin(n: usize) -> Result<Duration> {
     let took = started.elapsed();
     channel.queue_delete(queue.as_str().into(), QueueDeleteOptions::default()).await?;
     Ok(took)
-}
-
-fn delete_queues(queues: &[String]) {
-    for queue in queues {
-        let _ = Command::new("rabbitmqctl")
-            .args(["-q", "delete_queue", queue])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
 }

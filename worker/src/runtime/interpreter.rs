@@ -14,38 +14,44 @@ use tokio::process::Command;
 /// How long the one-off `sys.executable` question may take before the configured path is used.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// What the interpreter is asked: compile the driver given as `argv[1]` (if any) into its
-/// `__pycache__` (checked by the source's hash, so a changed driver is never run from a stale
-/// copy; a failure leaves runtimes compiling it themselves), then say where it is.
+/// What the interpreter is asked: compile the driver's files given as `argv[1:]` (if any) into
+/// their `__pycache__` (checked by the source's hash, so a changed driver is never run from a
+/// stale copy; a failure leaves runtimes compiling that file themselves), then say where it is.
 const QUESTION: &str = "import sys
 if len(sys.argv) > 1:
     try:
         import py_compile
         mode = getattr(py_compile, 'PycInvalidationMode', None)
         options = {'invalidation_mode': mode.CHECKED_HASH} if mode else {}
-        py_compile.compile(sys.argv[1], doraise=True, **options)
     except Exception:
-        pass
+        py_compile = None
+    for source in sys.argv[1:] if py_compile else []:
+        try:
+            py_compile.compile(source, doraise=True, **options)
+        except Exception:
+            pass
 sys.stdout.write(sys.executable or '')";
 
 /// The interpreter `python` runs as; `python` itself when it cannot tell (runtime starts then
 /// report the real problem, e.g. a missing interpreter).
 pub async fn resolve_interpreter(python: &Path) -> PathBuf {
-    ask(python, None).await
+    ask(python, &[]).await
 }
 
-/// [`resolve_interpreter`], and the installed `driver`'s bytecode compiled for that interpreter
-/// in the same question: runtimes import the driver (`super::DRIVER_START`), and loading its
-/// bytecode instead of compiling its source saved a fifth of a runtime's start (callgrind: 121
-/// against 100 million instructions to `ready`).
+/// [`resolve_interpreter`], and the installed `driver`'s bytecode (and its tabular half's,
+/// [`super::DRIVER_TABLE_FILE_NAME`] beside it) compiled for that interpreter in the same
+/// question: runtimes import the driver (`super::DRIVER_START`), and loading its bytecode
+/// instead of compiling its source saved a fifth of a runtime's start (callgrind: 121 against
+/// 100 million instructions to `ready`).
 pub async fn prepare_interpreter(python: &Path, driver: &Path) -> PathBuf {
-    ask(python, Some(driver)).await
+    let table = driver.with_file_name(super::DRIVER_TABLE_FILE_NAME);
+    ask(python, &[driver, table.as_path()]).await
 }
 
-async fn ask(python: &Path, driver: Option<&Path>) -> PathBuf {
+async fn ask(python: &Path, sources: &[&Path]) -> PathBuf {
     let asked = Command::new(python)
         .args(["-I", "-c", QUESTION])
-        .args(driver)
+        .args(sources)
         .stdin(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -56,12 +56,17 @@ async fn the_driver_is_compiled_for_the_interpreter_and_runtimes_start_from_its_
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .collect();
+    for file in [crate::runtime::DRIVER_FILE_NAME, crate::runtime::DRIVER_TABLE_FILE_NAME] {
+        let stem = file.trim_end_matches(".py");
+        assert!(
+            compiled
+                .iter()
+                .any(|name| name.starts_with(&format!("{stem}.")) && name.ends_with(".pyc")),
+            "{file}'s bytecode in {}: {compiled:?}",
+            cache.display()
+        );
+    }
     let stem = crate::runtime::DRIVER_FILE_NAME.trim_end_matches(".py");
-    assert!(
-        compiled.iter().any(|name| name.starts_with(&format!("{stem}.")) && name.ends_with(".pyc")),
-        "the driver's bytecode in {}: {compiled:?}",
-        cache.display()
-    );
     // The start command imports the module the bytecode is for.
     assert!(crate::runtime::DRIVER_START.contains(&format!("import {stem} as driver")));
 }

@@ -32,6 +32,13 @@ pub const PYTHON_DRIVER: &str = include_str!("driver.py");
 /// The file name the driver is installed under (versioned, so an old copy is never reused).
 pub const DRIVER_FILE_NAME: &str = "batchfleet_driver_v1.py";
 
+/// The driver's tabular half (a `run` request's `table` read into a DataFrame), which the
+/// driver imports from beside itself.
+pub const PYTHON_DRIVER_TABLE: &str = include_str!("driver_table.py");
+
+/// The file name the driver's tabular half is installed under, beside the driver.
+pub const DRIVER_TABLE_FILE_NAME: &str = "batchfleet_driver_table_v1.py";
+
 /// `azureml_user.parallel_run` (Azure's `EntryScript` helper) as batchfleet provides it.
 pub const ENTRY_SCRIPT_MODULE: &str = include_str!("entry_script.py");
 
@@ -44,7 +51,8 @@ pub const USER_PACKAGES_DIR: &str = "batchfleet_user_packages_v1";
 /// How a runtime starts the installed driver: `python -c DRIVER_START <driver folder> <code
 /// folder> <entry script> [args]` imports it as a module, so the interpreter loads the bytecode
 /// the worker had it compile ([`prepare_interpreter`]) instead of compiling the driver's source
-/// at every start (as `python driver.py` does). The driver's folder leaves `sys.path` again,
+/// at every start (as `python driver.py` does); the driver imports its tabular half
+/// ([`DRIVER_TABLE_FILE_NAME`]) while its folder is on the path, from bytecode the same way. The driver's folder leaves `sys.path` again,
 /// and the driver puts the code folder first, as before.
 pub const DRIVER_START: &str = "import sys; sys.path.insert(0, sys.argv.pop(1)); \
     import batchfleet_driver_v1 as driver; del sys.path[0]; sys.exit(driver.main(sys.argv))";
@@ -76,10 +84,13 @@ pub const STDERR_TAIL_LINES: usize = 50;
 ///
 /// Written to a temporary name and renamed, so that concurrent installs (several workers on one
 /// scratch folder) never leave a half-written driver for a starting runtime to read.
-/// The `azureml_user` package goes beside it ([`USER_PACKAGES_DIR`]).
+/// Its tabular half ([`DRIVER_TABLE_FILE_NAME`]) and the `azureml_user` package
+/// ([`USER_PACKAGES_DIR`]) go beside it, first: the driver imports the one and puts the other
+/// on `sys.path`.
 pub fn install_driver(dir: &Path) -> std::io::Result<PathBuf> {
     let package = dir.join(USER_PACKAGES_DIR).join("azureml_user");
     install_file(&package, "parallel_run.py", ENTRY_SCRIPT_MODULE)?;
+    install_file(dir, DRIVER_TABLE_FILE_NAME, PYTHON_DRIVER_TABLE)?;
     install_file(dir, DRIVER_FILE_NAME, PYTHON_DRIVER)
 }
 

@@ -1,0 +1,381 @@
+"""batchfleet entry-script driver, tabular half (protocol v1): a `run` request's `table` read
+into one pandas DataFrame. Installed beside the driver (batchfleet_driver_table_v1.py), which
+imports it; it imports nothing of the driver's.
+
+pandas is imported only when a table is read (or when BATCHFLEET_TABULAR=1 makes the driver
+import it before the entry script), pyarrow only to read Parquet pieces: file-list jobs never
+import either. See docs/entry-protocol.md for what a table request holds.
+"""
+
+import json
+import os
+import re
+import sys
+
+class InputError(Exception):
+    """A tabular mini-batch's data could not be read into a DataFrame; run() is not called.
+
+    `exception` names the underlying exception type (or None); `traceback` is kept only for
+    errors that are not plainly about the data.
+    """
+
+    def __init__(self, message, exception=None, traceback=None):
+        Exception.__init__(self, message)
+        self.exception = exception
+        self.traceback = traceback
+
+
+def tabular_job():
+    return os.environ.get("BATCHFLEET_TABULAR") == "1"
+
+
+def missing_package_message(package, why):
+    return ("this job reads %s; the worker's Python (%s) has no %s: pip install %s"
+            % (why, sys.executable, package, package))
+
+
+def import_pandas():
+    """pandas, or an InputError that says how to get it."""
+    try:
+        import pandas
+    except ImportError as exc:
+        raise InputError(missing_package_message("pandas", "tabular data (an mltable input)"),
+                         exception=type(exc).__name__)
+    return pandas
+
+
+def import_parquet():
+    try:
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise InputError(missing_package_message("pyarrow", "Parquet data (read_parquet)"),
+                         exception=type(exc).__name__)
+    return pyarrow.parquet
+
+
+def read_delimited(pd, table, piece):
+    path = piece["path"]
+    delimiter = table.get("delimiter") or ","
+    header = bool(table.get("header"))
+    options = {"encoding": table.get("encoding") or "utf-8",
+               "header": 0 if header else None,
+               "keep_default_na": False}
+    if len(delimiter) == 1:
+        options["sep"] = delimiter
+        # Infer each column's type from the whole piece, not chunk by chunk (which can leave a
+        # column with ints in one part and strings in another, with a DtypeWarning).
+        options["low_memory"] = False
+    else:  # pandas takes a longer separator for a regular expression
+        options["sep"] = re.escape(delimiter)
+        options["engine"] = "python"
+    if table.get("empty_as_string"):
+        options["na_filter"] = False
+    else:
+        options["na_values"] = [""]
+    if not table.get("infer_column_types", True):
+        options["dtype"] = object  # every column as text, as mltable reads it without inference
+    if os.path.getsize(path) == 0:
+        return pd.DataFrame(), False
+    try:
+        df = pd.read_csv(path, **options)
+    except pd.errors.EmptyDataError:  # only blank lines
+        return pd.DataFrame(), False
+    if not header:
+        df.columns = ["Column%d" % (i + 1) for i in range(len(df.columns))]
+    return df, True
+
+
+def read_json_lines(pd, table, piece):
+    drop = table.get("invalid_lines") == "drop"
+    records = []
+    with open(piece["path"], "r", encoding=table.get("encoding") or "utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            elif not drop:
+                preview = line.strip()
+                if len(preview) > 80:
+                    preview = preview[:80] + "..."
+                raise InputError(
+                    "%s: line %d of this mini-batch's piece of the file is not a JSON object: "
+                    "%s (read_json_lines' invalid_lines: drop skips such lines)"
+                    % (piece.get("url"), number, preview),
+                    exception="ValueError")
+    if not records:
+        return pd.DataFrame(), False
+    return pd.DataFrame.from_records(records), True
+
+
+def read_parquet(pd, table, piece):
+    parquet = import_parquet()
+    source = parquet.ParquetFile(piece["path"])
+    row_groups = piece.get("row_groups")
+    if row_groups is None:
+        data = source.read()
+    else:
+        first, last = row_groups
+        data = source.read_row_groups(list(range(first, last)))
+    df = data.to_pandas()
+    if any(name is not None for name in df.index.names):
+        df = df.reset_index()  # a named index written by pandas is data
+    return df, True
+
+
+READERS = {"delimited": read_delimited, "json_lines": read_json_lines, "parquet": read_parquet}
+
+# infer_column_types (read_delimited): what mltable types beyond pandas' own ints and floats.
+BOOL_TEXT = {"true": True, "false": False}
+ISO_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}"
+                          r"(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d{1,9})?)?"
+                          r"(?:Z|[+-]\d{2}(?::?\d{2})?)?)?")
+ISO_OFFSET = re.compile(r"(?:Z|[+-]\d{2}(?::?\d{2})?)$")
+
+
+def infer_column(pd, column):
+    """A text column as bool / datetime64[ns] when every non-missing value is one, else None.
+
+    Booleans: `true` / `false` in any case (surrounding blanks ignored); with missing cells the
+    column is pandas' nullable `boolean` (True / False / <NA>). Dates: ISO-8601 dates and
+    datetimes (`2024-01-31`, `2024-01-31T08:00:00.5`, with `Z` or an offset converted to UTC
+    and made naive); missing cells are NaT. Anything else, or a value that only looks like a
+    date (`2024-13-45`), leaves the column as it was."""
+    values = column.dropna()
+    if not len(values):
+        return None
+    text = values.astype(str).str.strip()
+    first = text.iloc[0]
+    if first.lower() in BOOL_TEXT:
+        lowered = text.str.lower()
+        if not lowered.isin(BOOL_TEXT.keys()).all():
+            return None
+        if len(values) == len(column):
+            return lowered.map(BOOL_TEXT).astype(bool).reindex(column.index)
+        typed = pd.Series(pd.NA, index=column.index, dtype="boolean")
+        typed[values.index] = lowered.map(BOOL_TEXT).astype(bool)
+        return typed
+    if ISO_DATETIME.fullmatch(first) and text.str.fullmatch(ISO_DATETIME).all():
+        utc = bool(text.str.contains(ISO_OFFSET).any())
+        try:
+            parsed = pd.to_datetime(text, format="ISO8601", utc=utc)
+        except (ValueError, OverflowError):
+            return None
+        if utc:
+            parsed = parsed.dt.tz_localize(None)
+        return parsed.astype("datetime64[ns]").reindex(column.index)
+    return None
+
+
+def infer_column_types(pd, df, skip):
+    """mltable's infer_column_types over a combined delimited mini-batch: text columns that
+    hold only booleans or only ISO-8601 dates become typed; the columns in `skip` (path
+    columns, Path) stay text."""
+    for name, dtype in df.dtypes.items():  # one look at the types, not a Series per column
+        if name in skip or not (dtype == object or isinstance(dtype, pd.StringDtype)):
+            continue
+        typed = infer_column(pd, df[name])
+        if typed is not None:
+            df[name] = typed
+    return df
+
+# Exceptions that say the data is bad (undecodable, rows pandas refuses, not Parquet): reported
+# without a traceback. pandas' ParserError and pyarrow's ArrowInvalid are ValueErrors, its IO
+# errors OSErrors.
+DATA_ERRORS = (ValueError, UnicodeError, OSError)
+
+
+def added_columns(table, piece):
+    """The columns batchfleet adds to a piece's rows, as (name, value), in order."""
+    added = list((piece.get("path_columns") or {}).items())
+    if table.get("include_path_column"):
+        added.append(("Path", piece.get("url")))
+    return added
+
+
+def read_rows(pd, table, piece, reader):
+    """One piece's rows (after skip / take) as a DataFrame, without the columns batchfleet adds.
+
+    Returns (frame, known): `known` is False when the piece had nothing to say about its
+    columns (an empty file)."""
+    try:
+        df, known = reader(pd, table, piece)
+    except InputError:
+        raise
+    except Exception as exc:
+        url = piece.get("url") or piece.get("path")
+        message = ("reading %s (this mini-batch's piece of it) failed: %s: %s"
+                   % (url, type(exc).__name__, str(exc).strip()))
+        details = None if isinstance(exc, DATA_ERRORS) else format_exc()
+        raise InputError(message, exception=type(exc).__name__, traceback=details)
+    skip, take = piece.get("skip_rows") or 0, piece.get("take_rows")
+    if skip or take is not None:
+        df = df.iloc[skip:] if take is None else df.iloc[skip:skip + take]
+    return df, known
+
+
+def format_exc():
+    """traceback.format_exc(), traceback imported only when something failed."""
+    import traceback
+    return traceback.format_exc()
+
+
+TEXT_DTYPE = []
+
+
+def text_dtype(pd):
+    """pandas' default dtype for strings (str in 3.x, object before), found once."""
+    if not TEXT_DTYPE:
+        TEXT_DTYPE.append(pd.Series(["text"]).dtype)
+    return TEXT_DTYPE[0]
+
+
+def with_columns(pd, df, added):
+    """`df` with the constant text columns `added` ((name, value) in order) after its own (a
+    name it already has is replaced in place), built as one new frame: inserting the columns
+    one by one costs pandas more than reading a small piece."""
+    rows = len(df)
+    text = text_dtype(pd)
+    if not df.columns.is_unique or df.columns.nlevels > 1:  # one by one, as pandas adds them
+        df = df.copy()
+        for name, value in added:
+            df[name] = pd.Series([value] * rows, index=df.index, dtype=text)
+        return df
+    columns = {name: df[name].array for name in df.columns}
+    for name, value in added:
+        columns[name] = pd.array([value] * rows, dtype=text)
+    combined = pd.DataFrame(columns, index=df.index, copy=False)
+    combined.columns.name = df.columns.name
+    return combined
+
+
+def combine(pd, frames, added):
+    """Concatenate pieces, combining columns by name: the data columns in order of first
+    appearance, then the `added` ones (path columns, Path)."""
+    data, extra = [], []
+    seen = set()
+    for df in frames:
+        for column in df.columns:
+            if column not in seen:
+                seen.add(column)
+                (extra if column in added else data).append(column)
+    if "Path" in extra:
+        extra.remove("Path")
+        extra.append("Path")
+    columns = data + extra
+    filled = [df for df in frames if len(df)]
+    if not filled:
+        # No rows: each column keeps the type of the first piece that has it.
+        empty = {}
+        for df in frames:
+            for column in df.columns:
+                if column not in empty:
+                    empty[column] = df[column].iloc[0:0].reset_index(drop=True)
+        return pd.DataFrame({column: empty[column] for column in columns})
+    if len(filled) == 1:
+        df = filled[0]
+        index = df.index
+        if not (isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1):
+            df = df.reset_index(drop=True)
+    else:
+        df = pd.concat(filled, ignore_index=True, sort=False)
+    if list(df.columns) != columns:
+        df = df.reindex(columns=columns)
+    return df
+
+
+def apply_column_steps(pd, df, steps, known):
+    """keep_columns / drop_columns in order. `known`: whether any piece said what its columns
+    are; when none did (no pieces, only empty files) missing columns are no error: keep adds
+    them empty, drop ignores them."""
+    for step in steps:
+        ((name, wanted),) = step.items()
+        wanted = list(wanted)
+        if name not in ("keep", "drop"):
+            raise InputError("unknown column step %r (expected keep or drop)" % (name,))
+        missing = [c for c in wanted if c not in df.columns]
+        if missing and known:
+            raise InputError(
+                "%s_columns: this mini-batch has no column %s; its columns are: %s"
+                % (name, ", ".join(repr(c) for c in missing),
+                   ", ".join(repr(c) for c in df.columns) or "(none)"),
+                exception="KeyError")
+        if name == "keep":
+            for column in missing:
+                df[column] = pd.Series(dtype=object)
+            keep = set(wanted)
+            df = df[[c for c in df.columns if c in keep]]
+        else:
+            df = df.drop(columns=[c for c in wanted if c not in missing])
+    return df
+
+
+def one_piece(pd, df, added, infer):
+    """The mini-batch of the one piece `df` (rows, flat and unique column names) and the
+    constant text columns `added` ((name, value) in order): the frame that with_columns,
+    combine and infer_column_types make of it, built in one go. For a small piece (a partition)
+    pandas' cost per call, not the data, is what counts: this takes one pass over the columns
+    and one new frame where that way takes a frame, a column index, dtypes and a reindex."""
+    values = dict(added)  # a name added twice: its last value, at its first place
+    own = set(df.columns)
+    columns = {}
+    for name, column in df.items():
+        if name in values:  # replaced by the added column, and never inferred
+            continue
+        dtype = column.dtype
+        if infer and (dtype == object or isinstance(dtype, pd.StringDtype)):
+            typed = infer_column(pd, column)
+            if typed is not None:
+                column = typed
+        columns[name] = column.array
+    # The added columns after the data ones, as combine orders them: those the piece had where
+    # it had them, then the new ones, Path last.
+    extra = [name for name in df.columns if name in values]
+    extra += [name for name in values if name not in own]
+    if "Path" in values:
+        extra.remove("Path")
+        extra.append("Path")
+    rows = len(df)
+    text = text_dtype(pd)
+    for name in extra:
+        columns[name] = pd.array([values[name]] * rows, dtype=text)
+    combined = pd.DataFrame(columns, copy=False)
+    combined.columns.name = df.columns.name
+    return combined
+
+
+def read_table(table):
+    """The tabular mini-batch `table` (a run request's `table`) as one pandas DataFrame."""
+    pd = import_pandas()
+    reader = READERS.get(table.get("format"))
+    if reader is None:
+        raise InputError("unknown table format %r (expected delimited, json_lines or parquet)"
+                         % (table.get("format"),))
+    infer = table.get("format") == "delimited" and table.get("infer_column_types", True)
+    steps = table.get("column_steps") or []
+    pieces = table.get("pieces") or []
+    frames = []
+    added = set()
+    known = False
+    for piece in pieces:
+        df, piece_known = read_rows(pd, table, piece, reader)
+        columns = added_columns(table, piece)
+        if columns and len(pieces) == 1 and len(df) and df.columns.nlevels == 1 \
+                and len(set(df.columns)) == len(df.columns):
+            # The usual mini-batch of a partitioned table: one piece and its path columns.
+            return apply_column_steps(pd, one_piece(pd, df, columns, infer), steps, piece_known)
+        if columns:
+            df = with_columns(pd, df, columns)
+        frames.append(df)
+        added.update(name for name, _ in columns)
+        known = known or piece_known
+    df = combine(pd, frames, added)
+    if infer:
+        df = infer_column_types(pd, df, added)
+    if not frames and table.get("include_path_column"):
+        df["Path"] = pd.Series(dtype=text_dtype(pd))
+    return apply_column_steps(pd, df, steps, known)

@@ -72,11 +72,11 @@ enum Walked {
 /// A directory level's entry, still to be handed out or walked.
 enum Pending {
     Object(ObjectMeta),
-    /// A regular file whose size and time are still to be read: `name` in the folder `dir`.
+    /// A regular file whose size and time are still to be read, in the folder `dir` (its name
+    /// is its key's last part: no copy of it is kept, a level may hold 100,000 of them).
     Unread {
         meta: ObjectMeta,
         dir: Arc<OwnedFd>,
-        name: String,
     },
     Folder {
         dir: PathBuf,
@@ -172,7 +172,7 @@ fn walk(dir: PathBuf, key: Path, skipped: &Skipped, sizes: Sizes, out: &mpsc::Se
     while let Some(next) = pending.pop() {
         let meta = match next {
             Pending::Object(meta) => meta,
-            Pending::Unread { meta, dir, name } => match with_size(meta, &dir, &name) {
+            Pending::Unread { meta, dir } => match with_size(meta, &dir) {
                 Ok(Some(meta)) => meta,
                 Ok(None) => continue,
                 Err(error) => return fail(block, error),
@@ -202,15 +202,11 @@ fn walk(dir: PathBuf, key: Path, skipped: &Skipped, sizes: Sizes, out: &mpsc::Se
     let _ = out.blocking_send(Walked::Done);
 }
 
-/// `meta` with the size and time of the regular file `name` in the folder `dir` (one `stat`
-/// relative to the folder, not following a link); `None` when it is gone or no longer a
-/// regular file.
-fn with_size(
-    mut meta: ObjectMeta,
-    dir: &OwnedFd,
-    name: &str,
-) -> Result<Option<ObjectMeta>, StoreError> {
+/// `meta` with the size and time of its regular file in the folder `dir` (one `stat` relative
+/// to the folder, not following a link); `None` when it is gone or no longer a regular file.
+fn with_size(mut meta: ObjectMeta, dir: &OwnedFd) -> Result<Option<ObjectMeta>, StoreError> {
     use nix::sys::stat::{fstatat, SFlag};
+    let name = meta.location.filename().unwrap_or_default();
     let stat = match fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(stat) => stat,
         Err(nix::errno::Errno::ENOENT) => return Ok(None),
@@ -313,7 +309,7 @@ fn read_level(
                     e_tag: None,
                     version: None,
                 };
-                let pending = Pending::Unread { meta, dir, name: name.to_string() };
+                let pending = Pending::Unread { meta, dir };
                 level.push(Entry { pending, name_at });
                 continue;
             }

@@ -119,8 +119,8 @@ fn main() -> Result<()> {
 
     let create = file_create_cost(&work)?;
     println!(
-        "file system: creating a file under {} takes {:.0} µs (batchfleet creates 2 per \
-         mini-batch here; a tmpfs takes about 15 µs)",
+        "file system: creating a file under {} takes {:.0} µs (batchfleet creates 1 per \
+         mini-batch here, its status; a tmpfs takes about 15 µs)",
         options.dir.display(),
         create.as_secs_f64() * 1e6
     );

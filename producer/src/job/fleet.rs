@@ -15,8 +15,9 @@ use batchfleet_common::message::QueueNames;
 use batchfleet_worker::{Prestart, Worker, WorkerConfig};
 
 use crate::error::ProducerError;
+use crate::job::after_result;
 use crate::job::follow::FollowEnd;
-use crate::job::lifecycle::{self, finish_alongside, JobReport};
+use crate::job::lifecycle::{finish_alongside, JobReport};
 use crate::job::runtime_parent::runtime_parent;
 use crate::job::tracker::Tracker;
 
@@ -50,7 +51,7 @@ pub async fn finish_in_process(
         let root = root.clone();
         async move {
             stop_workers(&mut fleet, grace).await;
-            lifecycle::write_attempts_report(&root).await
+            after_result::write_attempts_report(&root).await
         }
     });
     let workers_done = async {
@@ -60,7 +61,7 @@ pub async fn finish_in_process(
         })
     };
     let report = finish_alongside(job, root, &tracker, end, workers_done).await;
-    lifecycle::write_producer_log(root, started_ms).await;
+    after_result::write_producer_log(root, started_ms).await;
     report
 }
 

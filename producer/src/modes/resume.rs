@@ -28,6 +28,7 @@ use batchfleet_common::status::{BatchState, BatchStatus};
 
 use crate::error::ProducerError;
 use crate::infra::broker::{producer_broker, remove_events_queue};
+use crate::job::after_result;
 use crate::job::fleet::{
     finish_in_process, fleet_gone, scratch_dir, start_workers, EARLY_STOP_GRACE, WORKER_STOP_GRACE,
 };
@@ -116,10 +117,10 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
         let (mut tracker, end) = followed?;
         lifecycle::mark_ended(&root, &end).await;
         let mut report = finish(&job, &root, &tracker, end).await?;
-        lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
+        after_result::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
         // What the runtimes could not store from shutdown() is known once they stopped.
         lifecycle::recheck_outputs(&root, &mut report).await?;
-        lifecycle::write_job_report(&root, started_ms).await;
+        after_result::write_job_report(&root, started_ms).await;
         Ok(report)
     }
     .await;

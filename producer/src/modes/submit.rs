@@ -20,6 +20,7 @@ use batchfleet_common::spec::Datastores;
 use crate::error::ProducerError;
 use crate::infra::broker::{producer_broker, remove_events_queue};
 use crate::infra::settings::effective_settings;
+use crate::job::after_result;
 use crate::job::code::{shippable_code, upload_code};
 use crate::job::confine::{self, AllowList};
 use crate::job::fleet_note::{fleet_note, resume_command};
@@ -213,9 +214,9 @@ pub async fn follow_published(
         }
         lifecycle::mark_ended(&root, &end).await;
         let mut report = finish(&job, &root, &tracker, end).await?;
-        lifecycle::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
+        after_result::await_user_logs(&job, &root, broker.as_ref(), &queues, &mut tracker).await;
         lifecycle::recheck_outputs(&root, &mut report).await?;
-        lifecycle::write_job_report(&root, started_ms).await;
+        after_result::write_job_report(&root, started_ms).await;
         Ok(report)
     };
     let report = followed.await;

@@ -8,6 +8,7 @@
 pub mod environment;
 mod error;
 mod interpreter;
+mod output_lines;
 mod process;
 pub mod protocol;
 pub mod read_only;

@@ -142,3 +142,50 @@ fn an_unnamed_file_is_linked_by_its_descriptor_or_through_proc_and_never_over_a_
         assert!(!EMPTY_PATH_REFUSED.load(Ordering::Relaxed), "AT_EMPTY_PATH was refused");
     }
 }
+
+/// The flags of `folder`, or `None` where its file system keeps none (the test then has nothing
+/// to check there, and says so).
+fn folder_flags(folder: &Path) -> Option<rustix::fs::IFlags> {
+    let file = std::fs::File::open(folder).unwrap();
+    rustix::fs::ioctl_getflags(&file).ok()
+}
+
+#[test]
+fn a_store_folder_is_made_and_marked_as_the_top_of_its_job_roots() {
+    use rustix::fs::IFlags;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(before) = folder_flags(dir.path()) else {
+        eprintln!(
+            "{}: this file system keeps no folder flags; nothing to check",
+            dir.path().display()
+        );
+        return;
+    };
+    assert!(!before.contains(IFlags::TOPDIR), "a fresh folder is not marked");
+    let store = dir.path().join("jobs");
+    let marked = spread_job_roots(&store);
+    assert!(store.is_dir(), "the missing store folder is made");
+    let flags = folder_flags(&store).unwrap();
+    assert_eq!(marked, flags.contains(IFlags::TOPDIR), "the answer says whether it is marked");
+    if !marked {
+        eprintln!(
+            "{}: the file system refused FS_TOPDIR_FL; nothing more to check",
+            store.display()
+        );
+        return;
+    }
+    // Marked once: asking again changes nothing, and other flags the folder had stay.
+    let file = std::fs::File::open(&store).unwrap();
+    rustix::fs::ioctl_setflags(&file, flags | IFlags::NOATIME).unwrap();
+    assert!(spread_job_roots(&store));
+    assert_eq!(folder_flags(&store).unwrap(), flags | IFlags::NOATIME);
+}
+
+#[test]
+fn a_store_folder_that_cannot_be_made_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a folder").unwrap();
+    assert!(!spread_job_roots(&file.join("jobs")));
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a folder");
+}

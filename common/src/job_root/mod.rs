@@ -181,6 +181,17 @@ impl JobRoot {
         Ok(JobRoot::new(job_id.to_string(), location))
     }
 
+    /// A new job's root: [`JobRoot::create`], with the store folder, when it is a local one,
+    /// made and marked so that the file system places each job root apart from the ones
+    /// before it (see [`local::spread_job_roots`]).
+    pub fn create_new(store_url: &Url, job_id: &str) -> Result<JobRoot, StoreError> {
+        let root = JobRoot::create(store_url, job_id)?;
+        if let Some(store) = root.local_dir().and_then(Path::parent) {
+            local::spread_job_roots(store);
+        }
+        Ok(root)
+    }
+
     /// The root at `url` (as messages carry it, `…/<job id>/`); the job id is its last segment.
     pub fn open(url: &str) -> Result<JobRoot, StoreError> {
         let location = store::open_str(url)?;
@@ -405,6 +416,25 @@ mod tests {
         let reopened = JobRoot::open(&root.url()).unwrap();
         assert_eq!(reopened.job_id, "j-1");
         assert_eq!(reopened.layout, root.layout);
+    }
+
+    #[test]
+    fn a_new_local_roots_store_folder_is_made_and_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("job roots");
+        let url = Url::from_directory_path(&store).unwrap();
+        let root = JobRoot::create_new(&url, "j-1").unwrap();
+        assert_eq!(root.local_dir(), Some(store.join("j-1").as_path()));
+        assert!(store.is_dir(), "the store folder is made before the root's first file");
+        // Marked where the file system keeps flags and lets them be set (as `spread_job_roots`
+        // reports); its own tests check the flag.
+        assert_eq!(local::spread_job_roots(&store), {
+            let folder = std::fs::File::open(&store).unwrap();
+            rustix::fs::ioctl_getflags(&folder)
+                .is_ok_and(|f| f.contains(rustix::fs::IFlags::TOPDIR))
+        });
+        let s3 = JobRoot::create_new(&Url::parse("s3://bucket/jobs/").unwrap(), "j-1").unwrap();
+        assert_eq!(s3.local_dir(), None);
     }
 
     #[test]

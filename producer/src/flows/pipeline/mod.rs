@@ -145,7 +145,7 @@ pub async fn start_pipeline(
         }
     }
     let pipeline_id = new_job_id(&file.name);
-    let folder = JobRoot::create(&store_url(store)?, &pipeline_id)?;
+    let folder = JobRoot::create_new(&store_url(store)?, &pipeline_id)?;
     let pipeline = file.resolve(&folder.url())?;
     for warning in &pipeline.warnings {
         eprintln!("{warning}");

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{load_average, median, watch_live_page};
+use batchfleet_tests::bench::{load_average, median, settle_file_system, watch_live_page};
 use batchfleet_tests::repo_root;
 
 const BATCH: usize = 100;
@@ -371,6 +371,8 @@ fn main() -> Result<()> {
             if let Some(store) = &options.store {
                 let _ = std::fs::remove_dir_all(store);
             }
+            // No run pays for the writeback of another's files, or of this one's removal.
+            settle_file_system();
             let started = Instant::now();
             let mut child = (peer.command)(&out)
                 .current_dir(&options.dir)

@@ -58,8 +58,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use batchfleet_tests::bench::{
-    load_average, median, process_cpu, python, release_binary, watch_live_page, write_echo_job,
-    Guard,
+    load_average, median, process_cpu, python, release_binary, settle_file_system, watch_live_page,
+    write_echo_job, Guard,
 };
 use batchfleet_tests::fleet::{amqp_url, Pool};
 use batchfleet_tests::repo_root;
@@ -433,14 +433,6 @@ fn batchfleet(
     ensure!(rows == options.n, "batchfleet output has {rows} rows, {} expected", options.n);
     drop(workers);
     Ok(took)
-}
-
-/// Write back what is pending (the inputs just created, the files an earlier run removed) before
-/// a timed run, so that the run does not pay for it: on an ext4 mounted with `discard`, the
-/// writeback and discards of a removed run slowed the next one up to threefold, RabbitMQ's
-/// own log writes included.
-fn settle_file_system() {
-    let _ = Command::new("sync").status();
 }
 
 /// Publish `n` persistent messages with confirms (a window of 1,000) to a quorum queue while

@@ -78,7 +78,7 @@ pub fn celery(work: &Path, n: usize) -> Result<Duration> {
         .process_group(0)
         .spawn()?;
     let worker = GroupGuard(worker);
-    crate::settle_file_system();
+    batchfleet_tests::bench::settle_file_system();
     let output = Command::new(venv.join("bin/python"))
         .arg("client.py")
         .arg(n.to_string())
@@ -152,7 +152,7 @@ pub fn dramatiq(work: &Path, n: usize) -> Result<Duration> {
         .process_group(0)
         .spawn()?;
     let worker = GroupGuard(worker);
-    crate::settle_file_system();
+    batchfleet_tests::bench::settle_file_system();
     let output = Command::new(venv.join("bin/python"))
         .arg("client.py")
         .arg(n.to_string())

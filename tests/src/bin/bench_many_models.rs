@@ -11,7 +11,10 @@
 //!   and `Brand` columns added from the path) and names the partition from
 //!   `context.partition_key_value`;
 //! - `multiprocessing.Pool(--workers)` mapping `pd.read_csv` and the same function over the
-//!   same files (the partition named from the path);
+//!   same files (the partition named from the path), 16 files a task (`chunksize=16`): the
+//!   reference;
+//! - the same Pool fed one file a task (`chunksize=1`): a round trip to a process per
+//!   partition, as batchfleet's one mini-batch per partition is;
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 3); it
@@ -145,8 +148,9 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
              return score(store, brand, pd.read_csv(path))\n\n\
              if __name__ == '__main__':\n    \
              paths = sorted(glob.glob(os.path.join({data:?}, '*', '*', 'data.csv')))\n    \
+             chunksize = int(sys.argv[2])\n    \
              with multiprocessing.Pool({workers}) as pool, open(sys.argv[1], 'w') as out:\n        \
-             for row in pool.imap_unordered(task, paths, chunksize=16):\n            \
+             for row in pool.imap_unordered(task, paths, chunksize=chunksize):\n            \
              out.write(row + '\\n')\n",
             data = data.display().to_string(),
             workers = options.workers,
@@ -169,13 +173,13 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
     if let Some(baseline) = &options.baseline {
         peers.push(batchfleet("batchfleet run (--baseline)", baseline)?);
     }
-    let mut pool = Command::new(python());
-    pool.arg(dir.join("pool.py")).arg(dir.join("out-pool.txt"));
-    peers.push(Peer {
-        name: "multiprocessing.Pool".to_string(),
-        command: pool,
-        rows: dir.join("out-pool.txt"),
-    });
+    // The reference last: every other peer's ratio is to it.
+    for (name, chunksize) in [("Pool, 1 partition a task", 1), ("multiprocessing.Pool", 16)] {
+        let rows = dir.join(format!("out-pool-{chunksize}.txt"));
+        let mut pool = Command::new(python());
+        pool.arg(dir.join("pool.py")).arg(&rows).arg(chunksize.to_string());
+        peers.push(Peer { name: name.to_string(), command: pool, rows });
+    }
     Ok(peers)
 }
 

@@ -78,6 +78,20 @@ fn the_example_scores_every_file_exactly_once() {
     let overview =
         std::fs::read_to_string(job_root.join("logs/job_progress_overview.txt")).unwrap();
     assert!(overview.contains("scheduled: 24\nsucceeded: 24\nfailed: 0"), "{overview}");
+
+    // The store folder `run` made is marked as the top of its job roots, where the file system
+    // takes the flag (ext4 then places each job root apart from the ones before it).
+    let probe = dir.path().join("probe");
+    std::fs::create_dir(&probe).unwrap();
+    let probe = std::fs::File::open(&probe).unwrap();
+    let takes_the_flag = rustix::fs::ioctl_getflags(&probe).is_ok_and(|flags| {
+        rustix::fs::ioctl_setflags(&probe, flags | rustix::fs::IFlags::TOPDIR).is_ok()
+    });
+    if takes_the_flag {
+        let store = std::fs::File::open(&jobs).unwrap();
+        let flags = rustix::fs::ioctl_getflags(&store).unwrap();
+        assert!(flags.contains(rustix::fs::IFlags::TOPDIR), "{}: {flags:?}", jobs.display());
+    }
 }
 
 #[test]

@@ -272,4 +272,70 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "a\nb\nc\nd\n");
         assert_eq!((totals.rows, totals.bytes), (4, 8));
     }
+
+    /// `count` succeeded batches in a local root, the rows of batch `i` being `rows(i)`: inside
+    /// the status where they fit (two batches in three), else in a part.
+    async fn local_root(
+        dir: &std::path::Path,
+        count: u64,
+        rows: impl Fn(u64) -> String,
+    ) -> (JobRoot, Tracker) {
+        let url = url::Url::from_directory_path(dir).unwrap();
+        let root = JobRoot::create(&url, "j").unwrap();
+        let output = dir.join("out");
+        for index in 0..count {
+            std::fs::write(&output, rows(index)).unwrap();
+            let mut status = batch_status(index, Some("1-w"), BatchState::Succeeded);
+            if index % 3 != 0 {
+                status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &output);
+            }
+            root.write_part_and_status("1-w", &output, &status).await.unwrap();
+        }
+        let mut tracker = Tracker::new(PlanSummary::of(count, count));
+        for status in root.read_statuses().await.unwrap() {
+            assert!(tracker.record(&status));
+        }
+        (root, tracker)
+    }
+
+    /// Many batches of a local root, rows inside statuses and parts of 100 KiB among them: every
+    /// batch's rows once, in batch order.
+    #[tokio::test]
+    async fn many_local_batches_aggregate_in_order_with_large_parts_among_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = |i: u64| match i % 30 {
+            0 => format!("{}\n", "x".repeat(100 * 1024)),
+            _ => format!("row {i}\n"),
+        };
+        let count = 327;
+        let (root, tracker) = local_root(dir.path(), count, rows).await;
+        let file = dir.path().join("output.txt");
+        let output =
+            batchfleet_common::store::open_str(url::Url::from_file_path(&file).unwrap().as_str())
+                .unwrap();
+        let totals = super::aggregate(&root, &tracker, Some("header"), &output).await.unwrap();
+        let expected: String =
+            std::iter::once("header\n".to_string()).chain((0..count).map(rows)).collect();
+        assert!(std::fs::read_to_string(&file).unwrap() == expected, "rows out of order or lost");
+        assert_eq!(totals.rows, count + 1);
+        assert_eq!(totals.bytes, expected.len() as u64);
+    }
+
+    /// A status gone from a local root between the end of its batch and the aggregation: the
+    /// aggregation fails naming it, and leaves no output.
+    #[tokio::test]
+    async fn a_missing_status_fails_the_aggregation_by_its_key_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = 190;
+        let (root, tracker) = local_root(dir.path(), count, |i| format!("row {i}\n")).await;
+        let gone = batchfleet_common::message::batch_id(count - 5);
+        std::fs::remove_file(root.local_file(&root.layout.status(&gone)).unwrap()).unwrap();
+        let file = dir.path().join("output.txt");
+        let output =
+            batchfleet_common::store::open_str(url::Url::from_file_path(&file).unwrap().as_str())
+                .unwrap();
+        let error = super::aggregate(&root, &tracker, None, &output).await.unwrap_err();
+        assert!(error.to_string().contains(&format!("status/{gone}.json")), "{error}");
+        assert!(!file.exists(), "a failed aggregation leaves nothing at the output");
+    }
 }

@@ -181,15 +181,14 @@ impl JobRoot {
         Ok(JobRoot::new(job_id.to_string(), location))
     }
 
-    /// A new job's root: [`JobRoot::create`], with the store folder, when it is a local one,
-    /// made and marked so that the file system places each job root apart from the ones
-    /// before it (see [`local::spread_job_roots`]).
-    pub fn create_new(store_url: &Url, job_id: &str) -> Result<JobRoot, StoreError> {
-        let root = JobRoot::create(store_url, job_id)?;
-        if let Some(store) = root.local_dir().and_then(Path::parent) {
+    /// Called before a new root's first file: on a local disk its store folder is made and
+    /// marked so that the file system places the root apart from the ones before it (see
+    /// [`local::spread_job_roots`]). Nothing for a root in an object store. Naming a root
+    /// ([`JobRoot::create`]) makes nothing: `plan` and a spec refused after it leave no folder.
+    pub fn prepare_local_store(&self) {
+        if let Some(store) = self.local_dir().and_then(Path::parent) {
             local::spread_job_roots(store);
         }
-        Ok(root)
     }
 
     /// The root at `url` (as messages carry it, `…/<job id>/`); the job id is its last segment.
@@ -419,12 +418,14 @@ mod tests {
     }
 
     #[test]
-    fn a_new_local_roots_store_folder_is_made_and_marked() {
+    fn a_new_local_roots_store_folder_is_made_and_marked_only_when_asked() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("job roots");
         let url = Url::from_directory_path(&store).unwrap();
-        let root = JobRoot::create_new(&url, "j-1").unwrap();
+        let root = JobRoot::create(&url, "j-1").unwrap();
         assert_eq!(root.local_dir(), Some(store.join("j-1").as_path()));
+        assert!(!store.exists(), "naming a root makes nothing");
+        root.prepare_local_store();
         assert!(store.is_dir(), "the store folder is made before the root's first file");
         // Marked where the file system keeps flags and lets them be set (as `spread_job_roots`
         // reports); its own tests check the flag.
@@ -433,7 +434,8 @@ mod tests {
             rustix::fs::ioctl_getflags(&folder)
                 .is_ok_and(|f| f.contains(rustix::fs::IFlags::TOPDIR))
         });
-        let s3 = JobRoot::create_new(&Url::parse("s3://bucket/jobs/").unwrap(), "j-1").unwrap();
+        let s3 = JobRoot::create(&Url::parse("s3://bucket/jobs/").unwrap(), "j-1").unwrap();
+        s3.prepare_local_store();
         assert_eq!(s3.local_dir(), None);
     }
 

@@ -117,7 +117,7 @@ pub fn new_job_id(name: &str) -> String {
 /// A new job root under `store` for `job`; outputs without `path` get their default location
 /// under it (`<job root>/outputs/<name>/`), before `job.json` is written.
 pub fn create_root(store: Option<&str>, job: &mut ResolvedJob) -> Result<JobRoot, ProducerError> {
-    let root = JobRoot::create_new(&store_url(store)?, &new_job_id(&job.name))?;
+    let root = JobRoot::create(&store_url(store)?, &new_job_id(&job.name))?;
     crate::live::register(&root);
     job.fill_default_outputs(&root.location.url);
     Ok(root)

@@ -81,6 +81,7 @@ pub async fn run_job(
     let interpreter = interpreter_identity(&python);
     let identities = Identities::prepare(&job, &interpreter, options.reuse.as_ref()).await?;
     let root = create_root(options.store.as_deref(), &mut job)?;
+    root.prepare_local_store();
     root.write_spec(spec_text, &job).await?;
     eprintln!("{}", effective_settings(&job, &root));
 

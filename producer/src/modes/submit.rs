@@ -147,6 +147,7 @@ pub async fn publish_loaded(
     declare_pool_queues(broker.as_ref(), &queues).await?;
 
     let root = create_root(options.store.as_deref(), &mut job)?;
+    root.prepare_local_store();
     let prepared = async {
         if let Some(code) = code {
             job.task.code = upload_code(&root, &code).await?;

@@ -145,13 +145,14 @@ pub async fn start_pipeline(
         }
     }
     let pipeline_id = new_job_id(&file.name);
-    let folder = JobRoot::create_new(&store_url(store)?, &pipeline_id)?;
+    let folder = JobRoot::create(&store_url(store)?, &pipeline_id)?;
     let pipeline = file.resolve(&folder.url())?;
     for warning in &pipeline.warnings {
         eprintln!("{warning}");
     }
     check(&pipeline)?;
     let resolved = serde_json::to_vec_pretty(&pipeline).map_err(ProducerError::internal)?;
+    folder.prepare_local_store();
     folder.write_pipeline_spec(file.text.clone(), Bytes::from(resolved)).await?;
     crate::live::register_pipeline(&folder);
     Ok(StartedPipeline { pipeline_id, folder, pipeline, text: file.text.clone() })

@@ -9,6 +9,7 @@
 //! difference of CPU time (the run and the processes under it that were waited for,
 //! `getrusage(RUSAGE_CHILDREN)`), which a machine shared with others moves much less than wall
 //! time.
+//! Before the first round the floor runs once at both sizes, untimed, to warm the caches up.
 //! Every size of every peer runs once per round, in turn (interleaved), `--rounds` rounds
 //! (default 5); the table gives the median and min of each peer's per-batch cost, and its
 //! ratio to the floor and to Pool.
@@ -221,6 +222,10 @@ fn main() -> Result<()> {
         options.mode.as_deref().unwrap_or("(default)"),
         load_average()
     );
+    // Untimed, once: the floor lists both jobs' files and starts the interpreter, so that the
+    // first peer of round 1 does not pay for a cold cache (see bench_peers).
+    Peer::Floor.time(&small, options.small)?;
+    Peer::Floor.time(&large, options.large)?;
     let extra = (options.large - options.small) as f64;
     let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut cpu_costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];

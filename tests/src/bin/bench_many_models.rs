@@ -17,6 +17,7 @@
 //!   partition, as batchfleet's one mini-batch per partition is;
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
+//! Before the first round the reference Pool runs once, untimed, to warm the page cache up.
 //! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 3); it
 //! prints each run's wall time and the CPU time of its process tree (user + system of the
 //! children it waited for), each round's ratios to the Pool, then the medians and ratios.
@@ -240,6 +241,9 @@ fn main() -> Result<()> {
         load_average()
     );
     let pool = peers.len() - 1;
+    // Untimed, once: the reference Pool reads every partition and imports pandas, so that the
+    // first peer of round 1 does not pay for a cold page cache (see bench_peers).
+    run_once(&options, &mut peers[pool]).context("the warm-up run of the Pool")?;
     let mut walls: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut reference: Option<Vec<String>> = None;

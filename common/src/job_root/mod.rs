@@ -427,13 +427,14 @@ mod tests {
         assert!(!store.exists(), "naming a root makes nothing");
         root.prepare_local_store();
         assert!(store.is_dir(), "the store folder is made before the root's first file");
-        // Marked where the file system keeps flags and lets them be set (as `spread_job_roots`
-        // reports); its own tests check the flag.
-        assert_eq!(local::spread_job_roots(&store), {
+        // Marked where the file system keeps flags and lets them be set (as `spread_job_roots`,
+        // asked afterwards, reports); read first, so that asking cannot be what marked it.
+        let marked = {
             let folder = std::fs::File::open(&store).unwrap();
             rustix::fs::ioctl_getflags(&folder)
                 .is_ok_and(|f| f.contains(rustix::fs::IFlags::TOPDIR))
-        });
+        };
+        assert_eq!(marked, local::spread_job_roots(&store));
         let s3 = JobRoot::create(&Url::parse("s3://bucket/jobs/").unwrap(), "j-1").unwrap();
         s3.prepare_local_store();
         assert_eq!(s3.local_dir(), None);

@@ -160,7 +160,8 @@ impl JobCache {
                 return Ok(Arc::clone(&cached.job));
             }
         }
-        let job = Arc::new(load(job_id, root_url).await?);
+        // Boxed: loading happens once per job, but its future would be in every lookup's.
+        let job = Arc::new(Box::pin(load(job_id, root_url)).await?);
         tracing::info!(job_id = %job.job_id, job_root = %root_url,
             entry_script = %job.job.task.entry_script, "loaded job");
         jobs.insert(job_id.to_owned(), Cached { job: Arc::clone(&job), used: Instant::now() });

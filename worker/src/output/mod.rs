@@ -65,9 +65,10 @@ pub(crate) async fn claim_items(
     let Some(items_ref) = message.items_ref.as_ref() else {
         return Ok(message);
     };
-    let bytes = retrying("read the batch's items", || async {
+    // Boxed: few batches are claim-checked, and every batch would copy this future around.
+    let bytes = Box::pin(retrying("read the batch's items", || async {
         Ok(job.root.read_claimed_items(items_ref).await?)
-    })
+    }))
     .await?;
     let key = job.root.layout.claimed_items(items_ref);
     message.restore_claimed(&bytes).map_err(|e| {

@@ -178,7 +178,9 @@ impl Slot {
             // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
             tracing::warn!(%why, message = %failure.message,
                 "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
-            result = self.attempt(job, message, attempt, now_ms(), stop).await;
+            // Boxed, as the retry below: a call site of its own keeps an attempt's whole
+            // future in this one's state, which every batch would then copy around.
+            result = Box::pin(self.attempt(job, message, attempt, now_ms(), stop)).await;
         }
         let mut result = result.map_err(AttemptEnd::counted);
         // Storage that fails under a batch (a read-only or full file system, a store refusing
@@ -207,7 +209,7 @@ impl Slot {
                 () = tokio::time::sleep(delay) => {}
                 () = stop.cancelled() => break,
             }
-            result = self.attempt(job, message, attempt, now_ms(), stop).await;
+            result = Box::pin(self.attempt(job, message, attempt, now_ms(), stop)).await;
         }
         result
     }
@@ -423,20 +425,25 @@ impl Slot {
             }
             Some(Err(error)) => {
                 tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");
-                self.stop_runtime().await;
+                // Boxed, as below: rare ends whose futures every batch would otherwise carry.
+                Box::pin(self.stop_runtime()).await;
                 Err(AttemptFailure::runtime(error, "run()", "retry_settings.timeout").into())
             }
             None => {
-                // Dropping the runtime kills its process group; its log is still uploaded.
-                if let Some(active) = self.runtime.take() {
-                    let worker_id = &self.shared.config.worker_id;
-                    let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
-                    drop(active.process);
-                    user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
-                    self.log_uploaded(&job).await;
-                }
+                Box::pin(self.drop_runtime()).await;
                 Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
             }
+        }
+    }
+
+    /// Drop the slot's runtime, which kills its process group; its log is still uploaded.
+    async fn drop_runtime(&mut self) {
+        if let Some(active) = self.runtime.take() {
+            let worker_id = &self.shared.config.worker_id;
+            let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
+            drop(active.process);
+            user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+            self.log_uploaded(&job).await;
         }
     }
 

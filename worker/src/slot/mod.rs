@@ -243,8 +243,10 @@ impl Slot {
             attempt = tracing::field::Empty);
         async {
             // The store requests of the batch that failed on the way go into its record.
+            // Boxed once: passed up through `tally`, this block and `instrument`, the batch's
+            // future would be copied at each of them.
             let (Handled { decision, record }, store_retries) =
-                requests::tally(self.handle_batch(&delivery, message, stop)).await;
+                requests::tally(Box::pin(self.handle_batch(&delivery, message, stop))).await;
             self.settle(&delivery.handle, decision).await;
             if let Some((job, mut record)) = record {
                 record.settled_ms = now_ms();
@@ -352,7 +354,10 @@ impl Slot {
         self.holding = Some(Holding { handle: delivery.handle.clone(), commit_by });
         self.init_by = Some(Instant::now() + runtimes::init_timeout(&job));
         let last_try = count.try_number() >= max;
-        let work = self.attempt_or_isolate(&job, &message, attempt, started_ms, stop, last_try);
+        // Boxed: passed down by value (`hold_lease`, `keep`), an unboxed attempt's future would
+        // be copied at every level, and kept twice in this function's own.
+        let work =
+            Box::pin(self.attempt_or_isolate(&job, &message, attempt, started_ms, stop, last_try));
         let (result, lease_lost) = hold_lease(broker.as_ref(), &delivery.handle, lease, work).await;
         (self.holding, self.init_by) = (None, None);
         let lease_lost = lease_lost || matches!(result, Err(AttemptEnd::LeaseLost));

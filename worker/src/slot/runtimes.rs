@@ -69,6 +69,19 @@ impl Slot {
                 None => {}
             }
         }
+        // Boxed: a start is rare, and its future would otherwise be part of every batch's.
+        Box::pin(self.start_fresh_runtime(job, tabular, attempt, stop)).await
+    }
+
+    /// [`Slot::ensure_runtime`] once the slot's runtime cannot serve `job`: stop it and start
+    /// one, with init() retries within the delivery's budget.
+    async fn start_fresh_runtime(
+        &mut self,
+        job: &Arc<LoadedJob>,
+        tabular: bool,
+        attempt: u32,
+        stop: &CancellationToken,
+    ) -> Result<(), AttemptEnd> {
         self.stop_runtime().await;
         let mut delays = RetryPolicy::RUNTIME_START.delays();
         let init_timeout = init_timeout(job);

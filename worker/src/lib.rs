@@ -20,8 +20,9 @@
 
 // A batch's future is polled through several layers (`handle`, `tally`, `hold_lease`), and each
 // move of a large future is a copy: at 44 KB these copies (memmove) took about 8 % of the
-// worker threads' CPU. Rare paths (a runtime start, bisection, retries in place) are boxed instead; this
-// keeps a future over `future-size-threshold` (clippy.toml) from coming back unnoticed.
+// worker threads' CPU. Rare paths (a runtime start, bisection, retries in place) are boxed
+// instead; this keeps a future over `future-size-threshold` (clippy.toml) from coming back
+// unnoticed.
 #![warn(clippy::large_futures)]
 
 pub mod health;

@@ -17,7 +17,6 @@ use crate::input::materialize::{materialize, memory_folder, InputBase, InputFold
 use crate::input::table_input::{self, InPlace};
 use crate::jobs::LoadedJob;
 use crate::output;
-use crate::output::user_logs;
 use crate::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RunSuccess, RuntimeError, UserFailure,
     UserFailureKind,
@@ -175,7 +174,7 @@ impl Slot {
         let held = std::time::Instant::now();
         let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
-            // Not the batch's doing: the script broke its runtime (ensure_runtime replaces it).
+            // Not the batch's doing: the script broke its runtime (the next attempt replaces it).
             tracing::warn!(%why, message = %failure.message,
                 "run() failed in a runtime that cannot work; trying the batch again in a fresh one");
             // Boxed, as the retry below: a call site of its own keeps an attempt's whole
@@ -275,7 +274,10 @@ impl Slot {
         // not eat into the time allowed for loading the batch.
         let tabular =
             message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
-        self.ensure_runtime(job, tabular, attempt, stop).await?;
+        if !self.runtime_serves(job) {
+            // Boxed: a start is rare, and its future would otherwise be part of every batch's.
+            Box::pin(self.start_runtime_for(job, tabular, attempt, stop)).await?;
+        }
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
         let scratch = self.dir.join("inputs");
@@ -433,17 +435,6 @@ impl Slot {
                 Box::pin(self.drop_runtime()).await;
                 Err(AttemptEnd::GiveBack("the drain grace ended before run() returned".into()))
             }
-        }
-    }
-
-    /// Drop the slot's runtime, which kills its process group; its log is still uploaded.
-    async fn drop_runtime(&mut self) {
-        if let Some(active) = self.runtime.take() {
-            let worker_id = &self.shared.config.worker_id;
-            let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
-            drop(active.process);
-            user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
-            self.log_uploaded(&job).await;
         }
     }
 

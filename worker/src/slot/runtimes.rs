@@ -47,35 +47,26 @@ pub(super) struct ActiveRuntime {
 }
 
 impl Slot {
-    /// Make sure the slot's runtime serves `job`, starting one when needed.
+    /// Whether the slot's runtime serves `job` as it is: alive, for this job, its environment
+    /// whole. When it does not, [`Slot::start_runtime_for`] replaces it.
+    pub(super) fn runtime_serves(&mut self, job: &LoadedJob) -> bool {
+        let Some(active) = &mut self.runtime else { return false };
+        match active.process.environment_broken(false) {
+            Some(why) => {
+                tracing::warn!(%why, "the runtime cannot work; starting a fresh one");
+                false
+            }
+            None => active.job.job_id == job.job_id && active.process.is_alive(),
+        }
+    }
+
+    /// Stop the slot's runtime and start one for `job`.
     ///
     /// A runtime that fails to start (init() raised, hung or crashed) is not the batch's
     /// fault: the slot keeps the batch leased and tries again with backoff, telling the
     /// producer each time (`InitFailed`), until a runtime is ready, the producer stops the job
     /// (its `first_task_creation_timeout` ran out), or this worker is stopping.
-    pub(super) async fn ensure_runtime(
-        &mut self,
-        job: &Arc<LoadedJob>,
-        tabular: bool,
-        attempt: u32,
-        stop: &CancellationToken,
-    ) -> Result<(), AttemptEnd> {
-        if let Some(active) = &mut self.runtime {
-            match active.process.environment_broken(false) {
-                Some(why) => tracing::warn!(%why, "the runtime cannot work; starting a fresh one"),
-                None if active.job.job_id == job.job_id && active.process.is_alive() => {
-                    return Ok(())
-                }
-                None => {}
-            }
-        }
-        // Boxed: a start is rare, and its future would otherwise be part of every batch's.
-        Box::pin(self.start_fresh_runtime(job, tabular, attempt, stop)).await
-    }
-
-    /// [`Slot::ensure_runtime`] once the slot's runtime cannot serve `job`: stop it and start
-    /// one, with init() retries within the delivery's budget.
-    async fn start_fresh_runtime(
+    pub(super) async fn start_runtime_for(
         &mut self,
         job: &Arc<LoadedJob>,
         tabular: bool,
@@ -347,6 +338,18 @@ impl Slot {
         user_logs::upload_user_log(&active.job, worker_id, &active.log_path, &active.log_name)
             .await;
         self.log_uploaded(&active.job).await;
+    }
+
+    /// Drop the slot's runtime without asking it to stop (the drain grace ended), which kills
+    /// its process group; its log is still uploaded.
+    pub(super) async fn drop_runtime(&mut self) {
+        if let Some(active) = self.runtime.take() {
+            let worker_id = &self.shared.config.worker_id;
+            let (job, log_path, log_name) = (active.job, active.log_path, active.log_name);
+            drop(active.process);
+            user_logs::upload_user_log(&job, worker_id, &log_path, &log_name).await;
+            self.log_uploaded(&job).await;
+        }
     }
 
     pub(super) async fn log_uploaded(&self, job: &LoadedJob) {

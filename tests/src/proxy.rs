@@ -1,7 +1,9 @@
 //! A TCP proxy a test owns between its processes and a real server: it can start forwarding
-//! late (a broker that is not up yet) and drop every connection it carries (a broker restart),
-//! without touching the server other tests share.
+//! late (a broker that is not up yet), drop every connection it carries (a broker restart) or
+//! go silent (a network cut: connections stay open and nothing gets through), without touching
+//! the server other tests share.
 
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,7 @@ pub struct Proxy {
     target: String,
     carried: Arc<Mutex<Vec<TcpStream>>>,
     refusing: Arc<AtomicBool>,
+    silent: Arc<AtomicBool>,
     listener: Option<TcpListener>,
 }
 
@@ -27,6 +30,7 @@ impl Proxy {
             target: target.to_owned(),
             carried: Arc::default(),
             refusing: Arc::default(),
+            silent: Arc::default(),
             listener: None,
         }
     }
@@ -37,6 +41,7 @@ impl Proxy {
         let accepting = listener.try_clone().expect("clone the listener");
         let (target, carried) = (self.target.clone(), Arc::clone(&self.carried));
         let refusing = Arc::clone(&self.refusing);
+        let silent = Arc::clone(&self.silent);
         std::thread::spawn(move || {
             for client in accepting.incoming() {
                 let Ok(client) = client else { return };
@@ -53,8 +58,8 @@ impl Proxy {
                         list.push(stream);
                     }
                 }
-                pipe(&client, &server);
-                pipe(&server, &client);
+                pipe(&client, &server, &silent);
+                pipe(&server, &client, &silent);
             }
         });
         self.listener = Some(listener);
@@ -66,9 +71,16 @@ impl Proxy {
         self.drop_connections();
     }
 
-    /// The end of an outage.
+    /// A network cut: every connection stays open, and whatever either side sends is lost,
+    /// until [`Proxy::resume`]. Nobody is told: no reset, no close.
+    pub fn go_silent(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+    }
+
+    /// The end of an outage (or of a silence: what was lost stays lost).
     pub fn resume(&self) {
         self.refusing.store(false, Ordering::SeqCst);
+        self.silent.store(false, Ordering::SeqCst);
     }
 
     /// The URL of `url` (an AMQP URL) with this proxy's address.
@@ -89,10 +101,21 @@ impl Proxy {
     }
 }
 
-fn pipe(from: &TcpStream, to: &TcpStream) {
+fn pipe(from: &TcpStream, to: &TcpStream, silent: &Arc<AtomicBool>) {
     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else { return };
+    let silent = Arc::clone(silent);
     std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from, &mut to);
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = match from.read(&mut buffer) {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            // Silent: read and dropped, as a cut network drops packets.
+            if !silent.load(Ordering::SeqCst) && to.write_all(&buffer[..read]).is_err() {
+                break;
+            }
+        }
         // One side gone (a killed process, a dropped connection): the other side sees the
         // connection close, as it would without the proxy.
         let _ = to.shutdown(Shutdown::Both);

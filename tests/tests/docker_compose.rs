@@ -286,6 +286,17 @@ impl Drop for Fleet {
                     String::from_utf8_lossy(&logs.stdout)
                 );
             }
+            // Last, where a shortened output still shows it: each container's state and
+            // health (a worker whose event loop is stuck fails its HEALTHCHECK; one stuck
+            // waiting on something stays healthy).
+            let project = format!("label=com.docker.compose.project={}", self.project);
+            let format = "{{.Names}}: {{.Status}}";
+            if let Ok(ps) = Command::new(&self.docker)
+                .args(["ps", "-a", "--filter", &project, "--format", format])
+                .output()
+            {
+                eprintln!("--- the containers ---\n{}", String::from_utf8_lossy(&ps.stdout));
+            }
         }
         match compose(&["down", "--volumes", "--remove-orphans", "--timeout", "5"]) {
             Ok(output) if output.status.success() => {}

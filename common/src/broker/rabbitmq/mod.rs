@@ -71,6 +71,10 @@
 //!   held acks at once, and a receive that finds nothing buffered does too.
 //! - **Connection loss** surfaces as `BrokerError::Connection` (retry: transient); the next call
 //!   reconnects with exponential backoff (module `session`). Leases of the lost connection are stale.
+//!   A connection can also go silent without a reset (a network cut) or stop being served:
+//!   every call is bounded by [`RabbitMqOptions::answer_limit`] (45 s; a receive: beyond its
+//!   wait), and a call without RabbitMQ's answer in time fails with `Connection` and gives the
+//!   connection up, so the next call opens a new one rather than wait on it for good.
 //! - **Clusters.** The URL may list several nodes of one cluster, comma-separated: a connection
 //!   goes to the first that answers, starting after the node lost last (module `session`); the
 //!   management API is asked of each node in turn likewise. Quorum queues are replicated over
@@ -90,6 +94,7 @@ mod publish;
 mod session;
 mod topology;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -121,6 +126,10 @@ const HOLD_LIMIT: Duration = Duration::from_secs(10);
 const FIRST_PUSH: Duration = Duration::from_millis(50);
 /// Consumers a single `receive` starts at most when they keep ending under it.
 const RESTARTS: usize = 3;
+/// [`RabbitMqOptions::answer_limit`] by default: above RabbitMQ's own timeouts for what it
+/// answers slowly (a quorum queue declared while its cluster elects a leader), well below its
+/// heartbeat-based detection of a dead peer (two 60 s intervals by default).
+const ANSWER_LIMIT: Duration = Duration::from_secs(45);
 
 /// How to reach RabbitMQ, beyond the AMQP URL.
 #[derive(Debug, Clone)]
@@ -150,6 +159,11 @@ pub struct RabbitMqOptions {
     /// (`x-quorum-initial-group-size`). `None`: RabbitMQ's own (`quorum_cluster_size`, 3, or
     /// every node of a smaller cluster).
     pub quorum_size: Option<u16>,
+    /// The longest a call waits for RabbitMQ's answers (a receive: beyond its own wait). A
+    /// call that gets none in time fails with `Connection` and the connection is given up, so
+    /// that the next call opens a new one: a connection whose peer went silent without a reset
+    /// (a network cut) or that stopped being served never holds a caller for good.
+    pub answer_limit: Duration,
 }
 
 impl Default for RabbitMqOptions {
@@ -163,6 +177,7 @@ impl Default for RabbitMqOptions {
             prefetch_limit: 0,
             hold_limit: HOLD_LIMIT,
             quorum_size: None,
+            answer_limit: ANSWER_LIMIT,
         }
     }
 }
@@ -184,6 +199,7 @@ struct Inner {
     prefetch_limit: u16,
     hold_limit: Duration,
     quorum_size: Option<u16>,
+    answer_limit: Duration,
 }
 
 impl std::fmt::Debug for RabbitMqBroker {
@@ -224,6 +240,7 @@ impl RabbitMqBroker {
                 prefetch_limit: options.prefetch_limit,
                 hold_limit: options.hold_limit,
                 quorum_size: options.quorum_size,
+                answer_limit: options.answer_limit,
             }),
         })
     }
@@ -251,6 +268,30 @@ impl RabbitMqBroker {
         self.inner.sessions.get().await
     }
 
+    /// `operation` on `session`, bounded by [`RabbitMqOptions::answer_limit`] plus `also` (a
+    /// receive's own wait). Without RabbitMQ's answers in time the call fails with
+    /// `Connection` (transient) and the session is given up: the next call reconnects.
+    async fn answered<T>(
+        &self,
+        session: &Arc<Session>,
+        what: &str,
+        also: Duration,
+        operation: impl Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        let limit = self.inner.answer_limit;
+        match tokio::time::timeout(limit.saturating_add(also), operation).await {
+            Ok(result) => result,
+            Err(_) => {
+                session.abandon(limit);
+                Err(BrokerError::Connection(format!(
+                    "RabbitMQ did not answer {what} within {:.0} s; the connection is given up \
+                     and the next call opens a new one",
+                    limit.as_secs_f64()
+                )))
+            }
+        }
+    }
+
     /// The queue's ready count; `QueueNotFound` when it does not exist.
     async fn ready_count(&self, session: &Session, queue: &str) -> Result<u64, BrokerError> {
         let channel = session.channel().await?;
@@ -262,30 +303,10 @@ impl RabbitMqBroker {
         Ok(u64::from(declared.message_count()))
     }
 
-    fn lease(
-        &self,
-        queue: &str,
-        acks: &Arc<AckWindow>,
-        mut delivery: lapin::message::Delivery,
-        lease: Duration,
-    ) -> Delivery {
-        let delivery_count = headers::delivery_count(&delivery.properties);
-        let dead_letter_reason = headers::dead_letter_reason(&delivery.properties);
-        let payload = Bytes::from(std::mem::take(&mut delivery.data));
-        let handle =
-            self.inner.leases.grant(queue, delivery, payload.clone(), Arc::clone(acks), lease);
-        tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
-        Delivery { handle, payload, delivery_count, dead_letter_reason }
-    }
-}
-
-#[async_trait]
-impl Broker for RabbitMqBroker {
-    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
-        topology::validate(spec)?;
-        let session = self.session().await?;
+    /// [`Broker::declare_queue`] on `session` (see there).
+    async fn declare_on(&self, session: &Session, spec: &QueueSpec) -> Result<(), BrokerError> {
         if let Some(dlq) = &spec.dead_letter_queue {
-            self.ready_count(&session, dlq).await?;
+            self.ready_count(session, dlq).await?;
         }
         let mut channel = session.channel().await?;
         let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
@@ -304,7 +325,7 @@ impl Broker for RabbitMqBroker {
             {
                 // The size matters only when a queue is created: one that exists with another
                 // (or none) is used as it is.
-                self.ready_count(&session, &spec.name).await?;
+                self.ready_count(session, &spec.name).await?;
                 channel = session.channel().await?; // the refused declare closed the other
                 tracing::debug!(queue = %spec.name, %detail,
                     "queue exists with another replication size; used as it is");
@@ -351,70 +372,18 @@ impl Broker for RabbitMqBroker {
         Ok(())
     }
 
-    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
-        let name = short(queue)?;
-        let session = self.session().await?;
-        let channel = session.channel().await?;
-        match channel.queue_delete(name, QueueDeleteOptions::default()).await {
-            Ok(dropped) => {
-                session.forget_feed(queue).await;
-                tracing::debug!(queue, dropped, "queue deleted");
-            }
-            Err(e) => match error::on_queue(&e, queue) {
-                BrokerError::QueueNotFound(_) => return Ok(()),
-                other => return Err(other),
-            },
-        }
-        if let Ok(exchange) = short(&topology::dead_letter_exchange(queue)) {
-            let channel = session.channel().await?;
-            channel
-                .exchange_delete(exchange, ExchangeDeleteOptions::default())
-                .await
-                .map_err(|e| error::on_queue(&e, queue))?;
-        }
-        Ok(())
-    }
-
-    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
-        short(queue)?;
-        let session = self.session().await?;
-        if payloads.is_empty() {
-            return self.ready_count(&session, queue).await.map(drop);
-        }
-        let channel = session.publisher().await?;
-        let messages = payloads
-            .iter()
-            .map(|payload| (payload.as_ref(), publish::persistent(BasicProperties::default())))
-            .collect();
-        let confirmed = publish::publish_confirmed(&channel, queue, messages).await?;
-        let count = |outcome| confirmed.iter().filter(|c| **c == outcome).count();
-        let (unroutable, refused) = (count(Confirmed::Unroutable), count(Confirmed::Refused));
-        if unroutable > 0 {
-            tracing::debug!(queue, unroutable, "RabbitMQ returned messages: no queue of that name");
-            return Err(BrokerError::QueueNotFound(queue.to_owned()));
-        }
-        if refused > 0 {
-            return Err(BrokerError::Refused(format!(
-                "RabbitMQ refused {refused} of {} messages published to `{queue}`",
-                payloads.len()
-            )));
-        }
-        tracing::trace!(queue, count = payloads.len(), "published");
-        Ok(())
-    }
-
-    async fn receive(
+    /// [`Broker::receive`] on `session` (see there).
+    async fn receive_on(
         &self,
+        session: &Session,
         queue: &str,
         max: usize,
         lease: Duration,
         wait: Duration,
     ) -> Result<Vec<Delivery>, BrokerError> {
-        short(queue)?;
-        let session = self.session().await?;
         if max == 0 {
             // Nothing could be returned, so there is nothing to wait for.
-            return self.ready_count(&session, queue).await.map(|_| Vec::new());
+            return self.ready_count(session, queue).await.map(|_| Vec::new());
         }
         let least = u16::try_from(max).unwrap_or(u16::MAX).max(self.inner.prefetch);
         let policy = prefetch::PrefetchPolicy {
@@ -465,6 +434,108 @@ impl Broker for RabbitMqBroker {
         }
     }
 
+    fn lease(
+        &self,
+        queue: &str,
+        acks: &Arc<AckWindow>,
+        mut delivery: lapin::message::Delivery,
+        lease: Duration,
+    ) -> Delivery {
+        let delivery_count = headers::delivery_count(&delivery.properties);
+        let dead_letter_reason = headers::dead_letter_reason(&delivery.properties);
+        let payload = Bytes::from(std::mem::take(&mut delivery.data));
+        let handle =
+            self.inner.leases.grant(queue, delivery, payload.clone(), Arc::clone(acks), lease);
+        tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
+        Delivery { handle, payload, delivery_count, dead_letter_reason }
+    }
+}
+
+#[async_trait]
+impl Broker for RabbitMqBroker {
+    async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
+        topology::validate(spec)?;
+        let session = self.session().await?;
+        let what = format!("the declaration of `{}`", spec.name);
+        self.answered(&session, &what, Duration::ZERO, self.declare_on(&session, spec)).await
+    }
+
+    async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
+        let name = short(queue)?;
+        let session = self.session().await?;
+        let what = format!("the deletion of `{queue}`");
+        self.answered(&session, &what, Duration::ZERO, async {
+            let channel = session.channel().await?;
+            match channel.queue_delete(name, QueueDeleteOptions::default()).await {
+                Ok(dropped) => {
+                    session.forget_feed(queue).await;
+                    tracing::debug!(queue, dropped, "queue deleted");
+                }
+                Err(e) => match error::on_queue(&e, queue) {
+                    BrokerError::QueueNotFound(_) => return Ok(()),
+                    other => return Err(other),
+                },
+            }
+            if let Ok(exchange) = short(&topology::dead_letter_exchange(queue)) {
+                let channel = session.channel().await?;
+                channel
+                    .exchange_delete(exchange, ExchangeDeleteOptions::default())
+                    .await
+                    .map_err(|e| error::on_queue(&e, queue))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
+        short(queue)?;
+        let session = self.session().await?;
+        let what = format!("a publish to `{queue}`");
+        if payloads.is_empty() {
+            let checked = self.ready_count(&session, queue);
+            return self.answered(&session, &what, Duration::ZERO, checked).await.map(drop);
+        }
+        let messages = payloads
+            .iter()
+            .map(|payload| (payload.as_ref(), publish::persistent(BasicProperties::default())))
+            .collect();
+        let confirmed = self
+            .answered(&session, &what, Duration::ZERO, async {
+                let channel = session.publisher().await?;
+                publish::publish_confirmed(&channel, queue, messages).await
+            })
+            .await?;
+        let count = |outcome| confirmed.iter().filter(|c| **c == outcome).count();
+        let (unroutable, refused) = (count(Confirmed::Unroutable), count(Confirmed::Refused));
+        if unroutable > 0 {
+            tracing::debug!(queue, unroutable, "RabbitMQ returned messages: no queue of that name");
+            return Err(BrokerError::QueueNotFound(queue.to_owned()));
+        }
+        if refused > 0 {
+            return Err(BrokerError::Refused(format!(
+                "RabbitMQ refused {refused} of {} messages published to `{queue}`",
+                payloads.len()
+            )));
+        }
+        tracing::trace!(queue, count = payloads.len(), "published");
+        Ok(())
+    }
+
+    async fn receive(
+        &self,
+        queue: &str,
+        max: usize,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        short(queue)?;
+        let session = self.session().await?;
+        let what = format!("a receive from `{queue}`");
+        let received = self.receive_on(&session, queue, max, lease, wait);
+        self.answered(&session, &what, wait, received).await
+    }
+
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
         let lease = self.inner.leases.take(delivery)?;
         lease.ack();
@@ -512,8 +583,14 @@ impl Broker for RabbitMqBroker {
         // Copy first, take the lease after: a failed copy leaves the handle usable.
         let held = self.inner.leases.peek(delivery)?;
         // A channel of its own: publishing to a missing exchange closes it.
-        let channel = self.session().await?.channel().await?;
-        let copied = publish::dead_letter_copy(channel, &held.queue, &held.payload, reason).await?;
+        let session = self.session().await?;
+        let what = format!("a dead-letter copy of a message from `{}`", held.queue);
+        let copied = self
+            .answered(&session, &what, Duration::ZERO, async {
+                let channel = session.channel().await?;
+                publish::dead_letter_copy(channel, &held.queue, &held.payload, reason).await
+            })
+            .await?;
         let lease = self.inner.leases.take(delivery)?;
         if copied {
             lease.ack();
@@ -534,7 +611,9 @@ impl Broker for RabbitMqBroker {
 
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
         let session = self.session().await?;
-        let ready = self.ready_count(&session, queue).await?;
+        let what = format!("the depth of `{queue}`");
+        let counted = self.ready_count(&session, queue);
+        let ready = self.answered(&session, &what, Duration::ZERO, counted).await?;
         match self.inner.management.depth(queue).await? {
             Some(depth) => Ok(depth),
             None => Ok(QueueDepth { ready, in_flight: 0 }),

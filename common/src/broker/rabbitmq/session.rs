@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,11 +99,29 @@ pub(super) struct Session {
     publisher: Mutex<Option<Channel>>,
     /// The consumer of each queue received from (see the `feed` module).
     feeds: Mutex<HashMap<String, Arc<Feed>>>,
+    /// Given up: a call on it got no answer in time (see [`Session::abandon`]).
+    abandoned: AtomicBool,
 }
 
 impl Session {
     fn is_alive(&self) -> bool {
-        self.connection.status().connected()
+        !self.abandoned.load(Ordering::Relaxed) && self.connection.status().connected()
+    }
+
+    /// Give the session up: RabbitMQ did not answer a call on it in time (a connection whose
+    /// peer went silent without a reset, or a client that stopped reading it). The next call
+    /// opens a new connection; this one is closed in the background, within `limit`, so that
+    /// RabbitMQ puts back the messages it had pushed on it (if it can still hear us at all:
+    /// otherwise its heartbeat timeout does).
+    pub(super) fn abandon(self: &Arc<Self>, limit: Duration) {
+        if self.abandoned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let session = Arc::clone(self);
+        tokio::spawn(async move {
+            let closing = session.connection.close(320, "no answer in time; reconnecting".into());
+            let _closed = tokio::time::timeout(limit, closing).await;
+        });
     }
 
     /// A fresh channel, for one operation or one `receive` and the leases it hands out.
@@ -277,7 +295,12 @@ impl Sessions {
             })?;
         tracing::info!(broker = %endpoint.redacted, connection = %self.connection_name,
             "connected to RabbitMQ");
-        Ok(Session { connection, publisher: Mutex::new(None), feeds: Mutex::new(HashMap::new()) })
+        Ok(Session {
+            connection,
+            publisher: Mutex::new(None),
+            feeds: Mutex::new(HashMap::new()),
+            abandoned: AtomicBool::new(false),
+        })
     }
 }
 

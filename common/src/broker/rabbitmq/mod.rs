@@ -270,11 +270,12 @@ impl RabbitMqBroker {
 
     /// `operation` on `session`, bounded by [`RabbitMqOptions::answer_limit`] plus `also` (a
     /// receive's own wait). Without RabbitMQ's answers in time the call fails with
-    /// `Connection` (transient) and the session is given up: the next call reconnects.
+    /// `Connection` (transient) and the session is given up: the next call reconnects. `what`
+    /// and `queue` name the call in that error (`a publish to` `work`).
     async fn answered<T>(
         &self,
         session: &Arc<Session>,
-        what: &str,
+        (what, queue): (&str, &str),
         also: Duration,
         operation: impl Future<Output = Result<T, BrokerError>>,
     ) -> Result<T, BrokerError> {
@@ -284,8 +285,8 @@ impl RabbitMqBroker {
             Err(_) => {
                 session.abandon(limit);
                 Err(BrokerError::Connection(format!(
-                    "RabbitMQ did not answer {what} within {:.0} s; the connection is given up \
-                     and the next call opens a new one",
+                    "RabbitMQ did not answer {what} `{queue}` within {:.0} s; the connection is \
+                     given up and the next call opens a new one",
                     limit.as_secs_f64()
                 )))
             }
@@ -456,15 +457,14 @@ impl Broker for RabbitMqBroker {
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         topology::validate(spec)?;
         let session = self.session().await?;
-        let what = format!("the declaration of `{}`", spec.name);
-        self.answered(&session, &what, Duration::ZERO, self.declare_on(&session, spec)).await
+        let what = ("the declaration of", spec.name.as_str());
+        self.answered(&session, what, Duration::ZERO, self.declare_on(&session, spec)).await
     }
 
     async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
         let name = short(queue)?;
         let session = self.session().await?;
-        let what = format!("the deletion of `{queue}`");
-        self.answered(&session, &what, Duration::ZERO, async {
+        self.answered(&session, ("the deletion of", queue), Duration::ZERO, async {
             let channel = session.channel().await?;
             match channel.queue_delete(name, QueueDeleteOptions::default()).await {
                 Ok(dropped) => {
@@ -491,17 +491,17 @@ impl Broker for RabbitMqBroker {
     async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
         short(queue)?;
         let session = self.session().await?;
-        let what = format!("a publish to `{queue}`");
+        let what = ("a publish to", queue);
         if payloads.is_empty() {
             let checked = self.ready_count(&session, queue);
-            return self.answered(&session, &what, Duration::ZERO, checked).await.map(drop);
+            return self.answered(&session, what, Duration::ZERO, checked).await.map(drop);
         }
         let messages = payloads
             .iter()
             .map(|payload| (payload.as_ref(), publish::persistent(BasicProperties::default())))
             .collect();
         let confirmed = self
-            .answered(&session, &what, Duration::ZERO, async {
+            .answered(&session, what, Duration::ZERO, async {
                 let channel = session.publisher().await?;
                 publish::publish_confirmed(&channel, queue, messages).await
             })
@@ -531,9 +531,8 @@ impl Broker for RabbitMqBroker {
     ) -> Result<Vec<Delivery>, BrokerError> {
         short(queue)?;
         let session = self.session().await?;
-        let what = format!("a receive from `{queue}`");
         let received = self.receive_on(&session, queue, max, lease, wait);
-        self.answered(&session, &what, wait, received).await
+        self.answered(&session, ("a receive from", queue), wait, received).await
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
@@ -584,9 +583,9 @@ impl Broker for RabbitMqBroker {
         let held = self.inner.leases.peek(delivery)?;
         // A channel of its own: publishing to a missing exchange closes it.
         let session = self.session().await?;
-        let what = format!("a dead-letter copy of a message from `{}`", held.queue);
+        let what = ("a dead-letter copy of a message from", held.queue.as_str());
         let copied = self
-            .answered(&session, &what, Duration::ZERO, async {
+            .answered(&session, what, Duration::ZERO, async {
                 let channel = session.channel().await?;
                 publish::dead_letter_copy(channel, &held.queue, &held.payload, reason).await
             })
@@ -611,9 +610,9 @@ impl Broker for RabbitMqBroker {
 
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
         let session = self.session().await?;
-        let what = format!("the depth of `{queue}`");
         let counted = self.ready_count(&session, queue);
-        let ready = self.answered(&session, &what, Duration::ZERO, counted).await?;
+        let ready =
+            self.answered(&session, ("the depth of", queue), Duration::ZERO, counted).await?;
         match self.inner.management.depth(queue).await? {
             Some(depth) => Ok(depth),
             None => Ok(QueueDepth { ready, in_flight: 0 }),

@@ -91,10 +91,10 @@ mod lease;
 mod management;
 mod prefetch;
 mod publish;
+mod receive;
 mod session;
 mod topology;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
@@ -121,11 +121,6 @@ use crate::retry::RetryPolicy;
 /// [`RabbitMqOptions::hold_limit`] by default: well inside the 60 s `submit` leaves between a
 /// job's longest attempt and `consumer_timeout`.
 const HOLD_LIMIT: Duration = Duration::from_secs(10);
-/// How long the receive that started a queue's consumer waits at least for its first push, so
-/// that a `receive` with no wait on a queue holding messages is not always empty-handed.
-const FIRST_PUSH: Duration = Duration::from_millis(50);
-/// Consumers a single `receive` starts at most when they keep ending under it.
-const RESTARTS: usize = 3;
 /// [`RabbitMqOptions::answer_limit`] by default: above RabbitMQ's own timeouts for what it
 /// answers slowly (a quorum queue declared while its cluster elects a leader), well below its
 /// heartbeat-based detection of a dead peer (two 60 s intervals by default).
@@ -199,7 +194,6 @@ struct Inner {
     prefetch_limit: u16,
     hold_limit: Duration,
     quorum_size: Option<u16>,
-    answer_limit: Duration,
 }
 
 impl std::fmt::Debug for RabbitMqBroker {
@@ -226,8 +220,9 @@ impl RabbitMqBroker {
         let connection_name =
             options.connection_name.unwrap_or_else(|| format!("batchfleet-{instance}"));
         let backoff = RetryPolicy::reconnect(options.connect_attempts);
-        let sessions =
-            Sessions::new(endpoints, connection_name.clone(), backoff, options.connect_timeout);
+        let limits =
+            session::Limits { connect: options.connect_timeout, answer: options.answer_limit };
+        let sessions = Sessions::new(endpoints, connection_name.clone(), backoff, limits);
         sessions.get().await?;
         Ok(RabbitMqBroker {
             inner: Arc::new(Inner {
@@ -240,16 +235,8 @@ impl RabbitMqBroker {
                 prefetch_limit: options.prefetch_limit,
                 hold_limit: options.hold_limit,
                 quorum_size: options.quorum_size,
-                answer_limit: options.answer_limit,
             }),
         })
-    }
-
-    /// Remember a new feed's ack window, forgetting those whose channel is gone.
-    fn track_acks(&self, acks: &Arc<AckWindow>) {
-        let mut windows = self.inner.ack_windows.lock().unwrap_or_else(PoisonError::into_inner);
-        windows.retain(|window| window.strong_count() > 0);
-        windows.push(Arc::downgrade(acks));
     }
 
     /// The prefetch of this broker's consumer of `queue` now (`None`: it has none), which the
@@ -266,31 +253,6 @@ impl RabbitMqBroker {
 
     async fn session(&self) -> Result<Arc<Session>, BrokerError> {
         self.inner.sessions.get().await
-    }
-
-    /// `operation` on `session`, bounded by [`RabbitMqOptions::answer_limit`] plus `also` (a
-    /// receive's own wait). Without RabbitMQ's answers in time the call fails with
-    /// `Connection` (transient) and the session is given up: the next call reconnects. `what`
-    /// and `queue` name the call in that error (`a publish to` `work`).
-    async fn answered<T>(
-        &self,
-        session: &Arc<Session>,
-        (what, queue): (&str, &str),
-        also: Duration,
-        operation: impl Future<Output = Result<T, BrokerError>>,
-    ) -> Result<T, BrokerError> {
-        let limit = self.inner.answer_limit;
-        match tokio::time::timeout(limit.saturating_add(also), operation).await {
-            Ok(result) => result,
-            Err(_) => {
-                session.abandon(limit);
-                Err(BrokerError::Connection(format!(
-                    "RabbitMQ did not answer {what} `{queue}` within {:.0} s; the connection is \
-                     given up and the next call opens a new one",
-                    limit.as_secs_f64()
-                )))
-            }
-        }
     }
 
     /// The queue's ready count; `QueueNotFound` when it does not exist.
@@ -372,84 +334,6 @@ impl RabbitMqBroker {
             dead_letter_queue = ?spec.dead_letter_queue, "queue declared");
         Ok(())
     }
-
-    /// [`Broker::receive`] on `session` (see there).
-    async fn receive_on(
-        &self,
-        session: &Session,
-        queue: &str,
-        max: usize,
-        lease: Duration,
-        wait: Duration,
-    ) -> Result<Vec<Delivery>, BrokerError> {
-        if max == 0 {
-            // Nothing could be returned, so there is nothing to wait for.
-            return self.ready_count(session, queue).await.map(|_| Vec::new());
-        }
-        let least = u16::try_from(max).unwrap_or(u16::MAX).max(self.inner.prefetch);
-        let policy = prefetch::PrefetchPolicy {
-            least,
-            most: self.inner.prefetch_limit,
-            hold: self.inner.hold_limit,
-        };
-        let mut deadline = after(Instant::now(), wait);
-        let mut started = 0;
-        loop {
-            let (feed, fresh) = session.feed(queue, policy).await?;
-            if fresh {
-                self.track_acks(feed.acks());
-                started += 1;
-                deadline = deadline.max(Instant::now() + FIRST_PUSH);
-            }
-            let _waiting = feed.waiting();
-            let arrival = feed.arrivals();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
-            match feed.take(max) {
-                feed::Taken::Some(taken) => {
-                    return Ok(taken
-                        .into_iter()
-                        .map(|delivery| self.lease(queue, feed.acks(), delivery, lease))
-                        .collect());
-                }
-                feed::Taken::Ended if started >= RESTARTS => {
-                    return Err(BrokerError::Connection(format!(
-                        "the consumer of `{queue}` keeps ending"
-                    )));
-                }
-                feed::Taken::Ended => continue, // the next turn starts a new consumer
-                feed::Taken::Empty => {
-                    // Held acks keep prefetch slots taken: send them rather than starve.
-                    if feed.acks().holds_acks() {
-                        feed.acks().flush().await;
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                return Ok(Vec::new());
-            }
-            tokio::select! {
-                () = &mut arrival => {}
-                () = tokio::time::sleep_until(deadline) => {}
-            }
-        }
-    }
-
-    fn lease(
-        &self,
-        queue: &str,
-        acks: &Arc<AckWindow>,
-        mut delivery: lapin::message::Delivery,
-        lease: Duration,
-    ) -> Delivery {
-        let delivery_count = headers::delivery_count(&delivery.properties);
-        let dead_letter_reason = headers::dead_letter_reason(&delivery.properties);
-        let payload = Bytes::from(std::mem::take(&mut delivery.data));
-        let handle =
-            self.inner.leases.grant(queue, delivery, payload.clone(), Arc::clone(acks), lease);
-        tracing::trace!(queue, handle = %handle.0, delivery_count, "leased");
-        Delivery { handle, payload, delivery_count, dead_letter_reason }
-    }
 }
 
 #[async_trait]
@@ -458,34 +342,39 @@ impl Broker for RabbitMqBroker {
         topology::validate(spec)?;
         let session = self.session().await?;
         let what = ("the declaration of", spec.name.as_str());
-        self.answered(&session, what, Duration::ZERO, self.declare_on(&session, spec)).await
+        self.inner
+            .sessions
+            .answered(&session, what, Duration::ZERO, self.declare_on(&session, spec))
+            .await
     }
 
     async fn delete_queue(&self, queue: &str) -> Result<(), BrokerError> {
         let name = short(queue)?;
         let session = self.session().await?;
-        self.answered(&session, ("the deletion of", queue), Duration::ZERO, async {
-            let channel = session.channel().await?;
-            match channel.queue_delete(name, QueueDeleteOptions::default()).await {
-                Ok(dropped) => {
-                    session.forget_feed(queue).await;
-                    tracing::debug!(queue, dropped, "queue deleted");
-                }
-                Err(e) => match error::on_queue(&e, queue) {
-                    BrokerError::QueueNotFound(_) => return Ok(()),
-                    other => return Err(other),
-                },
-            }
-            if let Ok(exchange) = short(&topology::dead_letter_exchange(queue)) {
+        self.inner
+            .sessions
+            .answered(&session, ("the deletion of", queue), Duration::ZERO, async {
                 let channel = session.channel().await?;
-                channel
-                    .exchange_delete(exchange, ExchangeDeleteOptions::default())
-                    .await
-                    .map_err(|e| error::on_queue(&e, queue))?;
-            }
-            Ok(())
-        })
-        .await
+                match channel.queue_delete(name, QueueDeleteOptions::default()).await {
+                    Ok(dropped) => {
+                        session.forget_feed(queue).await;
+                        tracing::debug!(queue, dropped, "queue deleted");
+                    }
+                    Err(e) => match error::on_queue(&e, queue) {
+                        BrokerError::QueueNotFound(_) => return Ok(()),
+                        other => return Err(other),
+                    },
+                }
+                if let Ok(exchange) = short(&topology::dead_letter_exchange(queue)) {
+                    let channel = session.channel().await?;
+                    channel
+                        .exchange_delete(exchange, ExchangeDeleteOptions::default())
+                        .await
+                        .map_err(|e| error::on_queue(&e, queue))?;
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn publish(&self, queue: &str, payloads: Vec<Bytes>) -> Result<(), BrokerError> {
@@ -494,13 +383,20 @@ impl Broker for RabbitMqBroker {
         let what = ("a publish to", queue);
         if payloads.is_empty() {
             let checked = self.ready_count(&session, queue);
-            return self.answered(&session, what, Duration::ZERO, checked).await.map(drop);
+            return self
+                .inner
+                .sessions
+                .answered(&session, what, Duration::ZERO, checked)
+                .await
+                .map(drop);
         }
         let messages = payloads
             .iter()
             .map(|payload| (payload.as_ref(), publish::persistent(BasicProperties::default())))
             .collect();
         let confirmed = self
+            .inner
+            .sessions
             .answered(&session, what, Duration::ZERO, async {
                 let channel = session.publisher().await?;
                 publish::publish_confirmed(&channel, queue, messages).await
@@ -532,7 +428,7 @@ impl Broker for RabbitMqBroker {
         short(queue)?;
         let session = self.session().await?;
         let received = self.receive_on(&session, queue, max, lease, wait);
-        self.answered(&session, ("a receive from", queue), wait, received).await
+        self.inner.sessions.answered(&session, ("a receive from", queue), wait, received).await
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
@@ -585,6 +481,8 @@ impl Broker for RabbitMqBroker {
         let session = self.session().await?;
         let what = ("a dead-letter copy of a message from", held.queue.as_str());
         let copied = self
+            .inner
+            .sessions
             .answered(&session, what, Duration::ZERO, async {
                 let channel = session.channel().await?;
                 publish::dead_letter_copy(channel, &held.queue, &held.payload, reason).await
@@ -611,8 +509,11 @@ impl Broker for RabbitMqBroker {
     async fn depth(&self, queue: &str) -> Result<QueueDepth, BrokerError> {
         let session = self.session().await?;
         let counted = self.ready_count(&session, queue);
-        let ready =
-            self.answered(&session, ("the depth of", queue), Duration::ZERO, counted).await?;
+        let ready = self
+            .inner
+            .sessions
+            .answered(&session, ("the depth of", queue), Duration::ZERO, counted)
+            .await?;
         match self.inner.management.depth(queue).await? {
             Some(depth) => Ok(depth),
             None => Ok(QueueDepth { ready, in_flight: 0 }),

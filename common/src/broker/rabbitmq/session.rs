@@ -12,6 +12,7 @@
 //! notices by itself (lapin poisons the ackers of a closed channel).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -172,6 +173,14 @@ impl Session {
     }
 }
 
+/// How long the connection waits for RabbitMQ.
+pub(super) struct Limits {
+    /// One attempt to connect.
+    pub(super) connect: Duration,
+    /// The answers to one call ([`Sessions::answered`]).
+    pub(super) answer: Duration,
+}
+
 /// The current session, replaced when it is found broken.
 pub(super) struct Sessions {
     endpoints: Vec<Endpoint>,
@@ -181,7 +190,7 @@ pub(super) struct Sessions {
     connected_to: AtomicUsize,
     connection_name: String,
     reconnect: RetryPolicy,
-    connect_timeout: Duration,
+    limits: Limits,
     current: Mutex<Option<Arc<Session>>>,
 }
 
@@ -190,7 +199,7 @@ impl Sessions {
         endpoints: Vec<Endpoint>,
         connection_name: String,
         reconnect: RetryPolicy,
-        connect_timeout: Duration,
+        limits: Limits,
     ) -> Self {
         Sessions {
             endpoints,
@@ -198,7 +207,7 @@ impl Sessions {
             connected_to: AtomicUsize::new(0),
             connection_name,
             reconnect,
-            connect_timeout,
+            limits,
             current: Mutex::new(None),
         }
     }
@@ -228,6 +237,31 @@ impl Sessions {
         let session = Arc::new(self.connect_with_backoff().await?);
         *current = Some(Arc::clone(&session));
         Ok(session)
+    }
+
+    /// `operation` on `session`, bounded by [`Limits::answer`] (`RabbitMqOptions::answer_limit`) plus `also` (a
+    /// receive's own wait). Without RabbitMQ's answers in time the call fails with
+    /// `Connection` (transient) and the session is given up: the next call reconnects. `what`
+    /// and `queue` name the call in that error (`a publish to` `work`).
+    pub(super) async fn answered<T>(
+        &self,
+        session: &Arc<Session>,
+        (what, queue): (&str, &str),
+        also: Duration,
+        operation: impl Future<Output = Result<T, BrokerError>>,
+    ) -> Result<T, BrokerError> {
+        let limit = self.limits.answer;
+        match tokio::time::timeout(limit.saturating_add(also), operation).await {
+            Ok(result) => result,
+            Err(_) => {
+                session.abandon(limit);
+                Err(BrokerError::Connection(format!(
+                    "RabbitMQ did not answer {what} `{queue}` within {:.0} s; the connection is \
+                     given up and the next call opens a new one",
+                    limit.as_secs_f64()
+                )))
+            }
+        }
     }
 
     async fn connect_with_backoff(&self) -> Result<Session, BrokerError> {
@@ -274,12 +308,12 @@ impl Sessions {
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.clone().into());
         let connecting = Connection::connect_uri(endpoint.uri.clone(), properties);
-        let connection = tokio::time::timeout(self.connect_timeout, connecting)
+        let connection = tokio::time::timeout(self.limits.connect, connecting)
             .await
             .map_err(|_| {
                 BrokerError::Connection(format!(
                     "no answer from {} within {:?}",
-                    endpoint.redacted, self.connect_timeout
+                    endpoint.redacted, self.limits.connect
                 ))
             })?
             .map_err(|e| {

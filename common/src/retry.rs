@@ -81,6 +81,15 @@ impl RetryPolicy {
         total: None,
     };
 
+    /// `batchfleet watch`'s next pass after one that failed somewhere (a manifest's processing
+    /// or the listing): from 1 s up to 60 s, and never later than the watcher's own interval.
+    pub const WATCH_AGAIN: RetryPolicy = RetryPolicy {
+        min_delay: Duration::from_secs(1),
+        max_delay: Duration::from_secs(60),
+        max_retries: None,
+        total: None,
+    };
+
     /// (Re)connecting to a broker, `attempts` tries in all, delays from 200 ms up to 5 s.
     pub const fn reconnect(attempts: usize) -> RetryPolicy {
         RetryPolicy {

@@ -320,8 +320,9 @@ fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
     let manifests = open_str(&prefix).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(put(&manifests, "first.yaml", manifest(dir.path(), 0)));
-    let _worker = pool.worker(dir.path(), "a", 1, &[]);
+    let worker = pool.worker(dir.path(), "a", 1, &[]);
     let wake_queue = format!("batchfleet.wake.{}", pool.name);
+    let watcher_log = dir.path().join("watcher.log");
     let mut watcher = std::process::Command::new(binary("batchfleet"))
         .args([
             "watch",
@@ -340,15 +341,25 @@ fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
         .arg("--allow")
         .arg(dir.path())
         .env_remove("BATCHFLEET_STORE")
+        .env("BATCHFLEET_LOG", "info,batchfleet_producer=debug")
+        .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&watcher_log).unwrap())
         .spawn()
         .unwrap();
-    let result_of = |name: &str| {
+    let mut result_of = |name: &str| {
         let key = manifests.child_key(&format!("{name}.result.json"));
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while runtime.block_on(manifests.store.head(&key)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "no result for {name}");
+            let exited = watcher.try_wait().unwrap();
+            if exited.is_some() || std::time::Instant::now() >= deadline {
+                panic!(
+                    "no result for {name} (watcher {}); the watcher's log:\n{}\nthe worker's log:\n{}",
+                    exited.map_or("still running".to_owned(), |s| format!("exited: {s}")),
+                    std::fs::read_to_string(&watcher_log).unwrap_or_default(),
+                    worker.log(),
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         runtime.block_on(get_json(&manifests, &format!("{name}.result.json")))
@@ -366,6 +377,47 @@ fn a_message_on_the_wake_queue_starts_a_pass_before_the_interval() {
     pool.delete_queue(&wake_queue);
 }
 
+#[test]
+fn a_manifest_whose_processing_failed_is_tried_again_within_seconds_not_the_interval() {
+    let pool = Pool::new("watch-again");
+    let dir = tempfile::tempdir().unwrap();
+    write_entry_script(
+        dir.path(),
+        "import os\ndef init(): pass\ndef run(mini_batch):\n    return [os.path.basename(p) for p in mini_batch]\n",
+    );
+    // The job store cannot be made at first: a file stands where its folder goes.
+    let jobs = dir.path().join("jobs");
+    std::fs::write(&jobs, "not a folder").unwrap();
+    let prefix = unique_prefix("watch-again");
+    let manifests = open_str(&prefix).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(put(&manifests, "job.yaml", manifest(dir.path(), 0)));
+    let _worker = pool.worker(dir.path(), "a", 1, &[]);
+    // The next regular pass is 10 minutes away.
+    let mut watcher = Watcher::polling(&prefix, &pool, dir.path(), "w1", "600");
+    watcher.wait_for_line(
+        &["processing a manifest failed", "job.yaml"],
+        Duration::from_secs(60),
+        "the first try to fail",
+    );
+    std::fs::remove_file(&jobs).unwrap();
+    let key = manifests.child_key("job.yaml.result.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runtime.block_on(manifests.store.head(&key)).is_err() {
+        watcher.assert_running();
+        assert!(
+            Instant::now() < deadline,
+            "no second try within 60 s of the store's repair; the watcher's log:\n{}",
+            watcher.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let result = runtime.block_on(get_json(&manifests, "job.yaml.result.json"));
+    assert_eq!(result["status"], "succeeded", "{result}");
+    let rows = sorted_rows(&dir.path().join("out-0.txt"));
+    assert_eq!(rows, ["j0-f0.txt", "j0-f1.txt", "j0-f2.txt"], "every row exactly once");
+}
+
 /// The lease the takeover tests give their watchers: renewed every second.
 const SHORT_LEASE: &str = "3";
 
@@ -377,12 +429,18 @@ struct Watcher {
 }
 
 impl Watcher {
+    /// A watcher polling every second.
     fn start(prefix: &str, pool: &Pool, dir: &Path, id: &str) -> Watcher {
+        Watcher::polling(prefix, pool, dir, id, "1")
+    }
+
+    /// A watcher polling every `interval` seconds.
+    fn polling(prefix: &str, pool: &Pool, dir: &Path, id: &str, interval: &str) -> Watcher {
         let log = dir.join(format!("watcher-{id}.log"));
         let file = std::fs::File::create(&log).expect("watcher log file");
         let child = Command::new(binary("batchfleet"))
             .args(["watch", prefix, "--watcher-id", id, "--pool", &pool.name])
-            .args(["--interval", "1", "--claim-lease", SHORT_LEASE])
+            .args(["--interval", interval, "--claim-lease", SHORT_LEASE])
             .arg("--broker")
             .arg(pool.broker_url())
             .arg("--store")

@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use backon::ExponentialBackoff;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -29,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
 use batchfleet_common::broker::{Broker, QueueSpec};
+use batchfleet_common::retry::{ClassifiedError as _, RetryPolicy};
 use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
@@ -133,22 +135,42 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
     let waker = Waker::connect(options).await?;
     let mut summary = WatchSummary::default();
     let mut observer = Observer::default();
+    // After a pass that failed somewhere, the next one comes sooner than the interval: from 1 s
+    // up, so a broker or store blip is not waited out for a whole (possibly long) interval.
+    let mut again: Option<ExponentialBackoff> = None;
     loop {
-        let manifests = list_manifests(&location).await?;
-        observer.retain_listed(&manifests);
-        for manifest in &manifests {
-            match process(&location, manifest, options, &mut observer).await {
-                Ok(true) => summary.processed += 1,
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::error!(%manifest, %error, "processing a manifest failed; it will be retried")
+        let mut failed = false;
+        match list_manifests(&location).await {
+            Ok(manifests) => {
+                observer.retain_listed(&manifests);
+                for manifest in &manifests {
+                    match process(&location, manifest, options, &mut observer).await {
+                        Ok(true) => summary.processed += 1,
+                        Ok(false) => {}
+                        Err(error) => {
+                            failed = true;
+                            tracing::error!(%manifest, %error, "processing a manifest failed; it will be retried")
+                        }
+                    }
                 }
+            }
+            Err(error) if options.once || !error.is_transient() => return Err(error.into()),
+            Err(error) => {
+                failed = true;
+                tracing::warn!(prefix = %url, %error, "listing the manifests failed; trying again");
             }
         }
         if options.once {
             return Ok(summary);
         }
-        waker.wait(options.interval).await;
+        let wait = if failed {
+            let delays = again.get_or_insert_with(|| RetryPolicy::WATCH_AGAIN.delays());
+            delays.next().unwrap_or(RetryPolicy::WATCH_AGAIN.max_delay).min(options.interval)
+        } else {
+            again = None;
+            options.interval
+        };
+        waker.wait(wait).await;
     }
 }
 
@@ -195,7 +217,7 @@ impl Waker {
 const WAKE_LEASE: Duration = Duration::from_secs(30);
 
 /// Manifests under the prefix: `.yaml` / `.yml` objects, in key order.
-async fn list_manifests(location: &StoreLocation) -> Result<Vec<Path>, ProducerError> {
+async fn list_manifests(location: &StoreLocation) -> Result<Vec<Path>, StoreError> {
     let mut keys: Vec<Path> = location
         .store
         .list(Some(&location.prefix))

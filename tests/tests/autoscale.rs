@@ -7,8 +7,9 @@
 //!   to 0 after the cooldown; every batch ran once (no attempt lost to a scale-in), and the
 //!   first worker ran within 10 s of the job's submission. The worker count over time is
 //!   printed.
-//! - Batches of 10 s while the work drains, with a 1 s drain grace: a busy worker asked to
-//!   stop would give its batch back (a second attempt). None has one.
+//! - Batches of 10 s while the work drains, with a 1 s drain grace, one of them held until the
+//!   autoscaler has asked an idle worker to drain: a busy worker asked to stop would give its
+//!   batch back (a second attempt). None has one.
 //! - The autoscaler SIGKILLed mid-job and started again: it adopts its containers (no worker
 //!   stopped or added at its start), replaces a worker that is then SIGKILLed, and the job and
 //!   the scale-in complete.
@@ -265,6 +266,41 @@ fn job(files: usize, sleep: f64) -> JobFixture {
     fixture
 }
 
+/// [`job`], where the first batch to start after another one ended is held in `run()` until
+/// the test writes `$MARKS/open` (or 100 s pass, so that a failing test does not hang); it
+/// writes `$MARKS/held` when it starts waiting.
+fn job_holding_one_batch(files: usize, sleep: f64) -> JobFixture {
+    let script = format!(
+        "import os, time\n\
+         MARKS = os.environ['MARKS']\n\
+         def init(): pass\n\
+         def run(mini_batch):\n    \
+             held = False\n    \
+             if os.listdir(os.path.join(MARKS, 'done')):\n        \
+                 try:\n            \
+                     os.close(os.open(os.path.join(MARKS, 'held'), os.O_CREAT | os.O_EXCL))\n            \
+                     held = True\n        \
+                 except FileExistsError:\n            \
+                     pass\n    \
+             time.sleep({sleep})\n    \
+             deadline = time.time() + 100\n    \
+             while held and not os.path.exists(os.path.join(MARKS, 'open')) and time.time() < deadline:\n        \
+                 time.sleep(0.1)\n    \
+             for p in mini_batch:\n        \
+                 open(os.path.join(MARKS, 'done', os.path.basename(p)), 'w').close()\n    \
+             return [open(p).read() for p in mini_batch]\n"
+    );
+    let fixture = JobFixture::new(
+        &file_names(files),
+        &script,
+        "mini_batch_size: 1\nretry_settings: {max_retries: 3, timeout: 120}",
+        "",
+    );
+    std::fs::create_dir_all(fixture.path().join("jobs")).expect("the jobs folder");
+    std::fs::create_dir_all(fixture.path().join("marks/done")).expect("the done marks folder");
+    fixture
+}
+
 /// The job succeeded with every row exactly once.
 fn expect_exactly_once(fixture: &JobFixture, files: usize, output: &std::process::Output) {
     assert!(output.status.success(), "submit failed\n{}", describe(output));
@@ -341,18 +377,31 @@ fn scale_in_never_stops_a_busy_worker_of_long_batches() {
     }
     let _engine = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
     let pool = Pool::new("autoscale-busy");
-    let fixture = job(7, 10.0);
+    let fixture = job_holding_one_batch(7, 10.0);
     // A 1 s drain grace: a worker stopped while busy would give its 10 s batch back, which
     // then runs again as a second attempt.
     let mut autoscaler = Autoscaler::start(&pool, fixture.path(), &["--drain-grace", "1"]);
     let sampler = Sampler::start(&pool.name);
-    let output = finish_bounded(submit(&pool, &fixture), JOB_LIMIT);
+    let submitting = submit(&pool, &fixture);
+    // One batch is held until the scale-in: the others end and their workers go idle beside
+    // a busy one, however late each worker started.
+    let marks = fixture.path().join("marks");
+    eventually(
+        Duration::from_secs(180),
+        "an idle worker asked to drain while a batch is held",
+        || {
+            let log = autoscaler.log_text();
+            (marks.join("held").exists() && log.contains("asked an idle worker to drain"))
+                .then_some(())
+        },
+    );
+    std::fs::write(marks.join("open"), "").expect("open the gate");
+    let output = finish_bounded(submitting, JOB_LIMIT);
     expect_every_batch_once(&fixture, 7, &output);
     let timeline = sampler.finish();
     eprintln!("worker count over time: {}", timeline.changes());
     assert!(timeline.peak() >= 3, "the fleet grew: {}", timeline.changes());
     let log = autoscaler.log_text();
-    assert!(log.contains("asked an idle worker to drain"), "scale-in happened mid-job:\n{log}");
     assert!(!log.contains("abandon"), "a batch was abandoned:\n{log}");
     autoscaler.stop();
 }

@@ -5,7 +5,7 @@
 //!
 //! - From zero: a job of 240 mini-batches of 0.2 s; the fleet grows to `--max 4` and goes back
 //!   to 0 after the cooldown; every batch ran once (no attempt lost to a scale-in), and the
-//!   first worker ran within 10 s of the job's submission. The worker count over time is
+//!   first worker ran within 20 s of the job's submission. The worker count over time is
 //!   printed.
 //! - Batches of 10 s while the work drains, with a 1 s drain grace, one of them held until the
 //!   autoscaler has asked an idle worker to drain: a busy worker asked to stop would give its
@@ -346,7 +346,7 @@ fn from_zero_to_max_and_back_to_zero_on_a_job_of_short_batches() {
     let job_done = submitted.elapsed();
     expect_every_batch_once(&fixture, 240, &output);
     // The cooldown, then the last worker's drain and exit.
-    let zero_limit = Duration::from_secs(COOLDOWN_SECS + 15);
+    let zero_limit = Duration::from_secs(COOLDOWN_SECS + 30);
     eventually(zero_limit, "the fleet back at 0 workers", || {
         running(&pool.name).is_empty().then_some(())
     });
@@ -361,7 +361,9 @@ fn from_zero_to_max_and_back_to_zero_on_a_job_of_short_batches() {
         job_done.as_secs_f64(),
         back_to_zero.as_secs_f64()
     );
-    assert!(first < Duration::from_secs(10), "first worker after {first:?}");
+    // Planning, the autoscaler's next look (every 0.5 s) and a container's start, with room for
+    // a loaded machine.
+    assert!(first < Duration::from_secs(20), "first worker after {first:?}");
     assert!(timeline.peak() >= 2, "peak of {} workers: {}", timeline.peak(), timeline.changes());
     assert!(timeline.peak() <= 4, "more than --max 4: {}", timeline.changes());
     let log = autoscaler.log_text();

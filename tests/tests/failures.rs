@@ -381,14 +381,14 @@ def run(mini_batch):
 "#;
     let settings = "mini_batch_size: 1\nmax_concurrency_per_instance: 1\nretry_settings: {max_retries: 2, timeout: 30}";
     let fixture =
-        JobFixture::new(&file_names(2), &script(body), settings, "--first_task_creation_timeout 3");
+        JobFixture::new(&file_names(2), &script(body), settings, "--first_task_creation_timeout 8");
     let output = fixture.run();
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     let result = fixture.job_result();
     let first = result.lines().next().unwrap();
     assert!(
         first.starts_with(
-            "failed: no entry-script runtime initialised within first_task_creation_timeout (3 s)"
+            "failed: no entry-script runtime initialised within first_task_creation_timeout (8 s)"
         ) && first.contains("RuntimeError: model file missing"),
         "{result}"
     );

@@ -34,9 +34,11 @@ fn ended(jobs: &Path) -> usize {
     std::fs::read_dir(root.path().join("status")).map(|d| d.count()).unwrap_or(0)
 }
 
-/// Wait until a few mini-batches ended, then SIGINT the command; its output once it exited.
-fn interrupt_after_a_few(child: Child, jobs: &Path) -> Output {
+/// Wait until a few mini-batches ended, call `before`, then SIGINT the command; its output
+/// once it exited.
+fn interrupt_after_a_few(child: Child, jobs: &Path, before: impl FnOnce()) -> Output {
     eventually(LIMIT, "a few mini-batches ended", || (ended(jobs) >= 5).then_some(()));
+    before();
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("send SIGINT");
     finish_bounded(child, Duration::from_secs(60))
@@ -97,7 +99,7 @@ fn ctrl_c_on_run_stops_cleanly_and_resume_finishes_the_job() {
     let child = spawn_captured(
         batchfleet().arg("run").arg(job.path().join("job.yaml")).arg("--store").arg(&jobs),
     );
-    let output = interrupt_after_a_few(child, &jobs);
+    let output = interrupt_after_a_few(child, &jobs, || {});
     let resume = assert_interrupted(&output, &job);
     assert_eq!(resume, format!("batchfleet resume {}", url_of(&job.job_root())));
     let output = run_bounded(batchfleet().arg("resume").arg(job.job_root()), LIMIT);
@@ -111,8 +113,15 @@ fn ctrl_c_on_submit_stops_cleanly_and_resume_finishes_the_job() {
     let jobs = job.path().join("jobs");
     let mut worker = pool.worker(job.path(), "c", 2, &[]);
     let child = spawn_captured(&mut pool.submit(&job.path().join("job.yaml"), &jobs));
-    let output = interrupt_after_a_few(child, &jobs);
+    // `submit` hands the job over when interrupted, and a running worker would go on with it:
+    // the worker is paused meanwhile, so that the job is still unfinished when it is looked at.
+    let signal = |signal| {
+        let pid = nix::unistd::Pid::from_raw(worker.pid());
+        nix::sys::signal::kill(pid, signal).expect("signal the worker");
+    };
+    let output = interrupt_after_a_few(child, &jobs, || signal(nix::sys::signal::Signal::SIGSTOP));
     assert_interrupted(&output, &job);
+    signal(nix::sys::signal::Signal::SIGCONT);
     let output = run_bounded(
         batchfleet()
             .arg("resume")

@@ -93,11 +93,12 @@ fn a_plan_counts_what_a_run_would_cut_and_writes_nothing() {
     assert!(last.contains("batchfleet run"), "the last line says what to do next: {last}");
 }
 
-/// The check: a job of known per-batch sleep times (0.5 s, 40 batches, 4 slots) is
-/// estimated within 25 % of its real wall time, both measured here and printed.
+/// The check: a job of known per-batch sleep times (40 batches, 4 slots) is estimated
+/// within 25 % of its real wall time, both measured here and printed. Batches of 1 s (about
+/// 10 s in all) keep the runtimes' start-up on a loaded machine well inside the 25 %.
 #[test]
 fn a_sampled_estimate_is_within_a_quarter_of_the_real_wall_time() {
-    let folder = sleepy_job(0.5);
+    let folder = sleepy_job(1.0);
     let dir = folder.path();
     let planned = plan(dir, &["--sample", "4", "--instances", "2", "--price", "1.0"]);
     let estimates = planned["estimates"].as_array().expect("estimates");

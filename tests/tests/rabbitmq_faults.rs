@@ -7,7 +7,7 @@ mod fleet_suite;
 use batchfleet_tests::fleet::{eventually, files_starting, finish_bounded, spawn_captured, Pool};
 use batchfleet_tests::{describe, file_names, JobFixture};
 
-use fleet_suite::{assert_rows_exactly, settings, slow_script, EVENT_LIMIT, JOB_LIMIT};
+use fleet_suite::{assert_rows_exactly, gated_script, open_gate, settings, EVENT_LIMIT, JOB_LIMIT};
 
 #[test]
 fn a_worker_killed_with_batches_in_flight_loses_nothing_and_its_deliveries_count() {
@@ -41,7 +41,9 @@ fn a_batch_outliving_the_drain_grace_is_given_back_and_the_worker_still_exits_0(
 fn connections_closed_by_the_broker_mid_job_are_reopened_and_nothing_is_lost_or_duplicated() {
     let pool = Pool::new("disconnect");
     let files = file_names(24);
-    let fixture = JobFixture::new(&files, &slow_script(1.0), &settings(4, ""), "");
+    // Batches ending after the first two wait for the gate: the job is still running, and its
+    // producer connected, when the connections are closed.
+    let fixture = JobFixture::new(&files, &gated_script(1.0, 2), &settings(4, ""), "");
     let marks = fixture.path().join("marks");
     let mut workers =
         [pool.worker(fixture.path(), "a", 2, &[]), pool.worker(fixture.path(), "b", 2, &[])];
@@ -55,6 +57,7 @@ fn connections_closed_by_the_broker_mid_job_are_reopened_and_nothing_is_lost_or_
     // Two workers and the producer: close them all, from the broker's side.
     let closed = pool.close_connections(3);
     assert!(closed >= 3, "expected the workers' and the producer's connections, closed {closed}");
+    open_gate(&fixture);
     let ended_before = files_starting(&marks, "end-").len();
     eventually(EVENT_LIMIT, "batches to end after the reconnect", || {
         (files_starting(&marks, "end-").len() >= ended_before + 2).then_some(())
@@ -79,7 +82,8 @@ fn connections_closed_by_the_broker_mid_job_are_reopened_and_nothing_is_lost_or_
 fn a_batch_whose_worker_lost_its_connection_mid_run_is_not_failed_with_max_retries_0() {
     let pool = Pool::new("leaselost");
     let files = file_names(1);
-    let fixture = JobFixture::new(&files, &slow_script(8.0), &settings(0, ""), "");
+    // run() waits for the gate, opened once the redelivery runs beside the first attempt.
+    let fixture = JobFixture::new(&files, &gated_script(0.0, 0), &settings(0, ""), "");
     let marks = fixture.path().join("marks");
     // Two slots: the redelivery is taken while the first attempt still runs.
     let mut worker = pool.worker(fixture.path(), "a", 2, &[]);
@@ -93,6 +97,10 @@ fn a_batch_whose_worker_lost_its_connection_mid_run_is_not_failed_with_max_retri
     // The worker's connection and the producer's, closed from the broker's side.
     let closed = pool.close_connections(2);
     assert!(closed >= 2, "expected the worker's and the producer's connections, closed {closed}");
+    eventually(EVENT_LIMIT, "the redelivery to run beside the first attempt", || {
+        worker.log().contains("running a batch whose earlier holder lost its lease").then_some(())
+    });
+    open_gate(&fixture);
 
     let output = finish_bounded(job, JOB_LIMIT);
     assert!(

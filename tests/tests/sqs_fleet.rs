@@ -80,9 +80,10 @@ def run(mini_batch):
     });
     let back_after = killed_at.elapsed();
     // One lease, plus SQS rounding the visibility timeout up to whole seconds (+1 s), a receive
-    // wait and the survivor's start-up.
+    // wait and the survivor's start-up on a loaded machine: well under the job's 60 s timeout,
+    // which is what a lease as long as the job's budget would cost.
     assert!(
-        back_after < Duration::from_secs(LEASE_SECS + 12),
+        back_after < Duration::from_secs(LEASE_SECS + 30),
         "the batch came back after {back_after:?}, not within one {LEASE_SECS} s lease"
     );
 

@@ -244,10 +244,17 @@ fn manifests_with_azureml_paths_run_with_the_datastore_map_beside_them() {
 fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
     let pool = Pool::new("watch-restart");
     let dir = tempfile::tempdir().unwrap();
+    // The batches wait for a gate the test opens after the kill: the job cannot end first.
+    let gate = dir.path().join("gate");
     write_entry_script(
         dir.path(),
-        "import os, time\ndef init(): pass\ndef run(mini_batch):\n    time.sleep(0.3)\n    \
-         return [os.path.basename(p) for p in mini_batch]\n",
+        format!(
+            "import os, time\nGATE = {gate:?}\ndef init(): pass\ndef run(mini_batch):\n    \
+             deadline = time.time() + 120\n    \
+             while not os.path.exists(GATE) and time.time() < deadline:\n        time.sleep(0.05)\n    \
+             return [os.path.basename(p) for p in mini_batch]\n",
+            gate = gate.display().to_string(),
+        ),
     );
     let prefix = unique_prefix("watch-restart");
     let manifests = open_str(&prefix).unwrap();
@@ -288,6 +295,7 @@ fn a_watcher_killed_mid_job_and_restarted_under_its_id_finishes_the_job_once() {
     let no_result =
         runtime.block_on(manifests.store.head(&manifests.child_key("job.yaml.result.json")));
     assert!(no_result.is_err(), "the kill came after the job ended: nothing left to test");
+    std::fs::write(&gate, "open").unwrap();
 
     let second = finish_bounded(spawn_captured(&mut watch(&["--once"])), WATCH_LIMIT);
     assert!(second.status.success(), "{}", describe(&second));

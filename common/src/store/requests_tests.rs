@@ -45,8 +45,13 @@ async fn server(status: Option<u16>) -> u16 {
     port
 }
 
-/// An S3 store on the test server, with `retries` quick retries of the store client's own.
-fn store(port: u16, retries: usize) -> impl ObjectStore {
+/// The request timeout where the test server answers.
+const ANSWERED: Duration = Duration::from_secs(20);
+
+/// An S3 store on the test server, with `retries` quick retries of the store client's own and
+/// `timeout` for each request (short only where the server never answers: a loaded machine can
+/// take longer than that to answer a request it does answer).
+fn store(port: u16, retries: usize, timeout: Duration) -> impl ObjectStore {
     AmazonS3Builder::new()
         .with_bucket_name("bucket")
         .with_region("us-east-1")
@@ -54,7 +59,7 @@ fn store(port: u16, retries: usize) -> impl ObjectStore {
         .with_secret_access_key("test")
         .with_endpoint(format!("http://127.0.0.1:{port}"))
         // Before `with_allow_http`: the options replace the ones set so far.
-        .with_client_options(ClientOptions::new().with_timeout(Duration::from_millis(300)))
+        .with_client_options(ClientOptions::new().with_timeout(timeout))
         .with_allow_http(true)
         .with_retry(RetryConfig {
             backoff: BackoffConfig {
@@ -72,7 +77,7 @@ fn store(port: u16, retries: usize) -> impl ObjectStore {
 
 #[tokio::test]
 async fn server_errors_are_counted_for_the_task_that_made_them() {
-    let store = store(server(Some(503)).await, 2);
+    let store = store(server(Some(503)).await, 2, ANSWERED);
     let before = store_retries();
     let (result, tallied) = tally(store.get(&Path::from("a/b.txt"))).await;
     assert!(result.is_err(), "every request was answered 503");
@@ -82,7 +87,7 @@ async fn server_errors_are_counted_for_the_task_that_made_them() {
 
 #[tokio::test]
 async fn a_request_that_times_out_is_counted() {
-    let store = store(server(None).await, 1);
+    let store = store(server(None).await, 1, Duration::from_millis(300));
     let (result, tallied) = tally(store.head(&Path::from("a/b.txt"))).await;
     assert!(result.is_err(), "the server never answers");
     assert_eq!(tallied, 2, "the request and its retry timed out");
@@ -90,7 +95,7 @@ async fn a_request_that_times_out_is_counted() {
 
 #[tokio::test]
 async fn answers_that_are_not_failures_are_not_counted() {
-    let store = store(server(Some(404)).await, 2);
+    let store = store(server(Some(404)).await, 2, ANSWERED);
     let (result, tallied) = tally(store.head(&Path::from("a/b.txt"))).await;
     assert!(
         matches!(result, Err(object_store::Error::NotFound { .. })),

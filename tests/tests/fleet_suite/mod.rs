@@ -60,6 +60,33 @@ def run(mini_batch):
     )
 }
 
+/// [`slow_script`], where a batch whose `seconds` end when `ends` batches have ended already
+/// then waits until the test writes `$MARKS/gate` (at most 50 s, inside the 60 s timeout of
+/// [`settings`]): the job cannot end before the test has done what it waits for.
+pub fn gated_script(seconds: f64, ends: usize) -> String {
+    format!(
+        r#"{PRELUDE}
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    for name in names:
+        mark("start-%s-%s" % (WORKER, name))
+    time.sleep({seconds})
+    if len([m for m in os.listdir(MARKS) if m.startswith("end-")]) >= {ends}:
+        deadline = time.time() + 50
+        while not os.path.exists(os.path.join(MARKS, "gate")) and time.time() < deadline:
+            time.sleep(0.05)
+    for name in names:
+        mark("end-%s-%s" % (WORKER, name))
+    return names
+"#
+    )
+}
+
+/// Let the batches of [`gated_script`] end.
+pub fn open_gate(fixture: &JobFixture) {
+    std::fs::write(fixture.path().join("marks/gate"), "open").expect("open the gate");
+}
+
 pub fn settings(max_retries: u32, extra: &str) -> String {
     format!(
         "mini_batch_size: 1\nmax_concurrency_per_instance: 1\n\
@@ -124,7 +151,21 @@ pub fn submit_with_two_workers_scores_every_file_exactly_once(pool: Pool) {
 
 pub fn a_worker_killed_with_batches_in_flight_loses_nothing_and_its_deliveries_count(pool: Pool) {
     let files = file_names(12);
-    let fixture = JobFixture::new(&files, &slow_script(1.5), &settings(2, ""), "");
+    // The doomed worker's run() calls outlast the test's look at them: what it started is still
+    // unsettled when it is killed, however slow the test is to kill it.
+    let script = format!(
+        r#"{PRELUDE}
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    for name in names:
+        mark("start-%s-%s" % (WORKER, name))
+    time.sleep(60 if WORKER == "doomed" else 1.5)
+    for name in names:
+        mark("end-%s-%s" % (WORKER, name))
+    return names
+"#
+    );
+    let fixture = JobFixture::new(&files, &script, &settings(2, ""), "");
     let marks = fixture.path().join("marks");
     let mut doomed = pool.worker(fixture.path(), "doomed", 2, &[]);
     let survivor = pool.worker(fixture.path(), "survivor", 2, &[]);
@@ -224,7 +265,26 @@ def run(mini_batch):
 
 pub fn sigterm_drains_a_worker_that_finishes_its_batch_calls_shutdown_and_exits_0(pool: Pool) {
     let files = file_names(6);
-    let fixture = JobFixture::new(&files, &slow_script(2.0), &settings(2, ""), "");
+    // The draining worker's run() lasts until the test opens the gate after the SIGTERM: its
+    // batch is in flight when the signal comes, however slow the test is to send it.
+    let script = format!(
+        r#"{PRELUDE}
+def run(mini_batch):
+    names = [os.path.basename(p) for p in mini_batch]
+    for name in names:
+        mark("start-%s-%s" % (WORKER, name))
+    if WORKER == "draining":
+        deadline = time.time() + 50
+        while not os.path.exists(os.path.join(MARKS, "gate")) and time.time() < deadline:
+            time.sleep(0.05)
+    else:
+        time.sleep(1.0)
+    for name in names:
+        mark("end-%s-%s" % (WORKER, name))
+    return names
+"#
+    );
+    let fixture = JobFixture::new(&files, &script, &settings(2, ""), "");
     let marks = fixture.path().join("marks");
     let mut draining = pool.worker(fixture.path(), "draining", 1, &[]);
     let job = spawn_captured(
@@ -236,6 +296,10 @@ pub fn sigterm_drains_a_worker_that_finishes_its_batch_calls_shutdown_and_exits_
     });
     let other = pool.worker(fixture.path(), "other", 1, &[]);
     draining.terminate();
+    eventually(EVENT_LIMIT, "the worker to say it drains", || {
+        draining.log().contains("draining in-flight ones").then_some(())
+    });
+    open_gate(&fixture);
     let exit = draining.wait_exit(Duration::from_secs(60));
     assert!(exit.success(), "a drained worker exits 0: {exit:?}\n{}", draining.log());
 

@@ -446,6 +446,20 @@ pub fn eventually<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Opt
     }
 }
 
+/// The pids of the running processes one of whose arguments contains `part` (from
+/// `/proc/<pid>/cmdline`; a process that ended meanwhile is skipped).
+pub fn processes_with_argument(part: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+            cmdline.split(|b| *b == 0).any(|arg| String::from_utf8_lossy(arg).contains(part))
+        })
+        .collect()
+}
+
 /// Names of the files in `dir` starting with `prefix`, sorted.
 pub fn files_starting(dir: &Path, prefix: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use batchfleet_tests::fleet::run_bounded;
 use batchfleet_tests::fleet::{
-    eventually, files_starting, finish_bounded, spawn_captured, statuses, Pool,
+    eventually, files_starting, finish_bounded, processes_with_argument, spawn_captured, statuses,
+    Pool,
 };
 use batchfleet_tests::{describe, file_names, prepare_example, JobFixture};
 
@@ -178,14 +179,20 @@ def run(mini_batch):
         let started = files_starting(&marks, "start-doomed-");
         (!started.is_empty()).then_some(started)
     });
+    // Its runtimes (their driver lives under its scratch folder) end with it: their run()
+    // calls would otherwise go on for a minute beside the batches' next attempts.
+    let runtimes_of_doomed = format!("{}/scratch/doomed", fixture.path().display());
+    assert!(!processes_with_argument(&runtimes_of_doomed).is_empty(), "no runtime of doomed found");
     doomed.kill_hard();
+    eventually(Duration::from_secs(20), "the killed worker's runtimes to end", || {
+        processes_with_argument(&runtimes_of_doomed).is_empty().then_some(())
+    });
 
     let output = finish_bounded(job, JOB_LIMIT);
     assert!(output.status.success(), "the job must survive a dead worker: {}", describe(&output));
     assert_rows_exactly(&fixture, &files);
 
     // The batches it had started and not settled ran again on the survivor, as attempt 2+.
-    // (Its orphaned run() calls may still end after the kill: what counts is who settled.)
     let statuses = statuses(&fixture.job_root());
     let status_of = |name: &str| {
         let index = files.iter().position(|f| f == name).expect("a planned file") as u64;

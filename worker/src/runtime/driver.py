@@ -28,7 +28,11 @@ import errno
 import json
 from json.encoder import encode_basestring_ascii
 import os
+import select
+import signal
 import sys
+import threading
+import time
 
 # Beside this file; the module's folder is on sys.path while the driver is imported (see
 # runtime::DRIVER_START), so it is imported here, at the top.
@@ -61,6 +65,34 @@ def guard_protocol_fds():
     set_dumpable(0)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=lambda: set_dumpable(1))
+
+
+def watch_the_worker(proto_in_fd):
+    """End this runtime's whole process group once the worker that started it is gone, even
+    killed with SIGKILL: a run() left running would go on with nobody to take its result, beside
+    the batch's next attempt elsewhere, holding CPU, memory or a GPU.
+
+    A thread waits, without the GIL, for the request pipe to hang up (no writer left). The worker
+    also closes its end on purpose (the runtime then ends at the end of its input, as before):
+    only a worker that died leaves this process to another parent, so the group is killed only
+    when the parent changed, looked at for 5 s after the hang-up."""
+    parent = os.getppid()
+
+    def watch():
+        poller = select.poll()
+        poller.register(proto_in_fd, 0)  # a hang-up is reported without being asked for
+        while not poller.poll():
+            pass
+        for _ in range(50):
+            if os.getppid() != parent:
+                # The worker starts each runtime as the leader of a group of its own; a group
+                # this process does not lead is not its to end.
+                if os.getpgrp() == os.getpid():
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.1)
+
+    threading.Thread(target=watch, name="batchfleet-lifeline", daemon=True).start()
 
 
 def take_protocol_fds():
@@ -412,6 +444,7 @@ def serve_shutdown(protocol, module):
 def main(argv):
     proto_in, proto_out = take_protocol_fds()
     guard_protocol_fds()
+    watch_the_worker(proto_in.fileno())
     protocol = Protocol(proto_in, proto_out)
     if len(argv) < 3:
         protocol.send("init_error", exception="UsageError",

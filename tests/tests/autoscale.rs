@@ -256,9 +256,14 @@ fn job(files: usize, sleep: f64) -> JobFixture {
         "import time\ndef init(): pass\ndef run(mini_batch):\n    time.sleep({sleep})\n    \
          return [open(p).read() for p in mini_batch]\n"
     );
+    job_of(files, &script)
+}
+
+/// A job of `files` mini-batches of one file each, run by `script`.
+fn job_of(files: usize, script: &str) -> JobFixture {
     let fixture = JobFixture::new(
         &file_names(files),
-        &script,
+        script,
         "mini_batch_size: 1\nretry_settings: {max_retries: 3, timeout: 120}",
         "",
     );
@@ -290,13 +295,7 @@ fn job_holding_one_batch(files: usize, sleep: f64) -> JobFixture {
                  open(os.path.join(MARKS, 'done', os.path.basename(p)), 'w').close()\n    \
              return [open(p).read() for p in mini_batch]\n"
     );
-    let fixture = JobFixture::new(
-        &file_names(files),
-        &script,
-        "mini_batch_size: 1\nretry_settings: {max_retries: 3, timeout: 120}",
-        "",
-    );
-    std::fs::create_dir_all(fixture.path().join("jobs")).expect("the jobs folder");
+    let fixture = job_of(files, &script);
     std::fs::create_dir_all(fixture.path().join("marks/done")).expect("the done marks folder");
     fixture
 }

@@ -43,22 +43,13 @@ fn a_batch_outliving_the_drain_grace_is_given_back_and_the_worker_still_exits_0(
 #[test]
 fn a_dead_workers_batch_is_back_within_one_lease_not_the_job_timeout() {
     use batchfleet_tests::fleet::{eventually, files_starting, finish_bounded, spawn_captured};
-    use fleet_suite::{assert_rows_exactly, settings, EVENT_LIMIT, JOB_LIMIT, PRELUDE};
+    use fleet_suite::{assert_rows_exactly, marking_script, settings, EVENT_LIMIT, JOB_LIMIT};
     use std::time::{Duration, Instant};
 
     const LEASE_SECS: u64 = 4;
     let pool = Pool::sqs("lease");
     let files = batchfleet_tests::file_names(4);
-    let script = format!(
-        r#"{PRELUDE}
-def run(mini_batch):
-    names = [os.path.basename(p) for p in mini_batch]
-    for name in names:
-        mark("start-%s-%s" % (WORKER, name))
-    time.sleep(600 if WORKER == "doomed" else 0.1)
-    return names
-"#
-    );
+    let script = marking_script("    time.sleep(600 if WORKER == 'doomed' else 0.1)");
     // retry_settings.timeout is 60 s: a lease as long as the job's budget would keep the
     // batch hidden for over a minute.
     let fixture = batchfleet_tests::JobFixture::new(&files, &script, &settings(2, ""), "");

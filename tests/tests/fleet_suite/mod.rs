@@ -45,15 +45,17 @@ def shutdown():
     mark("shutdown-" + WORKER)
 "#;
 
-/// `run()` that records its start, takes `seconds` per batch, and returns the file names.
-pub fn slow_script(seconds: f64) -> String {
+/// `run()` that records its start (`start-<worker>-<file>`), runs `middle` (Python statements
+/// at the function's indentation, e.g. `time.sleep(1)`), records its end and returns the file
+/// names.
+pub fn marking_script(middle: &str) -> String {
     format!(
         r#"{PRELUDE}
 def run(mini_batch):
     names = [os.path.basename(p) for p in mini_batch]
     for name in names:
         mark("start-%s-%s" % (WORKER, name))
-    time.sleep({seconds})
+{middle}
     for name in names:
         mark("end-%s-%s" % (WORKER, name))
     return names
@@ -61,26 +63,38 @@ def run(mini_batch):
     )
 }
 
-/// [`slow_script`], where a batch whose `seconds` end when `ends` batches have ended already
-/// then waits until the test writes `$MARKS/gate` (at most 50 s, inside the 60 s timeout of
-/// [`settings`]): the job cannot end before the test has done what it waits for.
-pub fn gated_script(seconds: f64, ends: usize) -> String {
+/// `run()` that records its start, takes `seconds` per batch, and returns the file names.
+pub fn slow_script(seconds: f64) -> String {
+    marking_script(&format!("    time.sleep({seconds})"))
+}
+
+/// Python statements that wait until the test writes `$MARKS/gate` (at most 50 s, inside the
+/// 60 s timeout of [`settings`]), at the indentation `indent`.
+fn wait_for_gate(indent: &str) -> String {
     format!(
-        r#"{PRELUDE}
-def run(mini_batch):
-    names = [os.path.basename(p) for p in mini_batch]
-    for name in names:
-        mark("start-%s-%s" % (WORKER, name))
-    time.sleep({seconds})
-    if len([m for m in os.listdir(MARKS) if m.startswith("end-")]) >= {ends}:
-        deadline = time.time() + 50
-        while not os.path.exists(os.path.join(MARKS, "gate")) and time.time() < deadline:
-            time.sleep(0.05)
-    for name in names:
-        mark("end-%s-%s" % (WORKER, name))
-    return names
-"#
+        "{indent}deadline = time.time() + 50\n\
+         {indent}while not os.path.exists(os.path.join(MARKS, \"gate\")) and time.time() < deadline:\n\
+         {indent}    time.sleep(0.05)"
     )
+}
+
+/// [`slow_script`], where a batch whose `seconds` end when `ends` batches have ended already
+/// then waits for the gate ([`open_gate`]): the job cannot end before the test has done what
+/// it waits for.
+pub fn gated_script(seconds: f64, ends: usize) -> String {
+    marking_script(&format!(
+        "    time.sleep({seconds})\n    \
+         if len([m for m in os.listdir(MARKS) if m.startswith(\"end-\")]) >= {ends}:\n{}",
+        wait_for_gate("        ")
+    ))
+}
+
+/// `run()` of 1 s for every worker but `worker`, whose batches wait for the gate.
+pub fn gated_for(worker: &str) -> String {
+    marking_script(&format!(
+        "    if WORKER == {worker:?}:\n{}\n    else:\n        time.sleep(1.0)",
+        wait_for_gate("        ")
+    ))
 }
 
 /// Let the batches of [`gated_script`] end.
@@ -154,18 +168,7 @@ pub fn a_worker_killed_with_batches_in_flight_loses_nothing_and_its_deliveries_c
     let files = file_names(12);
     // The doomed worker's run() calls outlast the test's look at them: what it started is still
     // unsettled when it is killed, however slow the test is to kill it.
-    let script = format!(
-        r#"{PRELUDE}
-def run(mini_batch):
-    names = [os.path.basename(p) for p in mini_batch]
-    for name in names:
-        mark("start-%s-%s" % (WORKER, name))
-    time.sleep(60 if WORKER == "doomed" else 1.5)
-    for name in names:
-        mark("end-%s-%s" % (WORKER, name))
-    return names
-"#
-    );
+    let script = marking_script("    time.sleep(60 if WORKER == 'doomed' else 1.5)");
     let fixture = JobFixture::new(&files, &script, &settings(2, ""), "");
     let marks = fixture.path().join("marks");
     let mut doomed = pool.worker(fixture.path(), "doomed", 2, &[]);
@@ -274,23 +277,7 @@ pub fn sigterm_drains_a_worker_that_finishes_its_batch_calls_shutdown_and_exits_
     let files = file_names(6);
     // The draining worker's run() lasts until the test opens the gate after the SIGTERM: its
     // batch is in flight when the signal comes, however slow the test is to send it.
-    let script = format!(
-        r#"{PRELUDE}
-def run(mini_batch):
-    names = [os.path.basename(p) for p in mini_batch]
-    for name in names:
-        mark("start-%s-%s" % (WORKER, name))
-    if WORKER == "draining":
-        deadline = time.time() + 50
-        while not os.path.exists(os.path.join(MARKS, "gate")) and time.time() < deadline:
-            time.sleep(0.05)
-    else:
-        time.sleep(1.0)
-    for name in names:
-        mark("end-%s-%s" % (WORKER, name))
-    return names
-"#
-    );
+    let script = gated_for("draining");
     let fixture = JobFixture::new(&files, &script, &settings(2, ""), "");
     let marks = fixture.path().join("marks");
     let mut draining = pool.worker(fixture.path(), "draining", 1, &[]);

@@ -29,14 +29,13 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use batchfleet_common::broker::connect::RabbitMqConnect;
-use batchfleet_common::broker::{Broker, QueueSpec};
 use batchfleet_common::retry::{ClassifiedError as _, RetryPolicy};
 use batchfleet_common::spec;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
 use crate::flows::pipeline;
-use crate::infra::broker::{producer_broker, remove_events_queue};
+use crate::infra::broker::remove_events_queue;
 use crate::job::confine::AllowList;
 use crate::job::lifecycle::JobReport;
 use crate::modes::resume::{resume, ResumeOptions};
@@ -47,9 +46,11 @@ pub mod claims;
 pub mod datastores;
 mod pipelines;
 pub mod store_check;
+mod waker;
 
 pub use claims::DEFAULT_CLAIM_LEASE;
 use claims::{HeldClaim, Observer, Written};
+use waker::Waker;
 
 /// Options of `batchfleet watch`.
 #[derive(Debug, Clone)]
@@ -173,48 +174,6 @@ pub async fn watch(options: &WatchOptions) -> Result<WatchSummary, ProducerError
         waker.wait(wait).await;
     }
 }
-
-/// Waits for the next pass: the polling interval, cut short by a message on the wake queue.
-struct Waker {
-    wake: Option<(std::sync::Arc<dyn Broker>, String)>,
-}
-
-impl Waker {
-    async fn connect(options: &WatchOptions) -> Result<Waker, ProducerError> {
-        let Some(queue) = &options.wake_queue else {
-            return Ok(Waker { wake: None });
-        };
-        let broker = producer_broker(&options.broker, &options.pool).await?;
-        broker.declare_queue(&QueueSpec::plain(queue)).await?;
-        Ok(Waker { wake: Some((broker, queue.clone())) })
-    }
-
-    async fn wait(&self, interval: Duration) {
-        let Some((broker, queue)) = &self.wake else {
-            tokio::time::sleep(interval).await;
-            return;
-        };
-        match broker.receive(queue, 100, WAKE_LEASE, interval).await {
-            Ok(deliveries) => {
-                for delivery in &deliveries {
-                    if let Err(error) = broker.ack(&delivery.handle).await {
-                        tracing::debug!(%error, "acking a wake-up message");
-                    }
-                }
-                if !deliveries.is_empty() {
-                    tracing::debug!(messages = deliveries.len(), "woken up by the wake queue");
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "the wake queue failed; polling instead");
-                tokio::time::sleep(interval).await;
-            }
-        }
-    }
-}
-
-/// How long a wake-up message is held before it is acked (it is acked at once).
-const WAKE_LEASE: Duration = Duration::from_secs(30);
 
 /// Manifests under the prefix: `.yaml` / `.yml` objects, in key order.
 async fn list_manifests(location: &StoreLocation) -> Result<Vec<Path>, StoreError> {

@@ -6,7 +6,7 @@ use object_store::memory::InMemory;
 use object_store::{PutOptions, PutPayload, PutResult};
 
 use batchfleet_common::broker::embedded::EmbeddedBroker;
-use batchfleet_common::broker::BrokerError;
+use batchfleet_common::broker::{Broker, BrokerError, QueueSpec};
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::QueueNames;
 

@@ -140,9 +140,12 @@ fn url_of(root: &Path) -> String {
     url::Url::from_directory_path(root).unwrap().to_string()
 }
 
-/// Every mini-batch sleeps a minute: the first Ctrl-C's clean stop waits for the workers.
+/// Every mini-batch marks that it started, then sleeps a minute: the first Ctrl-C's clean stop
+/// waits for the workers.
 const SLOW: &str = "import os, time\n\ndef init():\n    pass\n\n\
-    def run(mini_batch):\n    time.sleep(60)\n    return [os.path.basename(p) for p in mini_batch]\n";
+    def run(mini_batch):\n    \
+    open(os.path.join(os.environ['MARKS'], os.path.basename(mini_batch[0])), 'w').close()\n    \
+    time.sleep(60)\n    return [os.path.basename(p) for p in mini_batch]\n";
 
 #[test]
 fn a_second_ctrl_c_stops_at_once() {
@@ -159,7 +162,8 @@ fn a_second_ctrl_c_stops_at_once() {
         .expect("start batchfleet run");
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
     let text = || std::fs::read_to_string(&said).unwrap_or_default();
-    eventually(LIMIT, "the job planned", || text().contains("planned").then_some(()));
+    // Only once a `run()` is under way does the clean stop have something to wait for.
+    eventually(LIMIT, "a mini-batch's run() started", || (!job.marks().is_empty()).then_some(()));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("first SIGINT");
     eventually(Duration::from_secs(30), "the first Ctrl-C said", || {
         text().contains("Ctrl-C (SIGINT): stopping").then_some(())

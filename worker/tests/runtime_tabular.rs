@@ -254,6 +254,57 @@ async fn path_columns_and_the_path_column_follow_the_data_columns() {
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
+/// Partitions of the same columns, one after another in one runtime: what run() does to one
+/// partition's frame (its column index's name, a column added, a rename in place) is not seen
+/// in the next one's, which the driver builds on a column index kept for the job.
+#[tokio::test]
+async fn a_partition_never_sees_what_run_did_to_the_one_before() {
+    let scratch = Scratch::new();
+    let mut process = start(
+        &scratch,
+        "mutate.py",
+        r#"
+import json
+def init(): pass
+def run(mini_batch):
+    df = mini_batch
+    seen = [json.dumps([list(df.columns), df.columns.name, str(df.columns.dtype),
+                        df["qty"].tolist(), df["Store"].tolist()])]
+    df.columns.name = "changed"
+    df["extra"] = 1
+    df.rename(columns={"qty": "renamed"}, inplace=True)
+    return seen
+"#,
+    )
+    .await;
+    let mut seen = Vec::new();
+    for (index, (store, rows)) in
+        [("S1", "3\n4\n"), ("S2", "5\n"), ("S3", "6\n7\n8\n")].into_iter().enumerate()
+    {
+        let data = write(
+            &scratch,
+            &format!("{store}.csv"),
+            format!(
+                "item,qty\n{}",
+                rows.lines().map(|qty| format!("i{qty},{qty}\n")).collect::<String>()
+            ),
+        );
+        let mut one = piece(&data, &format!("s3://b/sales/{store}/data.csv"));
+        one.path_columns = ColumnValues::from([("Store".into(), store.into())]);
+        let (_, text) = run_ok(&mut process, request(&scratch, index as u64, csv(vec![one]))).await;
+        seen.push(serde_json::from_str::<Value>(text.trim_end()).expect("one JSON line"));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            json!([["item", "qty", "Store"], null, "str", [3, 4], ["S1", "S1"]]),
+            json!([["item", "qty", "Store"], null, "str", [5], ["S2"]]),
+            json!([["item", "qty", "Store"], null, "str", [6, 7, 8], ["S3", "S3", "S3"]]),
+        ]
+    );
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
 #[tokio::test]
 async fn keep_and_drop_columns_apply_in_order_and_name_missing_columns() {
     let scratch = Scratch::new();

@@ -322,7 +322,7 @@ def one_piece(pd, df, added, infer):
     and one new frame where that way takes a frame, a column index, dtypes and a reindex."""
     values = dict(added)  # a name added twice: its last value, at its first place
     own = set(df.columns)
-    columns = {}
+    names, arrays = [], []
     for name, column in df.items():
         if name in values:  # replaced by the added column, and never inferred
             continue
@@ -331,7 +331,8 @@ def one_piece(pd, df, added, infer):
             typed = infer_column(pd, column)
             if typed is not None:
                 column = typed
-        columns[name] = column.array
+        names.append(name)
+        arrays.append(column.array)
     # The added columns after the data ones, as combine orders them: those the piece had where
     # it had them, then the new ones, Path last.
     extra = [name for name in df.columns if name in values]
@@ -341,11 +342,52 @@ def one_piece(pd, df, added, infer):
         extra.append("Path")
     rows = len(df)
     text = text_dtype(pd)
+    # pandas' own string arrays take the ExtensionArray interface's constructor directly.
+    array_type = getattr(text, "construct_array_type", None)
+    constant = array_type()._from_sequence if array_type else pd.array
     for name in extra:
-        columns[name] = pd.array([values[name]] * rows, dtype=text)
-    combined = pd.DataFrame(columns, copy=False)
-    combined.columns.name = df.columns.name
-    return combined
+        names.append(name)
+        arrays.append(constant([values[name]] * rows, dtype=text))
+    return frame_of(pd, names, arrays, rows, df.columns.name)
+
+
+# Column indexes of one-piece mini-batches by their names and name: a job's partitions mostly
+# share one, and a frame with a new index builds the index's hash table again on the first
+# column run() looks up.
+COLUMN_INDEXES = {}
+COLUMN_INDEXES_MAX = 64
+
+
+def frame_of(pd, names, arrays, rows, name):
+    """A frame of the columns `arrays` named `names` (flat, unique) on rows 0..rows-1, its
+    column index named `name`: what pd.DataFrame(dict(zip(names, arrays))) makes, with a
+    column index shared with the job's earlier mini-batches of the same columns."""
+    index = shared_column_index(pd, names, name)
+    from_arrays = getattr(pd.DataFrame, "_from_arrays", None)
+    if index is None or from_arrays is None:
+        combined = pd.DataFrame(dict(zip(names, arrays)), copy=False)
+        combined.columns.name = name
+        return combined
+    # A view of the shared index: a name of its own (which run() may set), the same hash table.
+    return from_arrays(arrays, columns=index.view(), index=pd.RangeIndex(rows))
+
+
+def shared_column_index(pd, names, name):
+    """The column index pandas infers for `names`, named `name`, made once per job; None for
+    names it would not take as they are (tuples make a MultiIndex) or cannot be keys."""
+    if any(isinstance(n, tuple) for n in names):
+        return None
+    key = (tuple(names), tuple(type(n) for n in names), name)
+    try:
+        index = COLUMN_INDEXES.get(key)
+    except TypeError:  # a name that cannot be hashed
+        return None
+    if index is None:
+        if len(COLUMN_INDEXES) >= COLUMN_INDEXES_MAX:
+            COLUMN_INDEXES.clear()
+        index = pd.Index(names, name=name)
+        COLUMN_INDEXES[key] = index
+    return index
 
 
 def read_table(table):

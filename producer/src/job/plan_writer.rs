@@ -24,7 +24,9 @@ const BATCHES_PER_CHUNK: usize = 1000;
 /// bounded whatever the batches hold (1,000 batches of 1,000 files would be tens of MB).
 const CHUNK_BYTES: usize = 4 << 20;
 /// Batches in the first chunk: small, so that workers start their runtimes (and `init()`)
-/// while the rest of the input is still being listed and planned.
+/// while the rest of the input is still being listed and planned. Each next chunk holds twice
+/// as many, up to `BATCHES_PER_CHUNK`: the workers get more before they run out, while the
+/// planner reads what the next chunk needs (a `stat` a file for the batches' identities).
 const FIRST_CHUNK_BATCHES: usize = 32;
 /// Messages per `publish` call: the broker pipelines its confirms within one call (RabbitMQ),
 /// so one call per chunk waits for one round of confirms instead of one per group.
@@ -220,8 +222,9 @@ impl<'a> PlanWriter<'a> {
         encode(self.target, &mut message, &mut self.chunk.lines).await?;
         self.chunk.messages.push((message.index, start..self.chunk.lines.len()));
         self.chunk.lines.push(b'\n');
-        let limit = if self.chunk_no == 0 { FIRST_CHUNK_BATCHES } else { BATCHES_PER_CHUNK };
-        if self.chunk.messages.len() >= limit || self.chunk.lines.len() >= CHUNK_BYTES {
+        if self.chunk.messages.len() >= chunk_batches(self.chunk_no)
+            || self.chunk.lines.len() >= CHUNK_BYTES
+        {
             flush_chunk(self.target, self.chunk_no, &mut self.chunk).await?;
             self.chunk_no += 1;
         }
@@ -270,6 +273,12 @@ async fn encode(
     msg.items_ref = Some(ItemsRef { key: rel, count, table });
     msg.items = Vec::new();
     serde_json::to_writer(&mut *out, msg).map_err(ProducerError::internal)
+}
+
+/// The most batches chunk `chunk_no` holds: 32, 64, 128, … up to `BATCHES_PER_CHUNK`.
+fn chunk_batches(chunk_no: u64) -> usize {
+    let doublings = chunk_no.min(10) as u32; // 32 << 10 is past the limit already
+    (FIRST_CHUNK_BATCHES << doublings).min(BATCHES_PER_CHUNK)
 }
 
 /// Record the chunk under `plan/`, then publish its messages (but those of batches that ended).

@@ -89,3 +89,12 @@ async fn items_too_large_for_a_message_are_claim_checked() {
     assert!(published[1].len() <= CLAIM_CHECK_BYTES);
     assert_eq!(chunks.concat().iter().filter(|b| **b == b'\n').count(), 2);
 }
+
+#[tokio::test]
+async fn chunks_double_from_the_first_up_to_the_limit() {
+    let (chunks, published) = plan_of(3000, 1, &HashSet::new()).await;
+    let sizes: Vec<usize> =
+        chunks.iter().map(|c| c.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count()).collect();
+    assert_eq!(sizes, vec![32, 64, 128, 256, 512, 1000, 1000, 8]);
+    assert_eq!(published.len(), 3000);
+}

@@ -17,6 +17,7 @@ use batchfleet_common::message::batch_id;
 use batchfleet_common::store::{self, StoreError, StoreLocation};
 
 use crate::error::ProducerError;
+use crate::job::prefetch::PrefetchedRows;
 use crate::job::tracker::{BatchRows, Tracker};
 use batchfleet_common::job_root::{JobRoot, JobRootError};
 
@@ -97,8 +98,20 @@ pub async fn aggregate(
     if let Some(header) = header {
         write_chunk(&mut writer, &mut totals, format!("{header}\n").as_bytes());
     }
+    let ahead = match tracker.rows_ahead() {
+        Some(prefetch) => prefetch.finish().await,
+        None => PrefetchedRows::default(),
+    };
+    tracing::debug!(batches = ahead.len(), "rows read while the job ran");
+    let ahead = &ahead;
     let fetches = tracker.succeeded().map(|(index, rows)| async move {
         let batch = batch_id(index);
+        let rows = match (rows, ahead.take(index)) {
+            (BatchRows::Inline, Some(read)) => {
+                return (root.layout.status(&batch), Ok(Part::Small(read)));
+            }
+            (rows, _) => rows,
+        };
         match rows {
             BatchRows::Part(part) => {
                 let key = root.layout.result_part(&batch, part);

@@ -25,6 +25,7 @@ use crate::job::aggregate::{aggregate, output_location, partial_location, Aggreg
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
 use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
+use crate::job::prefetch::{RowsPrefetch, BUDGET as ROWS_AHEAD_BUDGET};
 use crate::job::progress::Progress;
 use crate::job::reuse::Identities;
 use crate::job::tracker::Tracker;
@@ -282,6 +283,7 @@ pub async fn follow_from(
     fleet_gone: impl FnMut() -> Option<String>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
     let mut tracker = Tracker::new(plan);
+    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), ROWS_AHEAD_BUDGET));
     for status in statuses {
         tracker.record(status);
     }

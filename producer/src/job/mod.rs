@@ -1,7 +1,7 @@
 //! The stages of one parallel job, shared by every mode: `plan` (listing, cutting; `plan_table`
 //! for MLTable inputs and partitions; `plan_writer` records and publishes), `follow` (events,
 //! `dead_letters` routing, `progress`; `follow_end`: why following stops), `tracker` (compact
-//! per-batch state), `aggregate`, `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a
+//! per-batch state; `prefetch` reads succeeded rows while the job runs), `aggregate`, `outcome` (thresholds, `job_result.txt`) and `lifecycle` (a
 //! job's life from spec to verdict, and the job root a command names; `after_result`: the user
 //! logs awaited, the job report and `producer.log` once the result is written); `confine` checks every
 //! place a job names against an allow-list. `fleet` hosts an in-process fleet (`run`, and
@@ -28,6 +28,7 @@ pub mod plan;
 mod plan_ranges;
 mod plan_table;
 mod plan_writer;
+mod prefetch;
 pub mod progress;
 pub mod reuse;
 mod runtime_parent;

@@ -6,6 +6,7 @@
 use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
 
 use crate::job::plan::PlanSummary;
+use crate::job::prefetch::RowsPrefetch;
 
 /// The final state of one batch, as far as counting needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +86,8 @@ pub struct Tracker {
     runtimes: std::collections::BTreeMap<String, Runtimes>,
     /// Failed mini-batches grouped by their error, in the order the groups were first seen.
     failure_groups: Vec<FailureGroup>,
+    /// Reads the rows of batches that succeed with their rows in their status, for aggregation.
+    prefetch: Option<RowsPrefetch>,
 }
 
 /// Groups of failures kept at most; failures of further kinds count in the last group.
@@ -158,7 +161,19 @@ impl Tracker {
             rows_out: 0,
             runtimes: std::collections::BTreeMap::new(),
             failure_groups: Vec::new(),
+            prefetch: None,
         }
+    }
+
+    /// Read the rows of the batches that succeed from now on with their rows in their status
+    /// while the job runs (see [`RowsPrefetch`]); aggregation takes them.
+    pub fn read_rows_ahead(&mut self, prefetch: RowsPrefetch) {
+        self.prefetch = Some(prefetch);
+    }
+
+    /// What reads rows ahead, if anything does.
+    pub fn rows_ahead(&self) -> Option<&RowsPrefetch> {
+        self.prefetch.as_ref()
     }
 
     /// Record a batch's status. Returns false for a duplicate or an index outside the plan.
@@ -207,6 +222,11 @@ impl Tracker {
             self.counts.batches_failed_storage += 1;
         }
         Self::count(&mut self.counts, &new);
+        if let (BatchState::Succeeded, None, Some(prefetch)) =
+            (new.state, &new.part, &self.prefetch)
+        {
+            prefetch.succeeded(status.index);
+        }
         *slot = Some(new);
         if status.header.is_some() && self.header.is_none() {
             self.header = status.header.clone();

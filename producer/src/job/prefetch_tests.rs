@@ -1,0 +1,97 @@
+//! Rows read ahead: what aggregation writes is the same, and what was read is not read again.
+
+use std::time::{Duration, Instant};
+
+use batchfleet_common::job_root::{JobRoot, JOB_ROOT_FORMAT};
+use batchfleet_common::status::BatchState;
+use batchfleet_common::test_support::batch_status;
+
+use super::*;
+use crate::job::plan::PlanSummary;
+use crate::job::tracker::Tracker;
+
+/// `count` succeeded batches of a local root, their rows ("row <i>\n") inside their statuses.
+async fn root_with_statuses(dir: &std::path::Path, count: u64) -> JobRoot {
+    let url = url::Url::from_directory_path(dir).unwrap();
+    let root = JobRoot::create(&url, "j").unwrap();
+    let output = dir.join("out");
+    for index in 0..count {
+        std::fs::write(&output, format!("row {index}\n")).unwrap();
+        let mut status = batch_status(index, Some("1-w"), BatchState::Succeeded);
+        status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &output);
+        assert!(status.inline_rows.is_some());
+        root.write_part_and_status("1-w", &output, &status).await.unwrap();
+    }
+    root
+}
+
+async fn aggregated(dir: &std::path::Path, root: &JobRoot, tracker: &Tracker) -> String {
+    let file = dir.join("output.txt");
+    let output =
+        batchfleet_common::store::open_str(url::Url::from_file_path(&file).unwrap().as_str())
+            .unwrap();
+    crate::job::aggregate::aggregate(root, tracker, None, &output).await.unwrap();
+    std::fs::read_to_string(&file).unwrap()
+}
+
+async fn until_read(prefetch: &RowsPrefetch, count: usize) {
+    let limit = Instant::now() + Duration::from_secs(20);
+    while prefetch.rows_read() < count {
+        assert!(Instant::now() < limit, "{} of {count} batches read ahead", prefetch.rows_read());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn expected(count: u64) -> String {
+    (0..count).map(|index| format!("row {index}\n")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_read_while_the_job_runs_are_aggregated_without_reading_them_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_statuses(dir.path(), 40).await;
+    let statuses = root.read_statuses().await.unwrap();
+    let mut tracker = Tracker::new(PlanSummary::of(40, 40));
+    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), BUDGET));
+    for status in &statuses {
+        assert!(tracker.record(&status.clone().without_rows()));
+    }
+    until_read(tracker.rows_ahead().unwrap(), 40).await;
+    // Aggregation must not need the statuses any more.
+    std::fs::remove_dir_all(dir.path().join("j/status")).unwrap();
+    assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_budget_the_rest_is_read_at_aggregation() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_statuses(dir.path(), 30).await;
+    let statuses = root.read_statuses().await.unwrap();
+    let mut tracker = Tracker::new(PlanSummary::of(30, 30));
+    // "row 0\n" .. "row 9\n" are 6 bytes each: ten fit, at most.
+    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), 60));
+    for status in &statuses {
+        assert!(tracker.record(&status.clone().without_rows()));
+    }
+    let prefetch = tracker.rows_ahead().unwrap();
+    until_read(prefetch, 1).await;
+    assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_and_rows_in_a_part_are_not_read_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url::Url::from_directory_path(dir.path()).unwrap();
+    let root = JobRoot::create(&url, "j").unwrap();
+    let output = dir.path().join("out");
+    std::fs::write(&output, "in a part\n").unwrap();
+    let part = batch_status(0, Some("1-w"), BatchState::Succeeded);
+    root.write_part_and_status("1-w", &output, &part).await.unwrap();
+    let failed = batch_status(1, None, BatchState::Failed);
+    let mut tracker = Tracker::new(PlanSummary::of(2, 2));
+    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), BUDGET));
+    assert!(tracker.record(&part));
+    assert!(tracker.record(&failed));
+    let rows = tracker.rows_ahead().unwrap().finish().await;
+    assert!(rows.is_empty());
+}

@@ -42,6 +42,16 @@ async fn until_read(prefetch: &RowsPrefetch, count: usize) {
     }
 }
 
+/// A tracker reading ahead with `budget`, told (as events tell it) of every batch of `root`.
+async fn tracker_told_of(root: &JobRoot, count: u64, budget: usize) -> Tracker {
+    let mut tracker = Tracker::new(PlanSummary::of(count, count));
+    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), budget));
+    for status in root.read_statuses().await.unwrap() {
+        assert!(tracker.record(&status.without_rows()));
+    }
+    tracker
+}
+
 fn expected(count: u64) -> String {
     (0..count).map(|index| format!("row {index}\n")).collect()
 }
@@ -50,12 +60,7 @@ fn expected(count: u64) -> String {
 async fn rows_read_while_the_job_runs_are_aggregated_without_reading_them_again() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_statuses(dir.path(), 40).await;
-    let statuses = root.read_statuses().await.unwrap();
-    let mut tracker = Tracker::new(PlanSummary::of(40, 40));
-    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), BUDGET));
-    for status in &statuses {
-        assert!(tracker.record(&status.clone().without_rows()));
-    }
+    let tracker = tracker_told_of(&root, 40, BUDGET).await;
     until_read(tracker.rows_ahead().unwrap(), 40).await;
     // Aggregation must not need the statuses any more.
     std::fs::remove_dir_all(dir.path().join("j/status")).unwrap();
@@ -66,15 +71,9 @@ async fn rows_read_while_the_job_runs_are_aggregated_without_reading_them_again(
 async fn past_the_budget_the_rest_is_read_at_aggregation() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_statuses(dir.path(), 30).await;
-    let statuses = root.read_statuses().await.unwrap();
-    let mut tracker = Tracker::new(PlanSummary::of(30, 30));
     // "row 0\n" .. "row 9\n" are 6 bytes each: ten fit, at most.
-    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), 60));
-    for status in &statuses {
-        assert!(tracker.record(&status.clone().without_rows()));
-    }
-    let prefetch = tracker.rows_ahead().unwrap();
-    until_read(prefetch, 1).await;
+    let tracker = tracker_told_of(&root, 30, 60).await;
+    until_read(tracker.rows_ahead().unwrap(), 1).await;
     assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
 }
 

@@ -283,7 +283,11 @@ pub async fn follow_from(
     fleet_gone: impl FnMut() -> Option<String>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
     let mut tracker = Tracker::new(plan);
-    tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), ROWS_AHEAD_BUDGET));
+    // A local root's status is a file read in place at aggregation, with no latency to hide:
+    // read while the job runs, it only takes its CPU from the busy workers.
+    if root.local_dir().is_none() {
+        tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), ROWS_AHEAD_BUDGET));
+    }
     for status in statuses {
         tracker.record(status);
     }

@@ -239,8 +239,29 @@ pub fn can_view(folder: &Path, writes: &[&Path]) -> bool {
 
 /// Whether a runtime with a read-only view of `folder` sees `path` through it (both as the file
 /// system resolves them: a link in the folder that leads out of it is not seen through it).
+///
+/// Asked for every piece of every tabular mini-batch: a path written under `folder` whose every
+/// part below it is there and no link is seen without resolving either (a `stat` a part, where
+/// resolving both costs a `readlink` for each part of each path).
 pub fn sees(folder: &Path, path: &Path) -> bool {
-    resolved_path(path).starts_with(resolved_path(folder))
+    below_without_links(folder, path) || resolved_path(path).starts_with(resolved_path(folder))
+}
+
+/// Whether `path` is `folder` followed by parts that exist and none of which is a link (nor
+/// `..`): then it resolves to wherever `folder` resolves, and below it.
+fn below_without_links(folder: &Path, path: &Path) -> bool {
+    use std::path::Component;
+    let Ok(rest) = path.strip_prefix(folder) else { return false };
+    let mut at = folder.to_path_buf();
+    for part in rest.components() {
+        let Component::Normal(name) = part else { return false };
+        at.push(name);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if !meta.file_type().is_symlink() => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -52,6 +52,23 @@ fn a_file_is_seen_through_the_view_only_where_it_resolves_into_the_folder() {
     assert!(!sees(&data, &elsewhere.join("out.csv")), "a file outside the folder");
     assert!(!sees(&data, &data.join("link.csv")), "a link in it that leads out");
     assert!(!sees(&data, &dir.path().join("data-2/in.csv")), "a sibling sharing its name");
+    // Below the folder: a link to a folder outside, a link back inside, `..`, a folder given
+    // through a link of its own.
+    std::fs::create_dir_all(data.join("a/b")).unwrap();
+    std::fs::write(data.join("a/b/deep.csv"), "x").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, data.join("a/out")).unwrap();
+    std::os::unix::fs::symlink(data.join("a/b"), data.join("a/in")).unwrap();
+    assert!(sees(&data, &data.join("a/b/deep.csv")));
+    assert!(!sees(&data, &data.join("a/out/out.csv")), "a folder link that leads out");
+    assert!(sees(&data, &data.join("a/in/deep.csv")), "a folder link that stays inside");
+    assert!(!sees(&data, &data.join("a/../../elsewhere/out.csv")), "`..` out of the folder");
+    assert!(sees(&data, &data.join("a/../in.csv")), "`..` that stays inside");
+    std::os::unix::fs::symlink(&data, dir.path().join("data-link")).unwrap();
+    let through = dir.path().join("data-link");
+    assert!(sees(&through, &through.join("a/b/deep.csv")), "the folder given through a link");
+    assert!(sees(&through, &data.join("in.csv")), "the folder's own path, given through a link");
+    assert!(!sees(&through, &through.join("link.csv")), "a link in it that leads out");
+    assert!(sees(&data, &data.join("missing/in.csv")), "a place not made yet lands inside");
 }
 
 /// The user-namespace path, which a worker that is not root takes: a root test process runs

@@ -106,13 +106,10 @@ pub async fn aggregate(
     let ahead = &ahead;
     let fetches = tracker.succeeded().map(|(index, rows)| async move {
         let batch = batch_id(index);
-        let rows = match (rows, ahead.take(index)) {
-            (BatchRows::Inline, Some(read)) => {
-                return (root.layout.status(&batch), Ok(Part::Small(read)));
-            }
-            (rows, _) => rows,
-        };
         match rows {
+            BatchRows::Inline if let Some(read) = ahead.take(index) => {
+                (root.layout.status(&batch), Ok(Part::Small(read)))
+            }
             BatchRows::Part(part) => {
                 let key = root.layout.result_part(&batch, part);
                 let fetched = fetch_part(root, &key).await;

@@ -25,7 +25,7 @@ use crate::job::aggregate::{aggregate, output_location, partial_location, Aggreg
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
 use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
-use crate::job::prefetch::{RowsPrefetch, BUDGET as ROWS_AHEAD_BUDGET};
+use crate::job::prefetch::RowsPrefetch;
 use crate::job::progress::Progress;
 use crate::job::reuse::Identities;
 use crate::job::tracker::Tracker;
@@ -283,10 +283,8 @@ pub async fn follow_from(
     fleet_gone: impl FnMut() -> Option<String>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
     let mut tracker = Tracker::new(plan);
-    // A local root's status is a file read in place at aggregation, with no latency to hide:
-    // read while the job runs, it only takes its CPU from the busy workers.
-    if root.local_dir().is_none() {
-        tracker.read_rows_ahead(RowsPrefetch::start(root.clone(), ROWS_AHEAD_BUDGET));
+    if let Some(prefetch) = RowsPrefetch::for_job_root(root) {
+        tracker.read_rows_ahead(prefetch);
     }
     for status in statuses {
         tracker.record(status);

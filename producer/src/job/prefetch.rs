@@ -2,8 +2,8 @@
 //! its status (job root format 2) are read into memory, so that aggregation, once the last batch
 //! ended, writes them without a read a batch. On an object store that read is a request (10,000
 //! of them, 16 at a time, made most of a large job's tail). A local root's statuses are not read
-//! ahead (`lifecycle::follow_from`): a file read in place has no latency to hide, and read while
-//! the job runs it took its CPU from the workers (`bench_rabbitmq`: 0.97× the build before).
+//! ahead ([`RowsPrefetch::for_job_root`]): a file read in place has no latency to hide, and read
+//! while the job runs it took its CPU from the workers (`bench_rabbitmq`: 0.97× the build before).
 //!
 //! A status is written create-only and never changes once there, and a batch is told to have
 //! succeeded only after its status is stored (the worker's event follows the write; the
@@ -23,7 +23,7 @@ use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::batch_id;
 
 /// The most bytes of rows held ahead of aggregation.
-pub const BUDGET: usize = 64 << 20;
+const BUDGET: usize = 64 << 20;
 /// Statuses read at once.
 const READS_AT_ONCE: usize = 16;
 
@@ -43,6 +43,12 @@ struct Read {
 }
 
 impl RowsPrefetch {
+    /// The reader a job in `root` reads ahead with: for an object store, `None` for a local
+    /// folder.
+    pub fn for_job_root(root: &JobRoot) -> Option<RowsPrefetch> {
+        root.local_dir().is_none().then(|| RowsPrefetch::start(root.clone(), BUDGET))
+    }
+
     /// Start reading ahead in `root`, with at most `budget` bytes held; on the current tokio
     /// runtime.
     pub fn start(root: JobRoot, budget: usize) -> RowsPrefetch {
@@ -68,6 +74,7 @@ impl RowsPrefetch {
     }
 
     /// Batches whose rows were read so far.
+    #[cfg(test)]
     pub fn rows_read(&self) -> usize {
         self.read.lock().map_or(0, |read| read.rows.len())
     }

@@ -207,7 +207,8 @@ pub trait Broker: Send + Sync + 'static {
     /// lost in transit does.
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError>;
 
-    /// Send the settlements held back now; call before the process exits.
+    /// Send the settlements held back now, and wait until the broker has taken them; call
+    /// before the process exits.
     async fn flush(&self) {}
 
     /// Give the message back, to be delivered again after `delay` (its delivery count goes up);

@@ -30,13 +30,16 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use lapin::options::BasicAckOptions;
+use lapin::options::{BasicAckOptions, ChannelFlowOptions};
 use lapin::Channel;
 
 /// The longest an ack is held back to be sent with others. Measured on `bench_rabbitmq`'s flow
 /// (10,000 trivial mini-batches, 2 workers x 4 slots, prefetch 16, seconds per job): 2 ms
 /// 2.17-2.31, 5 ms 1.84-1.86, 10 ms 1.99-2.07 (a held ack also holds a prefetch slot).
 pub(super) const ACK_WINDOW: Duration = Duration::from_millis(5);
+
+/// The longest [`AckWindow::flush_and_confirm`] waits for RabbitMQ's answer.
+const CONFIRM_LIMIT: Duration = Duration::from_secs(5);
 
 /// The deliveries of one channel that are not settled yet, and the acks held back.
 pub(super) struct AckWindow {
@@ -58,6 +61,8 @@ struct State {
     reported_ahead: BTreeSet<u64>,
     /// Acked by the caller, not sent yet.
     held: Vec<u64>,
+    /// Acks were sent that RabbitMQ has not been seen to take yet.
+    unconfirmed: bool,
     /// A flush is scheduled for the held acks.
     flush_scheduled: bool,
 }
@@ -149,11 +154,38 @@ impl AckWindow {
                 single = frames.single.len(), "sending held acks");
             frames
         };
+        self.lock().unconfirmed = true;
         if let Some(tag) = frames.multiple {
             self.send(tag, true).await;
         }
         for tag in frames.single {
             self.send(tag, false).await;
+        }
+    }
+
+    /// Send the held acks and wait until RabbitMQ has taken every ack sent so far; for a process
+    /// about to exit. An ack has no answer, and a frame written to the socket is not yet taken:
+    /// a process that exits at once can close its connection with the frame still unread on
+    /// RabbitMQ's side, and the message comes back. So a `channel.flow(active)` follows the
+    /// acks: RabbitMQ answers it (a no-op for it) on the channel's process, after the frames
+    /// before it, and the settlements are then on their way to the queues ahead of anything
+    /// the channel's end sends them. A failure or no answer within [`CONFIRM_LIMIT`] is only
+    /// logged: the messages come back, as with any ack lost in transit.
+    pub(super) async fn flush_and_confirm(&self) {
+        self.flush().await;
+        let _sending = self.sending.lock().await;
+        if !std::mem::take(&mut self.lock().unconfirmed) {
+            return;
+        }
+        let answer = self.channel.channel_flow(ChannelFlowOptions { active: true });
+        match tokio::time::timeout(CONFIRM_LIMIT, answer).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::debug!(%error,
+                "RabbitMQ did not confirm the acks sent; their messages may come back"),
+            Err(_) => tracing::debug!(
+                limit_secs = CONFIRM_LIMIT.as_secs(),
+                "RabbitMQ did not confirm the acks sent in time; their messages may come back"
+            ),
         }
     }
 

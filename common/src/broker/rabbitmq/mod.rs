@@ -458,7 +458,7 @@ impl Broker for RabbitMqBroker {
             windows.iter().filter_map(std::sync::Weak::upgrade).collect()
         };
         for window in windows {
-            window.flush().await;
+            window.flush_and_confirm().await;
         }
     }
 

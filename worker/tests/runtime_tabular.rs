@@ -271,6 +271,8 @@ def run(mini_batch):
     seen = [json.dumps([list(df.columns), df.columns.name, str(df.columns.dtype),
                         df["qty"].tolist(), df["Store"].tolist()])]
     df.columns.name = "changed"
+    df.loc[df.index[0], "Store"] = "changed"
+    df["Store"].array[-1] = "changed"
     df["extra"] = 1
     df.rename(columns={"qty": "renamed"}, inplace=True)
     return seen
@@ -278,12 +280,16 @@ def run(mini_batch):
     )
     .await;
     let mut seen = Vec::new();
+    // The last partition has the first one's path value and length: a column made for the
+    // first, and changed in place by its run(), must not come back.
     for (index, (store, rows)) in
-        [("S1", "3\n4\n"), ("S2", "5\n"), ("S3", "6\n7\n8\n")].into_iter().enumerate()
+        [("S1", "3\n4\n"), ("S2", "5\n"), ("S3", "6\n7\n8\n"), ("S1", "9\n10\n")]
+            .into_iter()
+            .enumerate()
     {
         let data = write(
             &scratch,
-            &format!("{store}.csv"),
+            &format!("{store}-{index}.csv"),
             format!(
                 "item,qty\n{}",
                 rows.lines().map(|qty| format!("i{qty},{qty}\n")).collect::<String>()
@@ -300,6 +306,7 @@ def run(mini_batch):
             json!([["item", "qty", "Store"], null, "str", [3, 4], ["S1", "S1"]]),
             json!([["item", "qty", "Store"], null, "str", [5], ["S2"]]),
             json!([["item", "qty", "Store"], null, "str", [6, 7, 8], ["S3", "S3", "S3"]]),
+            json!([["item", "qty", "Store"], null, "str", [9, 10], ["S1", "S1"]]),
         ]
     );
     process.shutdown(GRACE).await.expect("shutdown");

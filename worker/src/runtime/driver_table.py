@@ -323,16 +323,16 @@ def one_piece(pd, df, added, infer):
     values = dict(added)  # a name added twice: its last value, at its first place
     own = set(df.columns)
     names, arrays = [], []
-    for name, column in df.items():
+    for name, array in column_arrays(df):
         if name in values:  # replaced by the added column, and never inferred
             continue
-        dtype = column.dtype
+        dtype = array.dtype
         if infer and (dtype == object or isinstance(dtype, pd.StringDtype)):
-            typed = infer_column(pd, column)
+            typed = infer_column(pd, df[name])
             if typed is not None:
-                column = typed
+                array = typed.array
         names.append(name)
-        arrays.append(column.array)
+        arrays.append(array)
     # The added columns after the data ones, as combine orders them: those the piece had where
     # it had them, then the new ones, Path last.
     extra = [name for name in df.columns if name in values]
@@ -341,14 +341,47 @@ def one_piece(pd, df, added, infer):
         extra.remove("Path")
         extra.append("Path")
     rows = len(df)
-    text = text_dtype(pd)
-    # pandas' own string arrays take the ExtensionArray interface's constructor directly.
-    array_type = getattr(text, "construct_array_type", None)
-    constant = array_type()._from_sequence if array_type else pd.array
     for name in extra:
         names.append(name)
-        arrays.append(constant([values[name]] * rows, dtype=text))
+        arrays.append(constant_column(pd, values[name], rows))
     return frame_of(pd, names, arrays, rows, df.columns.name)
+
+
+def column_arrays(df):
+    """(name, values) of each of df's columns (flat, unique names). pandas' private
+    _iter_column_arrays gives the values without making a Series per column, which costs more
+    than the rest of a small piece's columns; the public way where pandas lacks it."""
+    arrays = getattr(df, "_iter_column_arrays", None)
+    if arrays is None:
+        return [(name, column.array) for name, column in df.items()]
+    return zip(df.columns, arrays())
+
+
+# The constant text columns made so far, by value and length: a job's partitions share most
+# path values (a store's every brand), and a copy costs far less than making one. Each frame
+# gets a copy of its own, so that run() changing one never shows in another.
+CONSTANT_COLUMNS = {}
+CONSTANT_COLUMNS_MAX = 256
+
+
+def constant_column(pd, value, rows):
+    """A text column of `rows` times `value`, pandas' default string type."""
+    key = (value, rows)
+    try:
+        column = CONSTANT_COLUMNS.get(key)
+    except TypeError:  # a value that cannot be hashed
+        key, column = None, None
+    if column is None:
+        text = text_dtype(pd)
+        # pandas' own string arrays take the ExtensionArray interface's constructor directly.
+        array_type = getattr(text, "construct_array_type", None)
+        constant = array_type()._from_sequence if array_type else pd.array
+        column = constant([value] * rows, dtype=text)
+        if key is not None:
+            if len(CONSTANT_COLUMNS) >= CONSTANT_COLUMNS_MAX:
+                CONSTANT_COLUMNS.clear()
+            CONSTANT_COLUMNS[key] = column
+    return column.copy()
 
 
 # Column indexes of one-piece mini-batches by their names and name: a job's partitions mostly

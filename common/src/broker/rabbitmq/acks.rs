@@ -149,12 +149,12 @@ impl AckWindow {
                 return;
             }
             let mut held = std::mem::take(&mut state.held);
+            state.unconfirmed = true;
             let frames = frames(&mut held, &state.unsettled, state.reported_through);
             tracing::trace!(acks = held.len(), multiple = ?frames.multiple,
                 single = frames.single.len(), "sending held acks");
             frames
         };
-        self.lock().unconfirmed = true;
         if let Some(tag) = frames.multiple {
             self.send(tag, true).await;
         }

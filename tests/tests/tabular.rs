@@ -485,7 +485,7 @@ fn a_tabular_job_on_a_python_without_pandas_fails_at_init_saying_so() {
     job.edit_spec(|spec| {
         spec.replace(
             "  append_row_to:",
-            "  program_arguments: --first_task_creation_timeout 5\n  append_row_to:",
+            "  program_arguments: --first_task_creation_timeout 300\n  append_row_to:",
         )
     });
     let output = run(batchfleet()
@@ -498,6 +498,10 @@ fn a_tabular_job_on_a_python_without_pandas_fails_at_init_saying_so() {
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     let printed = describe(&output);
     assert!(printed.contains("pip install pandas"), "{printed}");
+    // Every runtime of that Python fails the same way: the job fails on the first runtimes'
+    // error, not after waiting out first_task_creation_timeout.
+    assert!(printed.contains("the same error from 2 entry-script runtimes"), "{printed}");
+    assert!(!printed.contains("within first_task_creation_timeout"), "{printed}");
 }
 
 /// The machine's `python3` when it has no pandas (the test venv has it).

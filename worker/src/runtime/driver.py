@@ -461,17 +461,19 @@ def main(argv):
 
     if tabular_job():
         # Before the entry script, so a missing pandas reads as what it is, not as an
-        # ImportError deep inside the user's imports or a failure of every batch.
+        # ImportError deep inside the user's imports or a failure of every batch. Stage "load":
+        # every runtime of this Python fails the same way, so the job fails within seconds
+        # instead of retrying until first_task_creation_timeout.
         try:
             import_pandas()
         except InputError as exc:
             sys.stderr.write("batchfleet: %s\n" % exc)
-            protocol.send("init_error", exception="ModuleNotFoundError", message=str(exc),
-                          traceback=None)
+            protocol.send("init_error", stage="load", exception="ModuleNotFoundError",
+                          message=str(exc), traceback=None)
             return 1
         except BaseException as exc:  # pandas is there but broken (e.g. a numpy mismatch)
             sys.stderr.write(format_exc())
-            protocol.send("init_error", **exception_fields(exc))
+            protocol.send("init_error", stage="load", **exception_fields(exc))
             return 1
 
     # Loading (stage "load": init() never ran, the same code fails the same way every time)

@@ -312,6 +312,54 @@ def run(mini_batch):
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
+/// Files whose columns pandas types each its own way: the driver builds a piece's frame from
+/// the parser's columns itself, and must end with what `pd.read_csv` makes of the same file.
+const AS_PANDAS_READS_IT: &[(&str, &str)] = &[
+    ("numbers.csv", "a,b,c\n1,1.5,-3\n2,,4\n"),
+    ("texts.csv", "name,note,n\nx,NA,1\ny,None,2\n,null,3\n"),
+    ("mixed.csv", "id,value\n1,7\n2,seven\n3,\n"),
+    ("duplicates.csv", "a,a,b,a\n1,2,3,4\n5,6,7,8\n"),
+    ("quoted.csv", "k,text\n1,\"a, b\"\n2,\"two\nlines\"\n3,\"\"\"q\"\"\"\n"),
+    ("crlf-unicode.csv", "città,prix\r\nMünchen,1e5\r\nÅre,inf\r\n"),
+    ("one-column.csv", "only\n1\n\n2\n"),
+    ("blank-header.csv", "a,,c\n1,2,3\n"),
+];
+
+#[tokio::test]
+async fn a_piece_reads_as_pd_read_csv_reads_it() {
+    let scratch = Scratch::new();
+    let mut process = start(
+        &scratch,
+        "compare.py",
+        r#"
+import pandas as pd
+def run(mini_batch, context):
+    path = mini_batch["Path"].iloc[0]
+    # pd.read_csv with the options of an mltable read_delimited with inference on.
+    expected = pd.read_csv(path, keep_default_na=False, na_values=[""], low_memory=False)
+    expected["Store"] = pd.Series("S1", index=expected.index, dtype=str)
+    got = mini_batch.drop(columns=["Path"])
+    try:
+        pd.testing.assert_frame_equal(got, expected, check_exact=True, check_column_type=True)
+    except AssertionError as exc:
+        return ["%s differs: %s" % (path, str(exc).replace("\n", " "))]
+    return ["%s same, %s" % (path, " ".join(str(t) for t in got.dtypes))]
+"#,
+    )
+    .await;
+    for (index, (name, contents)) in AS_PANDAS_READS_IT.iter().enumerate() {
+        let data = write(&scratch, name, contents);
+        // The Path column carries the local path here, for run() to read the file itself.
+        let mut one = piece(&data, &data.display().to_string());
+        one.path_columns = ColumnValues::from([("Store".into(), "S1".into())]);
+        let mut table = csv(vec![one]);
+        table.include_path_column = true;
+        let (_, text) = run_ok(&mut process, request(&scratch, index as u64, table)).await;
+        assert!(text.contains(" same, "), "{name}: {text}");
+    }
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
 #[tokio::test]
 async fn keep_and_drop_columns_apply_in_order_and_name_missing_columns() {
     let scratch = Scratch::new();

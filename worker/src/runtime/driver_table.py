@@ -77,12 +77,46 @@ def read_delimited(pd, table, piece):
     if os.path.getsize(path) == 0:
         return pd.DataFrame(), False
     try:
-        df = pd.read_csv(path, **options)
+        return read_csv(pd, path, options, header), True
     except pd.errors.EmptyDataError:  # only blank lines
         return pd.DataFrame(), False
+
+
+def read_csv(pd, path, options, header):
+    """pd.read_csv(path, **options), its columns named Column1.. when the file has no header.
+    The parser's columns are taken from its engine and made a frame on the job's shared column
+    index (frame_of): for a small piece, pd.read_csv's own frame (a new column index, each
+    column checked again) costs twice what parsing does. Anything else (a parsed index, a dtype
+    option, a pandas without the engine) is made as read_csv makes it."""
+    if "dtype" in options:
+        return header_names(pd.read_csv(path, **options), header)
+    with pd.read_csv(path, iterator=True, **options) as reader:
+        read = getattr(getattr(reader, "_engine", None), "read", None)
+        if read is None:
+            return header_names(reader.read(), header)
+        index, columns, arrays = read(None)
+    if index is None and arrays and len(arrays) == len(columns) == len(set(columns)) \
+            and all(name in arrays for name in columns):
+        values = [arrays[name] for name in columns]
+        rows = len(values[0])
+        if all(len(value) == rows for value in values):
+            names = list(columns) if header else column_names(len(columns))
+            return frame_of(pd, names, values, rows, None)
+    # What TextFileReader.read makes when no dtype is asked for.
+    if index is None and arrays:
+        index = pd.RangeIndex(len(next(iter(arrays.values()))))
+    return header_names(pd.DataFrame(arrays, columns=columns, index=index, copy=False), header)
+
+
+def column_names(count):
+    """mltable's names for the columns of a file without a header."""
+    return ["Column%d" % (i + 1) for i in range(count)]
+
+
+def header_names(df, header):
     if not header:
-        df.columns = ["Column%d" % (i + 1) for i in range(len(df.columns))]
-    return df, True
+        df.columns = column_names(len(df.columns))
+    return df
 
 
 def read_json_lines(pd, table, piece):

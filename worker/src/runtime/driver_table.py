@@ -82,12 +82,33 @@ def read_delimited(pd, table, piece):
         return pd.DataFrame(), False
 
 
+class Columns:
+    """A piece's columns as the parser gave them, before they are a frame: flat, unique names,
+    each array `rows` long. For a small piece pd.read_csv's own frame (a new column index, each
+    column checked again) costs twice what parsing does, and one_piece builds a frame anyway."""
+
+    __slots__ = ("names", "arrays", "rows")
+
+    def __init__(self, names, arrays, rows):
+        self.names, self.arrays, self.rows = names, arrays, rows
+
+    def __len__(self):
+        return self.rows
+
+    def frame(self, pd):
+        """The frame pd.read_csv makes of them, on the job's shared column index."""
+        return frame_of(pd, self.names, self.arrays, self.rows, None)
+
+
+def frame(pd, df):
+    """A piece's rows as a DataFrame."""
+    return df.frame(pd) if isinstance(df, Columns) else df
+
+
 def read_csv(pd, path, options, header):
-    """pd.read_csv(path, **options), its columns named Column1.. when the file has no header.
-    The parser's columns are taken from its engine and made a frame on the job's shared column
-    index (frame_of): for a small piece, pd.read_csv's own frame (a new column index, each
-    column checked again) costs twice what parsing does. Anything else (a parsed index, a dtype
-    option, a pandas without the engine) is made as read_csv makes it."""
+    """pd.read_csv(path, **options), its columns named Column1.. when the file has no header:
+    the parser's Columns, taken from its engine. Anything else (a parsed index, a dtype option,
+    a pandas without the engine) is the frame read_csv makes."""
     if "dtype" in options:
         return header_names(pd.read_csv(path, **options), header)
     with pd.read_csv(path, iterator=True, **options) as reader:
@@ -101,7 +122,7 @@ def read_csv(pd, path, options, header):
         rows = len(values[0])
         if all(len(value) == rows for value in values):
             names = list(columns) if header else column_names(len(columns))
-            return frame_of(pd, names, values, rows, None)
+            return Columns(names, values, rows)
     # What TextFileReader.read makes when no dtype is asked for.
     if index is None and arrays:
         index = pd.RangeIndex(len(next(iter(arrays.values()))))
@@ -232,9 +253,10 @@ def added_columns(table, piece):
 
 
 def read_rows(pd, table, piece, reader):
-    """One piece's rows (after skip / take) as a DataFrame, without the columns batchfleet adds.
+    """One piece's rows (after skip / take) as a DataFrame or Columns, without the columns
+    batchfleet adds.
 
-    Returns (frame, known): `known` is False when the piece had nothing to say about its
+    Returns (rows, known): `known` is False when the piece had nothing to say about its
     columns (an empty file)."""
     try:
         df, known = reader(pd, table, piece)
@@ -248,6 +270,7 @@ def read_rows(pd, table, piece, reader):
         raise InputError(message, exception=type(exc).__name__, traceback=details)
     skip, take = piece.get("skip_rows") or 0, piece.get("take_rows")
     if skip or take is not None:
+        df = frame(pd, df)
         df = df.iloc[skip:] if take is None else df.iloc[skip:skip + take]
     return df, known
 
@@ -349,27 +372,30 @@ def apply_column_steps(pd, df, steps, known):
 
 
 def one_piece(pd, df, added, infer):
-    """The mini-batch of the one piece `df` (rows, flat and unique column names) and the
-    constant text columns `added` ((name, value) in order): the frame that with_columns,
-    combine and infer_column_types make of it, built in one go. For a small piece (a partition)
-    pandas' cost per call, not the data, is what counts: this takes one pass over the columns
-    and one new frame where that way takes a frame, a column index, dtypes and a reindex."""
+    """The mini-batch of the one piece `df` (a DataFrame with flat and unique column names, or
+    Columns) and the constant text columns `added` ((name, value) in order): the frame that
+    with_columns, combine and infer_column_types make of it, built in one go. For a small piece
+    (a partition) pandas' cost per call, not the data, is what counts: this takes one pass over
+    the columns and one new frame where that way takes a frame, a column index, dtypes and a
+    reindex."""
     values = dict(added)  # a name added twice: its last value, at its first place
-    own = set(df.columns)
+    parsed = isinstance(df, Columns)
+    own_names = df.names if parsed else df.columns
+    own = set(own_names)
     names, arrays = [], []
-    for name, array in column_arrays(df):
+    for name, array in zip(df.names, df.arrays) if parsed else column_arrays(df):
         if name in values:  # replaced by the added column, and never inferred
             continue
         dtype = array.dtype
         if infer and (dtype == object or isinstance(dtype, pd.StringDtype)):
-            typed = infer_column(pd, df[name])
+            typed = infer_column(pd, pd.Series(array, copy=False) if parsed else df[name])
             if typed is not None:
                 array = typed.array
         names.append(name)
         arrays.append(array)
     # The added columns after the data ones, as combine orders them: those the piece had where
     # it had them, then the new ones, Path last.
-    extra = [name for name in df.columns if name in values]
+    extra = [name for name in own_names if name in values]
     extra += [name for name in values if name not in own]
     if "Path" in values:
         extra.remove("Path")
@@ -378,7 +404,7 @@ def one_piece(pd, df, added, infer):
     for name in extra:
         names.append(name)
         arrays.append(constant_column(pd, values[name], rows))
-    return frame_of(pd, names, arrays, rows, df.columns.name)
+    return frame_of(pd, names, arrays, rows, None if parsed else df.columns.name)
 
 
 def column_arrays(df):
@@ -473,10 +499,11 @@ def read_table(table):
     for piece in pieces:
         df, piece_known = read_rows(pd, table, piece, reader)
         columns = added_columns(table, piece)
-        if columns and len(pieces) == 1 and len(df) and df.columns.nlevels == 1 \
-                and len(set(df.columns)) == len(df.columns):
+        if columns and len(pieces) == 1 and len(df) and (isinstance(df, Columns) or (
+                df.columns.nlevels == 1 and len(set(df.columns)) == len(df.columns))):
             # The usual mini-batch of a partitioned table: one piece and its path columns.
             return apply_column_steps(pd, one_piece(pd, df, columns, infer), steps, piece_known)
+        df = frame(pd, df)
         if columns:
             df = with_columns(pd, df, columns)
         frames.append(df)

@@ -1,7 +1,7 @@
 //! Deterministic start failures end a job within seconds, loudly and once: a script that cannot
-//! be loaded (SyntaxError, ModuleNotFoundError) or that exits while starting (argparse refusing
-//! its arguments) fails the job long before `--first_task_creation_timeout`, with "loading the
-//! entry script failed" and one copy of the traceback.
+//! be loaded (SyntaxError, ModuleNotFoundError), whose `init()` imports a missing module, or that
+//! exits while starting (argparse refusing its arguments) fails the job long before
+//! `--first_task_creation_timeout`, with what failed and one copy of the traceback.
 
 use std::path::Path;
 use std::time::Duration;
@@ -92,6 +92,25 @@ def run(mini_batch):
     return mini_batch
 "#;
     assert_fails_fast(script, "failed: init() failed: SystemExit: 2", "SystemExit");
+}
+
+#[test]
+fn a_module_missing_in_init_fails_the_job_in_seconds() {
+    // Azure's examples import their model libraries inside init().
+    let script = r#"
+def init():
+    global model
+    import no_such_model_library_for_batchfleet
+    model = no_such_model_library_for_batchfleet.load()
+
+def run(mini_batch):
+    return mini_batch
+"#;
+    assert_fails_fast(
+        script,
+        "failed: init() failed: ModuleNotFoundError",
+        "no_such_model_library_for_batchfleet",
+    );
 }
 
 #[test]

@@ -123,15 +123,18 @@ impl RuntimeError {
     }
 
     /// Whether starting again would fail the same way for certain: loading the script failed,
-    /// or the script called `sys.exit()` (argparse refusing its arguments exits with 2) while
-    /// loading or in `init()`. An exception raised by `init()` may be passing (a model store
-    /// that is down) and is retried.
+    /// the script called `sys.exit()` (argparse refusing its arguments exits with 2) while
+    /// loading or in `init()`, or `init()` imported a module that is missing or does not
+    /// compile. Any other exception raised by `init()` may be passing (a model store that is
+    /// down) and is retried.
     pub fn is_deterministic(&self) -> bool {
         match self {
             RuntimeError::LoadFailed(failure) => {
                 failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_AT_LOAD.contains(&e))
             }
-            RuntimeError::InitFailed(failure) => failure.exception.as_deref() == Some("SystemExit"),
+            RuntimeError::InitFailed(failure) => {
+                failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_IN_INIT.contains(&e))
+            }
             RuntimeError::Bindings { permanent, .. } => *permanent,
             _ => false,
         }
@@ -152,6 +155,19 @@ const DETERMINISTIC_AT_LOAD: &[&str] = &[
     "AttributeError",
     "FileNotFoundError",
     "SystemExit",
+];
+
+/// Exceptions that `init()` raises the same way on every attempt: an exit, and an import the
+/// code makes there (`import joblib` inside `init()`, as Azure's examples do) of a module the
+/// interpreter lacks or that does not compile. A runtime of the same interpreter and code
+/// cannot pass them by starting again.
+const DETERMINISTIC_IN_INIT: &[&str] = &[
+    "SystemExit",
+    "ImportError",
+    "ModuleNotFoundError",
+    "SyntaxError",
+    "IndentationError",
+    "TabError",
 ];
 
 /// A missing or non-executable interpreter: the worker's setup, not a passing condition.
@@ -189,6 +205,11 @@ mod tests {
         let raised = passing;
         let init = RuntimeError::InitFailed(raised);
         assert!(!init.is_deterministic());
+        let missing = failure(UserFailureKind::UserError, Some("ModuleNotFoundError"), "sklearn");
+        assert!(
+            RuntimeError::InitFailed(missing).is_deterministic(),
+            "a module init() imports and the interpreter lacks stays missing"
+        );
         assert_eq!(init.to_string(), "init() failed: ConnectionError: model store");
         assert!(!RuntimeError::Timeout { secs: 3 }.is_deterministic());
     }

@@ -788,6 +788,35 @@ async fn a_tabular_job_without_pandas_fails_init_saying_so() {
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
+#[tokio::test]
+async fn a_pandas_that_fails_to_import_fails_loading_saying_so() {
+    let scratch = Scratch::new();
+    // A pandas built for another numpy raises a ValueError while it is imported.
+    let packages = scratch.path().join("broken-packages");
+    std::fs::create_dir_all(packages.join("pandas")).unwrap();
+    std::fs::write(
+        packages.join("pandas/__init__.py"),
+        "raise ValueError('numpy.dtype size changed, may indicate binary incompatibility')\n",
+    )
+    .unwrap();
+    let mut config = tabular_config(&scratch, "entry.py", "def run(df):\n    return [len(df)]\n");
+    config.env.insert("PYTHONPATH".into(), packages.display().to_string());
+    let error = RuntimeProcess::start(&config).await.err().expect("init must fail");
+    // Every runtime of this Python fails the same way: loading, deterministic, an ImportError.
+    let RuntimeError::LoadFailed(failure) = &error else { panic!("{error:?}") };
+    assert!(error.is_deterministic(), "{error:?}");
+    assert_eq!(failure.exception.as_deref(), Some("ImportError"));
+    assert!(
+        failure.message.contains("importing pandas in the worker's Python")
+            && failure.message.ends_with(
+                "failed: ValueError: numpy.dtype size changed, may indicate binary incompatibility"
+            ),
+        "{}",
+        failure.message
+    );
+    assert!(failure.traceback.as_deref().is_some_and(|t| t.contains("ValueError")));
+}
+
 /// Throughput of one large CSV piece: `cargo test -p batchfleet-worker --test runtime_tabular
 /// -- --ignored --nocapture one_large_csv_piece`.
 #[tokio::test]

@@ -473,7 +473,14 @@ def main(argv):
             return 1
         except BaseException as exc:  # pandas is there but broken (e.g. a numpy mismatch)
             sys.stderr.write(format_exc())
-            protocol.send("init_error", stage="load", **exception_fields(exc))
+            # Reported as the ImportError it is for the job, whatever pandas raised (numpy's
+            # binary mismatch is a ValueError): no runtime of this Python can import it.
+            fields = exception_fields(exc)
+            fields["message"] = ("this job reads tabular data (an mltable input); importing "
+                                 "pandas in the worker's Python (%s) failed: %s: %s"
+                                 % (sys.executable, type(exc).__name__, fields["message"]))
+            fields["exception"] = "ImportError"
+            protocol.send("init_error", stage="load", **fields)
             return 1
 
     # Loading (stage "load": init() never ran, the same code fails the same way every time)

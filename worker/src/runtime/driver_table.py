@@ -35,10 +35,14 @@ def missing_package_message(package, why):
 
 
 def import_pandas():
-    """pandas, or an InputError that says how to get it."""
+    """pandas, or an InputError that says how to get it when it is not installed. A pandas that
+    is there but fails to import (a dependency missing, a numpy it was not built for) raises
+    what its import raised."""
     try:
         import pandas
     except ImportError as exc:
+        if not isinstance(exc, ModuleNotFoundError) or exc.name != "pandas":
+            raise
         raise InputError(missing_package_message("pandas", "tabular data (an mltable input)"),
                          exception=type(exc).__name__)
     return pandas

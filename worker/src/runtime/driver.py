@@ -466,21 +466,16 @@ def main(argv):
         # instead of retrying until first_task_creation_timeout.
         try:
             import_pandas()
-        except InputError as exc:
+        except InputError as exc:  # pandas missing, or there and failing to import
             sys.stderr.write("batchfleet: %s\n" % exc)
-            protocol.send("init_error", stage="load", exception="ModuleNotFoundError",
-                          message=str(exc), traceback=None)
+            if exc.traceback:
+                sys.stderr.write(exc.traceback)
+            protocol.send("init_error", stage="load", exception=exc.exception,
+                          message=str(exc), traceback=exc.traceback)
             return 1
-        except BaseException as exc:  # pandas is there but broken (e.g. a numpy mismatch)
+        except BaseException as exc:  # an exit while pandas was imported
             sys.stderr.write(format_exc())
-            # Reported as the ImportError it is for the job, whatever pandas raised (numpy's
-            # binary mismatch is a ValueError): no runtime of this Python can import it.
-            fields = exception_fields(exc)
-            fields["message"] = ("this job reads tabular data (an mltable input); importing "
-                                 "pandas in the worker's Python (%s) failed: %s: %s"
-                                 % (sys.executable, type(exc).__name__, fields["message"]))
-            fields["exception"] = "ImportError"
-            protocol.send("init_error", stage="load", **fields)
+            protocol.send("init_error", stage="load", **exception_fields(exc))
             return 1
 
     # Loading (stage "load": init() never ran, the same code fails the same way every time)

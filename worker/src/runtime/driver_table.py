@@ -34,17 +34,26 @@ def missing_package_message(package, why):
             % (why, sys.executable, package, package))
 
 
+def broken_package_message(package, why, exc):
+    return ("this job reads %s; importing %s in the worker's Python (%s) failed: %s: %s"
+            % (why, package, sys.executable, type(exc).__name__, exc))
+
+
 def import_pandas():
-    """pandas, or an InputError that says how to get it when it is not installed. A pandas that
-    is there but fails to import (a dependency missing, a numpy it was not built for) raises
-    what its import raised."""
+    """pandas, or an InputError that says how to get it when it is not installed, or what its
+    import raised when it is there but fails to import (a dependency missing, a numpy it was
+    not built for): an ImportError for the job, whatever pandas raised, with the traceback."""
+    why = "tabular data (an mltable input)"
     try:
         import pandas
-    except ImportError as exc:
-        if not isinstance(exc, ModuleNotFoundError) or exc.name != "pandas":
-            raise
-        raise InputError(missing_package_message("pandas", "tabular data (an mltable input)"),
-                         exception=type(exc).__name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != "pandas":
+            raise InputError(broken_package_message("pandas", why, exc),
+                             exception="ImportError", traceback=format_exc())
+        raise InputError(missing_package_message("pandas", why), exception=type(exc).__name__)
+    except Exception as exc:
+        raise InputError(broken_package_message("pandas", why, exc), exception="ImportError",
+                         traceback=format_exc())
     return pandas
 
 

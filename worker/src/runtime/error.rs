@@ -129,9 +129,9 @@ impl RuntimeError {
     /// down) and is retried.
     pub fn is_deterministic(&self) -> bool {
         match self {
-            RuntimeError::LoadFailed(failure) => {
-                failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_AT_LOAD.contains(&e))
-            }
+            RuntimeError::LoadFailed(failure) => failure.exception.as_deref().is_some_and(|e| {
+                DETERMINISTIC_IN_INIT.contains(&e) || DETERMINISTIC_AT_LOAD.contains(&e)
+            }),
             RuntimeError::InitFailed(failure) => {
                 failure.exception.as_deref().is_some_and(|e| DETERMINISTIC_IN_INIT.contains(&e))
             }
@@ -141,26 +141,16 @@ impl RuntimeError {
     }
 }
 
-/// Exceptions that loading the entry script raises the same way on every attempt: the code
-/// itself (syntax, names, imports, no `run()`), a missing script, an exit. Anything else raised
-/// at module level (a `ConnectionError` while fetching a model, say) may pass, and is retried
-/// like an `init()` failure.
-const DETERMINISTIC_AT_LOAD: &[&str] = &[
-    "SyntaxError",
-    "IndentationError",
-    "TabError",
-    "ImportError",
-    "ModuleNotFoundError",
-    "NameError",
-    "AttributeError",
-    "FileNotFoundError",
-    "SystemExit",
-];
+/// Exceptions that loading the entry script raises the same way on every attempt, beside
+/// [`DETERMINISTIC_IN_INIT`]'s (syntax, imports, an exit): a name the module uses and lacks,
+/// no `run()`, a missing script. Anything else raised at module level (a `ConnectionError`
+/// while fetching a model, say) may pass, and is retried like an `init()` failure.
+const DETERMINISTIC_AT_LOAD: &[&str] = &["NameError", "AttributeError", "FileNotFoundError"];
 
-/// Exceptions that `init()` raises the same way on every attempt: an exit, and an import the
-/// code makes there (`import joblib` inside `init()`, as Azure's examples do) of a module the
-/// interpreter lacks or that does not compile. A runtime of the same interpreter and code
-/// cannot pass them by starting again.
+/// Exceptions that `init()` (and loading the script) raises the same way on every attempt: an
+/// exit, and an import the code makes (`import joblib` inside `init()`, as Azure's examples
+/// do) of a module the interpreter lacks or that does not compile. A runtime of the same
+/// interpreter and code cannot pass them by starting again.
 const DETERMINISTIC_IN_INIT: &[&str] = &[
     "SystemExit",
     "ImportError",

@@ -449,6 +449,61 @@ fn many_models_runs_on_rabbitmq_and_s3() {
 }
 
 #[test]
+fn a_tables_job_has_its_runtimes_started_before_its_first_batch() {
+    // `run` starts each slot's runtime while it plans: init() has ended, with pandas imported
+    // as a tables job's runtime imports it, before the slot takes its first mini-batch.
+    let job = TableJob::example("many-models", Mode::Embedded, &[]);
+    let inits = job.path().join("inits");
+    std::fs::create_dir(&inits).expect("inits folder");
+    let script = job.path().join("src/train.py");
+    let text = std::fs::read_to_string(&script).expect("train.py");
+    let text = text.replace(
+        "def init():\n",
+        &format!(
+            "def init():\n    _record_init()\n\n\ndef _record_init():\n    import sys, time\n    \
+             with open(os.path.join({inits:?}, str(os.getpid())), 'w') as f:\n        \
+             f.write(f\"{{int(time.time() * 1000)}} {{'pandas' in sys.modules}}\")\n\n\n\
+             def _original_init():\n",
+            inits = inits.display().to_string()
+        ),
+    );
+    let text = text.replace("    _record_init()\n", "    _original_init()\n    _record_init()\n");
+    std::fs::write(&script, text).expect("train.py");
+    let output = job.run("unused");
+    assert_one_model_per_partition(&job, &output);
+
+    let mut ended = BTreeMap::new();
+    for (file, pid) in files_under(&inits) {
+        let text = std::fs::read_to_string(file).expect("init record");
+        let (at, pandas) = text.split_once(' ').expect("`<ms> <pandas imported>`");
+        assert_eq!(pandas, "True", "runtime {pid}: pandas is imported before init()");
+        ended.insert(pid.parse::<u32>().expect("pid"), at.parse::<u64>().expect("ms"));
+    }
+    assert_eq!(ended.len(), 2, "one runtime per slot: {ended:?}");
+    let mut attempts = 0;
+    for (file, rel) in files_under(&job.path().join("jobs")) {
+        if !rel.contains("/records/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("records");
+        for record in batchfleet_common::records::parse_records(&text) {
+            let record = record.expect("a readable attempt record");
+            let pid = record.pid.expect("an attempt that ran names its runtime");
+            let init_ended = ended.get(&pid).unwrap_or_else(|| panic!("no init() in {pid}"));
+            assert!(
+                record.received_ms >= *init_ended,
+                "batch {} was taken at {} ms, before its runtime's init() ended at {init_ended} \
+                 ms: the runtime was not started ahead of it",
+                record.batch_id,
+                record.received_ms
+            );
+            attempts += 1;
+        }
+    }
+    assert!(attempts >= 30, "every batch's attempt is recorded: {attempts}");
+}
+
+#[test]
 fn a_partition_key_missing_from_the_paths_names_the_available_ones() {
     let job = TableJob::example("many-models", Mode::Embedded, &[]);
     job.edit_spec(|spec| spec.replace("  - Brand\n", "  - Region\n"));

@@ -274,6 +274,9 @@ pub struct Prestart {
     pub job_id: String,
     /// The job root URL as the job's messages spell it.
     pub job_root: String,
+    /// Its batches are tables (`run()` gets a DataFrame): the runtime imports pandas before
+    /// `init()`, as the first batch's would.
+    pub tables: bool,
 }
 
 #[cfg(test)]

@@ -76,8 +76,7 @@ impl Worker {
 
     /// Start each slot's runtime for `job` at once, before any of its batches arrives (one try:
     /// a runtime that fails to start is started again, with its errors reported, by the first
-    /// batch). Jobs reading tables are left to their first batch, which decides how the
-    /// runtime reads them.
+    /// batch), reading tables or not as [`Prestart::tables`] says.
     pub fn with_prestart(mut self, job: Prestart) -> Worker {
         self.prestart = Some(job);
         self

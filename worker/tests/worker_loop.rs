@@ -668,7 +668,8 @@ async fn an_idle_worker_stops_by_itself() {
 async fn a_prestarted_worker_initialises_its_runtimes_before_the_first_batch() {
     let fleet = Fleet::new(SCORING_SCRIPT, 0, 60).await;
     let token = CancellationToken::new();
-    let prestart = Prestart { job_id: fleet.job_id.clone(), job_root: fleet.url("root") };
+    let prestart =
+        Prestart { job_id: fleet.job_id.clone(), job_root: fleet.url("root"), tables: false };
     let worker = Worker::new(fleet.broker.clone(), fleet.config(2, support::python3()))
         .with_prestart(prestart);
     let handle = tokio::spawn(worker.run(token.clone()));

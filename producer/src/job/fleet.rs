@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use batchfleet_common::broker::Broker;
-use batchfleet_common::job::ResolvedJob;
+use batchfleet_common::job::{InputKind, ResolvedJob};
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::QueueNames;
 use batchfleet_worker::{Prestart, Worker, WorkerConfig};
@@ -18,6 +18,7 @@ use crate::error::ProducerError;
 use crate::job::after_result;
 use crate::job::follow::FollowEnd;
 use crate::job::lifecycle::{finish_alongside, JobReport};
+use crate::job::plan_table;
 use crate::job::runtime_parent::runtime_parent;
 use crate::job::tracker::Tracker;
 
@@ -75,10 +76,12 @@ pub fn scratch_dir() -> Result<tempfile::TempDir, ProducerError> {
 
 /// Start `job`'s in-process workers; with `prestart` their slots start the job's runtimes at
 /// once, while the producer plans (without, at their first mini-batch: `--reuse` may leave
-/// none to run). `python` is used as given (resolve it first: see
+/// none to run). For an `mltable` input its MLTable file says whether they read tables (one
+/// read; a file that cannot be read leaves the start to the first batch, and planning reports
+/// why). `python` is used as given (resolve it first: see
 /// `batchfleet_worker::runtime::resolve_interpreter`), through the runtimes' parent shell.
 #[allow(clippy::too_many_arguments)]
-pub fn start_workers(
+pub async fn start_workers(
     broker: &Arc<dyn Broker>,
     queues: &QueueNames,
     job: &ResolvedJob,
@@ -88,6 +91,11 @@ pub fn start_workers(
     stop: &CancellationToken,
     prestart: bool,
 ) -> JoinSet<Result<(), String>> {
+    let tables = match (prestart, job.input.kind) {
+        (false, _) => None,
+        (true, InputKind::Mltable) => plan_table::reads_tables(&job.input).await,
+        (true, _) => Some(false),
+    };
     let mut fleet = JoinSet::new();
     // Runtimes are not the producer's children: a script that kills its parent kills a shell.
     let python = runtime_parent(python, scratch);
@@ -102,9 +110,9 @@ pub fn start_workers(
             script_storage_keys: Default::default(),
         };
         let mut worker = Worker::new(Arc::clone(broker), config).with_interpreter_as_given();
-        if prestart {
+        if let Some(tables) = tables {
             let job_id = root.job_id.clone();
-            worker = worker.with_prestart(Prestart { job_id, job_root: root.url() });
+            worker = worker.with_prestart(Prestart { job_id, job_root: root.url(), tables });
         }
         let stop = stop.clone();
         fleet.spawn(async move { worker.run(stop).await.map(|_| ()).map_err(|e| e.to_string()) });

@@ -156,6 +156,13 @@ pub(crate) async fn table_files(input: &InputSpec) -> Result<Vec<String>, Produc
     Ok(files.into_iter().map(|file| file.url).collect())
 }
 
+/// Whether an `mltable` input's batches are tables (`run()` gets a DataFrame) rather than lists
+/// of files; `None` when its MLTable file cannot be read or parsed (planning says why).
+pub(crate) async fn reads_tables(input: &InputSpec) -> Option<bool> {
+    let table = load_mltable(input).await.ok()?;
+    Some(table.read.format != TableFormat::FileList)
+}
+
 /// Read and parse `<input>/MLTable`.
 async fn load_mltable(input: &InputSpec) -> Result<MlTable, ProducerError> {
     let folder =

@@ -80,7 +80,7 @@ pub async fn resume(options: &ResumeOptions) -> Result<JobReport, ProducerError>
     let scratch = scratch_dir()?;
     let mut fleet = if embedded {
         let python = resolve_interpreter(&options.python).await;
-        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, true)
+        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, true).await
     } else {
         tokio::task::JoinSet::new()
     };

@@ -93,7 +93,8 @@ pub async fn run_job(
     let scratch = scratch_dir()?;
     let prestart = !ReuseRequest::reuses(options.reuse.as_ref());
     let mut fleet =
-        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, prestart);
+        start_workers(&broker, &queues, &job, &root, &python, scratch.path(), &stop, prestart)
+            .await;
 
     let result = tokio::select! {
         result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &identities, &mut fleet) => result,

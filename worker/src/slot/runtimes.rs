@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use batchfleet_common::gpus::{self, CUDA_VISIBLE_DEVICES};
-use batchfleet_common::job::{InputKind, LoggingLevel};
+use batchfleet_common::job::LoggingLevel;
 use batchfleet_common::message::JobEvent;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::FailureRecord;
@@ -153,10 +153,7 @@ impl Slot {
                 return;
             }
         };
-        if job.job.input.kind == InputKind::Mltable {
-            return;
-        }
-        match self.start_runtime(&job, false, init_timeout(&job)).await {
+        match self.start_runtime(&job, prestart.tables, init_timeout(&job)).await {
             Ok(()) => {
                 let ready = JobEvent::RuntimeReady {
                     job_id: job.job_id.clone(),

@@ -200,7 +200,8 @@ async fn run_sample(
     eprintln!("sampling {k} mini-batch(es) through {} …", job.task.entry_script);
     let started_ms = now_ms();
     let mut fleet =
-        start_workers(&broker, &queues, &job, &root, &python, workers_scratch.path(), &stop, true);
+        start_workers(&broker, &queues, &job, &root, &python, workers_scratch.path(), &stop, true)
+            .await;
     publish(broker.as_ref(), &queues.work, payloads).await?;
     let plan = PlanSummary::of(k, items);
     let mut last_error = None;

@@ -26,6 +26,9 @@ use crate::job::tracker::Tracker;
 pub const WORKER_STOP_GRACE: Duration = Duration::from_secs(60);
 /// After an early stop nothing in flight counts any more: workers get little time.
 pub const EARLY_STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long the MLTable file may take to read before the workers start without knowing
+/// whether the job reads tables (their runtimes then start with the first batch).
+const MLTABLE_READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// The end of a job whose workers run in this process (`run`, and `resume` of an embedded
 /// job), once they were told to stop: the workers stop (the runtimes' `shutdown()`, their
@@ -93,7 +96,13 @@ pub async fn start_workers(
 ) -> JoinSet<Result<(), String>> {
     let tables = match (prestart, job.input.kind) {
         (false, _) => None,
-        (true, InputKind::Mltable) => plan_table::reads_tables(&job.input).await,
+        // Bounded: a store that does not answer holds up planning, which says so, not this.
+        (true, InputKind::Mltable) => {
+            tokio::time::timeout(MLTABLE_READ_LIMIT, plan_table::reads_tables(&job.input))
+                .await
+                .ok()
+                .flatten()
+        }
         (true, _) => Some(false),
     };
     let mut fleet = JoinSet::new();

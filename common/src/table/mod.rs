@@ -80,6 +80,12 @@ pub enum TableFormat {
 }
 
 impl TableFormat {
+    /// Whether `run()` gets the batch's rows as one DataFrame (its runtime imports pandas before
+    /// `init()`), not a list of files.
+    pub fn reads_frames(&self) -> bool {
+        *self != TableFormat::FileList
+    }
+
     /// Whether records are lines, so that a file may be cut at any byte and each piece finds
     /// its records from the line breaks. Multi-line CSV and UTF-16 text are read whole.
     pub fn splits_by_bytes(&self) -> bool {

@@ -160,7 +160,7 @@ pub(crate) async fn table_files(input: &InputSpec) -> Result<Vec<String>, Produc
 /// of files; `None` when its MLTable file cannot be read or parsed (planning says why).
 pub(crate) async fn reads_tables(input: &InputSpec) -> Option<bool> {
     let table = load_mltable(input).await.ok()?;
-    Some(table.read.format != TableFormat::FileList)
+    Some(table.read.format.reads_frames())
 }
 
 /// Read and parse `<input>/MLTable`.

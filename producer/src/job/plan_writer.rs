@@ -12,7 +12,7 @@ use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::job_root::BatchIdentity;
 use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
-use batchfleet_common::table::{TableBatch, TableFormat};
+use batchfleet_common::table::TableBatch;
 
 use crate::error::ProducerError;
 use crate::job::reuse::Identities;
@@ -167,7 +167,7 @@ impl<'a> PlanWriter<'a> {
     /// The next batch: a tabular batch (items are its pieces until its rows are read).
     pub(crate) async fn push_table(&mut self, table: TableBatch) -> Result<(), ProducerError> {
         self.summary.items += table.pieces.len() as u64;
-        self.summary.tabular |= table.read.format != TableFormat::FileList;
+        self.summary.tabular |= table.read.format.reads_frames();
         let identity = match self.identity() {
             Some(identity) => Some(identity.table_batch(&table).await?),
             None => None,

@@ -9,7 +9,6 @@ use batchfleet_common::job_root::{JobRoot, StatusWrite};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
-use batchfleet_common::table::TableFormat;
 use tokio_util::sync::CancellationToken;
 
 use crate::infra::InfraError;
@@ -272,8 +271,7 @@ impl Slot {
     ) -> Result<RunSuccess, AttemptEnd> {
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
-        let tabular =
-            message.table.as_ref().is_some_and(|t| t.read.format != TableFormat::FileList);
+        let tabular = message.table.as_ref().is_some_and(|t| t.read.format.reads_frames());
         if !self.runtime_serves(job) {
             // Boxed: a start is rare, and its future would otherwise be part of every batch's.
             Box::pin(self.start_runtime_for(job, tabular, attempt, stop)).await?;

@@ -138,9 +138,11 @@ fn processed_csv(records: &[AttemptRecord]) -> String {
     let mut clock = UtcClock::default();
     let mut time_of = |ms: Option<u64>| ms.map(|ms| clock.format(ms)).unwrap_or_default();
     for r in records {
+        // A given-back or cancelled attempt did not run its items: none of them failed.
         let failed_items = match r.outcome {
             AttemptOutcome::Succeeded => r.items_in.saturating_sub(r.items_out),
-            _ => r.items_in,
+            AttemptOutcome::Failed => r.items_in,
+            AttemptOutcome::GivenBack | AttemptOutcome::Cancelled => 0,
         };
         let error = r.error.as_deref().and_then(|e| e.lines().next()).unwrap_or_default();
         let received = time_of(Some(r.received_ms));

@@ -89,6 +89,28 @@ fn every_attempt_says_its_cause_and_the_lost_leases_before_it() {
 }
 
 #[test]
+fn only_a_failed_attempt_counts_its_items_as_failed() {
+    let mut failed = record(0, 1, "w1", 0, 1_000, 2_000);
+    (failed.outcome, failed.items_out) = (AttemptOutcome::Failed, 0);
+    let mut given_back = record(0, 2, "w1", 0, 2_000, 2_500);
+    (given_back.outcome, given_back.items_out) = (AttemptOutcome::GivenBack, 0);
+    let mut cancelled = record(1, 1, "w1", 1, 1_000, 1_200);
+    (cancelled.outcome, cancelled.items_out) = (AttemptOutcome::Cancelled, 0);
+    let text = processed_csv(&[failed, given_back, cancelled]);
+    let counts: Vec<(String, String, String, String)> = rows(&text)
+        .iter()
+        .map(|r| (r[10].to_string(), r[4].to_string(), r[5].to_string(), r[6].to_string()))
+        .collect();
+    let expected =
+        [("failed", "2", "0", "2"), ("given_back", "2", "0", "0"), ("cancelled", "2", "0", "0")];
+    let expected: Vec<(String, String, String, String)> = expected
+        .iter()
+        .map(|(s, t, ok, bad)| (s.to_string(), t.to_string(), ok.to_string(), bad.to_string()))
+        .collect();
+    assert_eq!(counts, expected, "(Status, Total, Succeeded, Failed) of each attempt");
+}
+
+#[test]
 fn summaries_count_per_slot_and_per_worker() {
     let records = [
         record(0, 1, "w1", 0, 0, 1_000),

@@ -96,17 +96,10 @@ fn only_a_failed_attempt_counts_its_items_as_failed() {
     (given_back.outcome, given_back.items_out) = (AttemptOutcome::GivenBack, 0);
     let mut cancelled = record(1, 1, "w1", 1, 1_000, 1_200);
     (cancelled.outcome, cancelled.items_out) = (AttemptOutcome::Cancelled, 0);
-    let text = processed_csv(&[failed, given_back, cancelled]);
-    let counts: Vec<(String, String, String, String)> = rows(&text)
-        .iter()
-        .map(|r| (r[10].to_string(), r[4].to_string(), r[5].to_string(), r[6].to_string()))
-        .collect();
+    let rows = rows(&processed_csv(&[failed, given_back, cancelled]));
+    let counts: Vec<[&str; 4]> = rows.iter().map(|r| [&r[10], &r[4], &r[5], &r[6]]).collect();
     let expected =
-        [("failed", "2", "0", "2"), ("given_back", "2", "0", "0"), ("cancelled", "2", "0", "0")];
-    let expected: Vec<(String, String, String, String)> = expected
-        .iter()
-        .map(|(s, t, ok, bad)| (s.to_string(), t.to_string(), ok.to_string(), bad.to_string()))
-        .collect();
+        [["failed", "2", "0", "2"], ["given_back", "2", "0", "0"], ["cancelled", "2", "0", "0"]];
     assert_eq!(counts, expected, "(Status, Total, Succeeded, Failed) of each attempt");
 }
 

@@ -456,18 +456,15 @@ fn a_tables_job_has_its_runtimes_started_before_its_first_batch() {
     let inits = job.path().join("inits");
     std::fs::create_dir(&inits).expect("inits folder");
     let script = job.path().join("src/train.py");
-    let text = std::fs::read_to_string(&script).expect("train.py");
-    let text = text.replace(
-        "def init():\n",
-        &format!(
-            "def init():\n    _record_init()\n\n\ndef _record_init():\n    import sys, time\n    \
-             with open(os.path.join({inits:?}, str(os.getpid())), 'w') as f:\n        \
-             f.write(f\"{{int(time.time() * 1000)}} {{'pandas' in sys.modules}}\")\n\n\n\
-             def _original_init():\n",
-            inits = inits.display().to_string()
-        ),
+    // A wrapper appended to the script: the driver calls the module's `init` as loaded.
+    let wrapper = format!(
+        "\n\n_original_init = init\n\n\ndef init():\n    _original_init()\n    \
+         import os, sys, time\n    \
+         with open(os.path.join({inits:?}, str(os.getpid())), 'w') as f:\n        \
+         f.write(f\"{{int(time.time() * 1000)}} {{'pandas' in sys.modules}}\")\n",
+        inits = inits.display().to_string()
     );
-    let text = text.replace("    _record_init()\n", "    _original_init()\n    _record_init()\n");
+    let text = std::fs::read_to_string(&script).expect("train.py") + &wrapper;
     std::fs::write(&script, text).expect("train.py");
     let output = job.run("unused");
     assert_one_model_per_partition(&job, &output);

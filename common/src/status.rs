@@ -108,8 +108,9 @@ pub struct BatchStatus {
     pub result_part: Option<String>,
     /// The rows themselves, when they were small enough to travel in the status (job root
     /// format 2, up to [`crate::job_root::INLINE_ROWS_MAX`] bytes of UTF-8): no part was
-    /// written. A status passed on without its rows (batch events, `read_statuses`) holds
-    /// `Some("")` here: the rows are in the stored status.
+    /// written. A status passed on without its rows (`read_statuses`, and a batch event whose
+    /// rows are over [`EVENT_ROWS_MAX`]) holds `Some("")` here: the rows are in the stored
+    /// status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inline_rows: Option<String>,
     /// The DataFrame header line, when `run()` returned a DataFrame.
@@ -132,8 +133,19 @@ impl BatchStatus {
         self.inline_rows.is_some()
     }
 
+    /// This status as its batch event carries it: with its inline rows when they are at most
+    /// [`EVENT_ROWS_MAX`] bytes, so that the producer has them without reading the status;
+    /// else [`BatchStatus::without_rows`]. Only the attempt whose status create won sends it,
+    /// so the rows are those of the stored status.
+    pub fn for_event(self) -> BatchStatus {
+        match &self.inline_rows {
+            Some(rows) if rows.len() > EVENT_ROWS_MAX => self.without_rows(),
+            _ => self,
+        }
+    }
+
     /// This status without its inline rows (`Some("")` says they are in the stored status):
-    /// what events carry and the producer keeps.
+    /// what the producer's reads of `status/` and the attempt records keep.
     pub fn without_rows(mut self) -> BatchStatus {
         if let Some(rows) = &mut self.inline_rows {
             rows.clear();
@@ -142,6 +154,11 @@ impl BatchStatus {
         self
     }
 }
+
+/// The most bytes of inline rows a batch event carries ([`BatchStatus::for_event`]): a batch
+/// event message holds up to 128 KiB of statuses (SQS takes 256 KiB), and the producer holds
+/// the rows it is given until aggregation, within its budget for rows read ahead.
+pub const EVENT_ROWS_MAX: usize = 16 * 1024;
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
@@ -159,3 +176,7 @@ pub fn now_ms() -> u64 {
 pub fn elapsed_ms(since: std::time::Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

@@ -350,7 +350,8 @@ async fn batches_are_run_and_their_results_written_before_the_ack() {
     let mut events = fleet.batch_events().await;
     events.sort_by_key(|(_, status)| status.index);
     assert_eq!(events.len(), 3);
-    assert_eq!(events[1].1, status.without_rows(), "events carry no rows");
+    assert_eq!(events[1].1, status, "the event carries the stored status, its small rows too");
+    assert_eq!(events[1].1.inline_rows.as_deref(), Some("c.txt 3\nd.txt 4\n"));
     assert_eq!(events[1].0, "job-1");
 
     // Each ack came after the batch's lease was extended (and, the probes say, after its
@@ -770,7 +771,9 @@ def run(mini_batch):
     assert_eq!(fleet.result("00000000").unwrap(), "a.txt\nb.txt\n");
     let events = fleet.batch_events().await;
     assert_eq!(events.len(), 1, "only the winner tells the producer: {events:?}");
-    assert_eq!(events[0].1, status.without_rows(), "events carry no rows");
+    // Its event carries the stored status: the rows the producer may take from it are the
+    // winner's, never the other attempt's.
+    assert_eq!(events[0].1, status, "the winner's stored status, small rows and all");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

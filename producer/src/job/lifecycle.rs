@@ -283,9 +283,7 @@ pub async fn follow_from(
     fleet_gone: impl FnMut() -> Option<String>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
     let mut tracker = Tracker::new(plan);
-    if let Some(prefetch) = RowsPrefetch::for_job_root(root) {
-        tracker.read_rows_ahead(prefetch);
-    }
+    tracker.read_rows_ahead(RowsPrefetch::for_job_root(root));
     for status in statuses {
         tracker.record(status);
     }

@@ -1,15 +1,21 @@
-//! Rows read ahead: while a job runs, the rows of each batch that succeeded with its rows inside
-//! its status (job root format 2) are read into memory, so that aggregation, once the last batch
-//! ended, writes them without a read a batch. On an object store that read is a request (10,000
-//! of them, 16 at a time, made most of a large job's tail). A local root's statuses are not read
-//! ahead ([`RowsPrefetch::for_job_root`]): a file read in place has no latency to hide, and read
-//! while the job runs it took its CPU from the workers (`bench_rabbitmq`: 0.97× the build before).
+//! Rows ahead of aggregation: while a job runs, the rows of each batch that succeeded with its
+//! rows inside its status (job root format 2) are gathered in memory, so that aggregation, once
+//! the last batch ended, writes them without a read a batch. They come two ways:
+//! - **given**: the batch event of the attempt whose status create won carries rows up to
+//!   `EVENT_ROWS_MAX` (`BatchStatus::for_event`), as does a status the producer read itself
+//!   (reconciling): no read at all, in any store;
+//! - **read**: in an object store, a batch whose event came without its rows (larger ones, or
+//!   from a worker of an earlier build) has its status read now, 16 at a time. On an object
+//!   store that read is a request (10,000 of them made most of a large job's tail). A local
+//!   root's statuses are not read ahead ([`RowsPrefetch::for_job_root`]): a file read in place
+//!   has no latency to hide, and read while the job runs it took its CPU from the workers
+//!   (`bench_rabbitmq`: 0.97× the build before); aggregation reads them.
 //!
 //! A status is written create-only and never changes once there, and a batch is told to have
-//! succeeded only after its status is stored (the worker's event follows the write; the
-//! reconciling producer read it), so the rows read early are the ones aggregation would read.
-//! Each status is read once either way: aggregation reads only what is not here. Memory is
-//! bounded by [`BUDGET`]; past it the rest is read at aggregation, as without this.
+//! succeeded only after its status is stored (the worker's event follows its winning write; the
+//! reconciling producer read it), so the rows given or read early are the ones aggregation would
+//! read. Each status is read at most once: aggregation reads only what is not here. Memory is
+//! bounded by [`BUDGET`], given and read rows together; past it the rest is read at aggregation.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,35 +33,66 @@ const BUDGET: usize = 64 << 20;
 /// Statuses read at once.
 const READS_AT_ONCE: usize = 16;
 
-/// The reader of a running job's succeeded rows, and what it read.
+/// What a running job's succeeded rows are gathered in, and its reader (an object store's).
 #[derive(Debug)]
 pub struct RowsPrefetch {
+    /// `None` where nothing is read ahead (a local root), or once finished.
     wanted: Mutex<Option<mpsc::UnboundedSender<u64>>>,
     read: Arc<Mutex<Read>>,
     stopping: Arc<AtomicBool>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Read {
     rows: HashMap<u64, Bytes>,
     bytes: usize,
+    budget: usize,
+}
+
+impl Read {
+    fn new(budget: usize) -> Self {
+        Read { rows: HashMap::new(), bytes: 0, budget }
+    }
+
+    /// Hold `rows` of batch `index`; false (nothing held) past the budget.
+    fn hold(&mut self, index: u64, rows: Bytes) -> bool {
+        if self.bytes + rows.len() > self.budget {
+            return false;
+        }
+        self.bytes += rows.len();
+        self.rows.insert(index, rows);
+        true
+    }
 }
 
 impl RowsPrefetch {
-    /// The reader a job in `root` reads ahead with: for an object store, `None` for a local
-    /// folder.
-    pub fn for_job_root(root: &JobRoot) -> Option<RowsPrefetch> {
-        root.local_dir().is_none().then(|| RowsPrefetch::start(root.clone(), BUDGET))
+    /// What a job in `root` gathers its rows in: holding what it is given, and for an object
+    /// store also reading ahead.
+    pub fn for_job_root(root: &JobRoot) -> RowsPrefetch {
+        match root.local_dir() {
+            Some(_) => RowsPrefetch::holding(BUDGET),
+            None => RowsPrefetch::start(root.clone(), BUDGET),
+        }
+    }
+
+    /// Hold the rows given, at most `budget` bytes; read nothing.
+    pub fn holding(budget: usize) -> RowsPrefetch {
+        RowsPrefetch {
+            wanted: Mutex::new(None),
+            read: Arc::new(Mutex::new(Read::new(budget))),
+            stopping: Arc::new(AtomicBool::new(false)),
+            task: tokio::sync::Mutex::new(None),
+        }
     }
 
     /// Start reading ahead in `root`, with at most `budget` bytes held; on the current tokio
     /// runtime.
     pub fn start(root: JobRoot, budget: usize) -> RowsPrefetch {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let read = Arc::new(Mutex::new(Read::default()));
+        let read = Arc::new(Mutex::new(Read::new(budget)));
         let stopping = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(read_ahead(root, receiver, read.clone(), stopping.clone(), budget));
+        let task = tokio::spawn(read_ahead(root, receiver, read.clone(), stopping.clone()));
         RowsPrefetch {
             wanted: Mutex::new(Some(sender)),
             read,
@@ -64,7 +101,16 @@ impl RowsPrefetch {
         }
     }
 
-    /// Batch `index` succeeded with its rows in its stored status: read them.
+    /// Batch `index` succeeded with these rows, those of its stored status (from the event of
+    /// the attempt that stored it, or read): hold them, within the budget.
+    pub fn given(&self, index: u64, rows: &str) {
+        if let Ok(mut read) = self.read.lock() {
+            read.hold(index, Bytes::copy_from_slice(rows.as_bytes()));
+        }
+    }
+
+    /// Batch `index` succeeded with its rows in its stored status, not given: read them (an
+    /// object store's reader; elsewhere aggregation does).
     pub fn succeeded(&self, index: u64) {
         if let Ok(wanted) = self.wanted.lock() {
             if let Some(sender) = wanted.as_ref() {
@@ -73,7 +119,7 @@ impl RowsPrefetch {
         }
     }
 
-    /// Batches whose rows were read so far.
+    /// Batches whose rows were given or read so far.
     #[cfg(test)]
     pub fn rows_read(&self) -> usize {
         self.read.lock().map_or(0, |read| read.rows.len())
@@ -127,7 +173,6 @@ async fn read_ahead(
     mut receiver: mpsc::UnboundedReceiver<u64>,
     read: Arc<Mutex<Read>>,
     stopping: Arc<AtomicBool>,
-    budget: usize,
 ) {
     let mut indexes = Vec::new();
     while receiver.recv_many(&mut indexes, 256).await > 0 {
@@ -144,7 +189,7 @@ async fn read_ahead(
             // Not read (an error, no rows inside): aggregation reads it and says what failed.
             let Ok(Some(rows)) = rows else { continue };
             let Ok(mut read) = read.lock() else { return };
-            if read.bytes + rows.len() > budget {
+            if !read.hold(index, Bytes::from(rows)) {
                 tracing::debug!(
                     batches = read.rows.len(),
                     bytes = read.bytes,
@@ -152,8 +197,6 @@ async fn read_ahead(
                 );
                 return;
             }
-            read.bytes += rows.len();
-            read.rows.insert(index, Bytes::from(rows));
         }
         if stopping.load(Ordering::Relaxed) {
             return;

@@ -1,4 +1,5 @@
-//! Rows read ahead: what aggregation writes is the same, and what was read is not read again.
+//! Rows gathered ahead of aggregation, given by events or read: what aggregation writes is the
+//! same, and what was gathered is not read again.
 
 use std::time::{Duration, Instant};
 
@@ -93,4 +94,43 @@ async fn a_failed_batch_and_rows_in_a_part_are_not_read_ahead() {
     assert!(tracker.record(&failed));
     let rows = tracker.rows_ahead().unwrap().finish().await;
     assert!(rows.is_empty());
+}
+
+/// A tracker of a local root (nothing read ahead there) told of every batch of `root` by their
+/// events, which carry the rows (`BatchStatus::for_event`).
+async fn tracker_given_rows_of(root: &JobRoot, count: u64, budget: usize) -> Tracker {
+    let mut tracker = Tracker::new(PlanSummary::of(count, count));
+    tracker.read_rows_ahead(RowsPrefetch::holding(budget));
+    let mut statuses = Vec::new();
+    for index in 0..count {
+        let id = batchfleet_common::message::batch_id(index);
+        statuses.push(root.read_status(&id).await.unwrap().unwrap());
+    }
+    for status in statuses {
+        let event = status.for_event();
+        assert!(event.inline_rows.as_deref().is_some_and(|rows| !rows.is_empty()));
+        assert!(tracker.record(&event));
+    }
+    tracker
+}
+
+#[tokio::test]
+async fn rows_given_by_batch_events_are_aggregated_without_reading_a_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_statuses(dir.path(), 40).await;
+    let tracker = tracker_given_rows_of(&root, 40, BUDGET).await;
+    assert_eq!(tracker.rows_ahead().unwrap().rows_read(), 40, "held as they were told");
+    // Aggregation must not need the statuses.
+    std::fs::remove_dir_all(dir.path().join("j/status")).unwrap();
+    assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(40));
+}
+
+#[tokio::test]
+async fn rows_given_past_the_budget_are_read_at_aggregation() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = root_with_statuses(dir.path(), 30).await;
+    // "row 0\n" .. "row 9\n" are 6 bytes each: ten fit, at most.
+    let tracker = tracker_given_rows_of(&root, 30, 60).await;
+    assert_eq!(tracker.rows_ahead().unwrap().rows_read(), 10);
+    assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
 }

@@ -165,8 +165,8 @@ impl Tracker {
         }
     }
 
-    /// Read the rows of the batches that succeed from now on with their rows in their status
-    /// while the job runs (see [`RowsPrefetch`]); aggregation takes them.
+    /// Gather the rows of the batches that succeed from now on with their rows in their status
+    /// while the job runs, given or read (see [`RowsPrefetch`]); aggregation takes them.
     pub fn read_rows_ahead(&mut self, prefetch: RowsPrefetch) {
         self.prefetch = Some(prefetch);
     }
@@ -225,7 +225,12 @@ impl Tracker {
         if let (BatchState::Succeeded, None, Some(prefetch)) =
             (new.state, &new.part, &self.prefetch)
         {
-            prefetch.succeeded(status.index);
+            // Rows given (`BatchStatus::for_event`) are the stored status's; `Some("")` says
+            // they are in the store (or are empty: read, as a batch without them would be).
+            match status.inline_rows.as_deref() {
+                Some(rows) if !rows.is_empty() => prefetch.given(status.index, rows),
+                _ => prefetch.succeeded(status.index),
+            }
         }
         *slot = Some(new);
         if status.header.is_some() && self.header.is_none() {

@@ -453,10 +453,10 @@ impl Slot {
             match output::write_part_and_status(job, part, output, &status).await? {
                 StatusWrite::Won => {
                     // Coalesced and published in the background: the status is in the store,
-                    // so the ack need not wait for the event (see `events::BatchEvents`).
-                    let status = status.clone().without_rows();
-                    self.shared.events.batch_ended(&job.job_id, status.clone());
-                    Ok(Finished { status, won: true })
+                    // so the ack need not wait for the event (see `events::BatchEvents`). Its
+                    // small rows go with it: the producer then has them without a read.
+                    self.shared.events.batch_ended(&job.job_id, status.clone().for_event());
+                    Ok(Finished { status: status.clone().without_rows(), won: true })
                 }
                 StatusWrite::AlreadyFinal(existing) => {
                     // Another attempt finished this batch first: its part counts, ours goes

@@ -102,7 +102,7 @@ pub async fn aggregate(
         Some(prefetch) => prefetch.finish().await,
         None => PrefetchedRows::default(),
     };
-    tracing::debug!(batches = ahead.len(), "rows read while the job ran");
+    tracing::debug!(batches = ahead.len(), "rows given or read while the job ran");
     let ahead = &ahead;
     let fetches = tracker.succeeded().map(|(index, rows)| async move {
         let batch = batch_id(index);

@@ -56,7 +56,8 @@ pub async fn route(broker: &dyn Broker, delivery: &Delivery) -> Result<(), Produ
         }
         Err(error) => return Err(error.into()),
     };
-    let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status };
+    // As a worker's event: the stored status, its rows only when small.
+    let event = JobEvent::BatchEnded { job_id: message.job_id.clone(), status: status.for_event() };
     let payload = serde_json::to_vec(&event).map_err(ProducerError::internal)?;
     match broker.publish(&QueueNames::events(&message.job_id), vec![Bytes::from(payload)]).await {
         // The job's producer already finished (it deletes its events queue): the failed

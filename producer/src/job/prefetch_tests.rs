@@ -73,7 +73,7 @@ async fn past_the_budget_the_rest_is_read_at_aggregation() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_statuses(dir.path(), 30).await;
     // "row 0\n" .. "row 9\n" are 6 bytes each: ten fit, at most.
-    let tracker = tracker_told_of(&root, 30, 60).await;
+    let tracker = tracker_told_of(&root, 30, 10 * (6 + ENTRY_COST)).await;
     until_read(tracker.rows_ahead().unwrap(), 1).await;
     assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
 }
@@ -129,8 +129,8 @@ async fn rows_given_by_batch_events_are_aggregated_without_reading_a_status() {
 async fn rows_given_past_the_budget_are_read_at_aggregation() {
     let dir = tempfile::tempdir().unwrap();
     let root = root_with_statuses(dir.path(), 30).await;
-    // "row 0\n" .. "row 9\n" are 6 bytes each: ten fit, at most.
-    let tracker = tracker_given_rows_of(&root, 30, 60).await;
+    // "row 0\n" .. "row 9\n" are 6 bytes each (and the entry's cost): ten fit, at most.
+    let tracker = tracker_given_rows_of(&root, 30, 10 * (6 + ENTRY_COST)).await;
     assert_eq!(tracker.rows_ahead().unwrap().rows_read(), 10);
     assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
 }

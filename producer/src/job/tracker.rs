@@ -86,7 +86,8 @@ pub struct Tracker {
     runtimes: std::collections::BTreeMap<String, Runtimes>,
     /// Failed mini-batches grouped by their error, in the order the groups were first seen.
     failure_groups: Vec<FailureGroup>,
-    /// Reads the rows of batches that succeed with their rows in their status, for aggregation.
+    /// Gathers the rows of batches that succeed with their rows in their status (given by
+    /// their events, or read), for aggregation.
     prefetch: Option<RowsPrefetch>,
 }
 
@@ -171,7 +172,7 @@ impl Tracker {
         self.prefetch = Some(prefetch);
     }
 
-    /// What reads rows ahead, if anything does.
+    /// What gathers rows ahead, if anything does.
     pub fn rows_ahead(&self) -> Option<&RowsPrefetch> {
         self.prefetch.as_ref()
     }

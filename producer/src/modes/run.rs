@@ -71,7 +71,7 @@ pub async fn run_job(
     let started_ms = batchfleet_common::status::now_ms();
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);
-    // The interpreter is asked where it is while the job root is made.
+    // The interpreter is asked where it is first: the batches' identities name it.
     let resolving = {
         let python = options.python.clone();
         tokio::spawn(async move { resolve_interpreter(&python).await })

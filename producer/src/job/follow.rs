@@ -39,10 +39,13 @@ const FIRST_RECONCILE: Duration = Duration::from_secs(1);
 /// the ones still counted as running are taken for gone (their worker died).
 const USER_LOGS_QUIET: Duration = Duration::from_secs(6);
 /// How soon after a worker's runtime reported ready the broker surely lists the worker's
-/// connection (RabbitMQ's management API listed a new connection about a second after it
-/// opened here; the ready event comes after the connection and init()). Longer would make
-/// `submit` wait for the runtimes of a worker killed early in a short job.
-const CONNECTIONS_LISTED_WITHIN: Duration = Duration::from_secs(3);
+/// connection (the ready event comes after the connection and init()). RabbitMQ's management
+/// API lists a connection once the connection's first statistics are emitted, every
+/// `collect_statistics_interval` (5 s by default): 3.4–4.4 s after a worker started here, so
+/// a grace of 3 s took live workers of a short job for gone, and `submit` wrote the job report
+/// without their last attempt records. A worker killed early in a short job is waited for at
+/// most [`USER_LOGS_QUIET`] after the last runtime stopped, whatever this is.
+const CONNECTIONS_LISTED_WITHIN: Duration = Duration::from_secs(10);
 /// What the follower reads from.
 pub struct Follow<'a> {
     pub job: &'a ResolvedJob,

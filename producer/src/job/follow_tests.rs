@@ -365,3 +365,33 @@ async fn a_worker_that_connected_just_before_the_job_ended_is_waited_for() {
     published.unwrap();
     assert_eq!(missing.expect("bounded by its limit"), 0, "the new worker's stop was waited for");
 }
+
+#[tokio::test]
+async fn a_worker_whose_connection_is_listed_seconds_late_is_waited_for() {
+    let (_dir, root, inner, queues) = job_with_queues().await;
+    // RabbitMQ lists a connection when its first statistics come, up to 5 s after it opened
+    // (3.4–4.4 s measured): a worker ready 4.5 s ago may not be listed yet.
+    let broker = Connected { inner, clients: vec!["batchfleet-producer/test/1".into()] };
+    let job = crate::test_support::minimal_job();
+    let follow = following(&job, &broker, &queues, &root);
+    let mut tracker = Tracker::new(PlanSummary::of(1, 1));
+    let ready_at = std::time::Instant::now()
+        .checked_sub(Duration::from_millis(4_500))
+        .expect("the clock is past 4.5 s");
+    tracker.runtime_ready_at("started-5s-ago", ready_at);
+    let stopped =
+        JobEvent::RuntimeStopped { job_id: root.job_id.clone(), worker: "started-5s-ago".into() };
+    let events = QueueNames::events(&root.job_id);
+    let stop_soon = async {
+        broker.publish(&events, vec![Bytes::from(serde_json::to_vec(&stopped).unwrap())]).await
+    };
+    let (missing, published) = tokio::join!(
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            follow.await_user_logs(&mut tracker, Duration::from_secs(20)),
+        ),
+        stop_soon,
+    );
+    published.unwrap();
+    assert_eq!(missing.expect("bounded by its limit"), 0, "the worker's stop was waited for");
+}

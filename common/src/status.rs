@@ -144,6 +144,15 @@ impl BatchStatus {
         }
     }
 
+    /// This status as its batch event carries it ([`BatchStatus::for_event`]) and as the
+    /// attempt keeps it ([`BatchStatus::without_rows`]), the rows moved rather than copied.
+    pub fn for_event_and_kept(mut self) -> (BatchStatus, BatchStatus) {
+        let rows = self.inline_rows.as_mut().map(std::mem::take);
+        let kept = self.clone();
+        self.inline_rows = rows;
+        (self.for_event(), kept)
+    }
+
     /// This status without its inline rows (`Some("")` says they are in the stored status):
     /// what the producer's reads of `status/` and the attempt records keep.
     pub fn without_rows(mut self) -> BatchStatus {

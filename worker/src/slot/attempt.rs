@@ -455,8 +455,9 @@ impl Slot {
                     // Coalesced and published in the background: the status is in the store,
                     // so the ack need not wait for the event (see `events::BatchEvents`). Its
                     // small rows go with it: the producer then has them without a read.
-                    self.shared.events.batch_ended(&job.job_id, status.clone().for_event());
-                    Ok(Finished { status: status.clone().without_rows(), won: true })
+                    let (event, kept) = status.clone().for_event_and_kept();
+                    self.shared.events.batch_ended(&job.job_id, event);
+                    Ok(Finished { status: kept, won: true })
                 }
                 StatusWrite::AlreadyFinal(existing) => {
                     // Another attempt finished this batch first: its part counts, ours goes

@@ -1,6 +1,7 @@
 //! Batch events and the other job events a worker publishes to a job's events queue.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,30 +66,82 @@ const EVENT_MAX_BYTES: usize = 128 * 1024;
 /// event is handed over: an event lost with a dying worker (or a broker that refused it
 /// past the retries) delays its job, never loses a batch — the producer reads `status/`
 /// after `RECONCILE_AFTER` without events.
+///
+/// The channel is unbounded (a slot never waits for the publisher), but the rows it holds are
+/// not: past [`PENDING_ROWS_MAX`] bytes of inline rows waiting (a broker that takes the events
+/// slowly, or not at all while the publisher retries), further events go without their rows
+/// ([`BatchStatus::without_rows`]) and the producer reads those from the stored statuses.
 pub(crate) struct BatchEvents {
     sender: std::sync::Mutex<Option<mpsc::UnboundedSender<(String, BatchStatus)>>>,
     task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+    /// Bytes of inline rows handed over and not yet published...
+    pending_rows: Arc<AtomicUsize>,
+    /// ...and the most they may be.
+    rows_budget: usize,
+}
+
+/// The most bytes of inline rows the worker's pending batch events hold (about 2,000 events
+/// at the largest rows an event carries, [`batchfleet_common::status::EVENT_ROWS_MAX`]).
+pub(crate) const PENDING_ROWS_MAX: usize = 32 * 1024 * 1024;
+
+/// The bytes of inline rows `status` carries in its event.
+fn rows_len(status: &BatchStatus) -> usize {
+    status.inline_rows.as_ref().map_or(0, String::len)
 }
 
 impl BatchEvents {
     /// Start the publishing task (inside the runtime).
     pub(crate) fn start(broker: Arc<dyn Broker>) -> Self {
+        Self::with_rows_budget(broker, PENDING_ROWS_MAX)
+    }
+
+    fn with_rows_budget(broker: Arc<dyn Broker>, rows_budget: usize) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let task = tokio::spawn(publish_batch_events(broker, receiver));
+        let pending_rows = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(publish_batch_events(broker, receiver, pending_rows.clone()));
         BatchEvents {
             sender: std::sync::Mutex::new(Some(sender)),
             task: tokio::sync::Mutex::new(Some(task)),
+            pending_rows,
+            rows_budget,
         }
     }
 
     /// Tell the job's producer, soon, that `status`'s batch ended.
     pub(crate) fn batch_ended(&self, job_id: &str, status: BatchStatus) {
+        let status = self.within_budget(status);
+        let rows = rows_len(&status);
         let sender = self.sender.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let sent =
             sender.as_ref().is_some_and(|sender| sender.send((job_id.to_owned(), status)).is_ok());
         if !sent {
+            self.pending_rows.fetch_sub(rows, Ordering::AcqRel);
             tracing::warn!(%job_id, "batch event after the worker stopped publishing; the \
                 producer takes this batch from the store");
+        }
+    }
+
+    /// `status`, or without its rows when they would take the pending rows past
+    /// the budget ([`PENDING_ROWS_MAX`]); the rows it keeps are counted as pending.
+    fn within_budget(&self, status: BatchStatus) -> BatchStatus {
+        let len = rows_len(&status);
+        if len == 0 {
+            return status;
+        }
+        let taken = self.pending_rows.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            (held + len <= self.rows_budget).then_some(held + len)
+        });
+        match taken {
+            Ok(_) => status,
+            Err(held) => {
+                tracing::debug!(
+                    held,
+                    len,
+                    "batch event without its rows: the pending events \
+                    hold their most rows; the producer reads them from the store"
+                );
+                status.without_rows()
+            }
         }
     }
 
@@ -113,6 +166,7 @@ impl BatchEvents {
 async fn publish_batch_events(
     broker: Arc<dyn Broker>,
     mut receiver: mpsc::UnboundedReceiver<(String, BatchStatus)>,
+    pending_rows: Arc<AtomicUsize>,
 ) {
     let mut pending = Vec::new();
     let linger = broker.publish_linger();
@@ -129,12 +183,14 @@ async fn publish_batch_events(
             by_job.entry(job_id).or_default().push(status);
         }
         for (job_id, statuses) in by_job {
+            let rows: usize = statuses.iter().map(rows_len).sum();
             for payload in batch_event_payloads(&job_id, statuses) {
                 if let Err(error) = publish_payload(broker.as_ref(), &job_id, payload).await {
                     tracing::warn!(%job_id, %error, "publishing batch events failed; the \
                         producer takes those batches from the store");
                 }
             }
+            pending_rows.fetch_sub(rows, Ordering::AcqRel);
         }
     }
 }
@@ -196,6 +252,36 @@ mod tests {
             error: None,
             reused_from: None,
         }
+    }
+
+    fn with_rows(index: u64, len: usize) -> BatchStatus {
+        BatchStatus { inline_rows: Some("r".repeat(len)), ..status(index) }
+    }
+
+    #[tokio::test]
+    async fn pending_events_hold_rows_up_to_their_budget_and_publishing_frees_it() {
+        let broker: Arc<dyn Broker> =
+            Arc::new(batchfleet_common::broker::embedded::EmbeddedBroker::new());
+        let events = BatchEvents::with_rows_budget(broker, 100);
+        assert_eq!(
+            events.within_budget(with_rows(0, 60)).inline_rows.as_deref(),
+            Some(&*"r".repeat(60))
+        );
+        let over = events.within_budget(with_rows(1, 60));
+        assert_eq!(over.inline_rows.as_deref(), Some(""), "past the budget: read from the store");
+        assert_eq!(over.result_part, status(1).result_part, "the rest of the status is kept");
+        assert_eq!(events.within_budget(with_rows(2, 40)).inline_rows.map(|r| r.len()), Some(40));
+        assert_eq!(events.within_budget(status(3)), status(3), "no rows: nothing to hold");
+        assert_eq!(events.pending_rows.load(Ordering::Acquire), 100);
+
+        // Handed over and published (to a queue that is gone: dropped), the rows are released.
+        events.pending_rows.store(0, Ordering::Release);
+        events.batch_ended("j", with_rows(4, 90));
+        assert_eq!(events.pending_rows.load(Ordering::Acquire), 90);
+        events.close(Duration::from_secs(10)).await;
+        assert_eq!(events.pending_rows.load(Ordering::Acquire), 0, "published: nothing pending");
+        events.batch_ended("j", with_rows(5, 90));
+        assert_eq!(events.pending_rows.load(Ordering::Acquire), 0, "not sent: nothing pending");
     }
 
     #[test]

@@ -293,7 +293,7 @@ async fn raising_is_a_user_error_with_its_traceback() {
         r#"
 def init(): pass
 def helper(path):
-    raise ValueError("cannot score %s" % path)
+    raise ValueError("cannot score %s (\u00e9, \"q\")" % path)
 def run(mini_batch):
     return [helper(p) for p in mini_batch]
 "#,
@@ -302,7 +302,8 @@ def run(mini_batch):
     let failure = run_failed(&mut process, request(&scratch, 0, &["/in/x.png"])).await;
     assert_eq!(failure.kind, UserFailureKind::UserError);
     assert_eq!(failure.exception.as_deref(), Some("ValueError"));
-    assert_eq!(failure.message, "cannot score /in/x.png");
+    // Escaped on the channel (a non-ASCII letter, quotes) and read back as raised.
+    assert_eq!(failure.message, "cannot score /in/x.png (\u{e9}, \"q\")");
     let traceback = failure.traceback.expect("traceback");
     assert!(traceback.contains("boom.py") && traceback.contains("in helper"), "{traceback}");
     process.shutdown(GRACE).await.expect("shutdown");

@@ -121,22 +121,19 @@ def write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-def encode_flat(message):
-    """The JSON of a message whose values are all strings, integers or None (a `done`), built
-    directly: JSONEncoder.encode sets up its C encoder anew on every call, which costs more than
-    the message. None for any other message."""
-    parts = []
-    for key, value in message.items():
-        if value is None:
-            text = "null"
-        elif type(value) is str:
-            text = encode_basestring_ascii(value)
-        elif type(value) is int:
-            text = int.__repr__(value)
-        else:
-            return None
-        parts.append(encode_basestring_ascii(key) + ": " + text)
-    return "{" + ", ".join(parts) + "}"
+def message_encoder():
+    """A function from a message to its JSON text, as json.dumps(message, default=str) gives it.
+    JSONEncoder.encode sets up its C encoder anew on every call, which costs more than a small
+    message: the C encoder is made once here (when this Python has it)."""
+    encoder = json.JSONEncoder(default=str)
+    try:
+        from json.encoder import c_make_encoder
+        c_encode = c_make_encoder(None, encoder.default, encode_basestring_ascii, None,
+                                  encoder.key_separator, encoder.item_separator, False, False,
+                                  True)
+    except (ImportError, TypeError):  # no C encoder, or one made another way
+        return encoder.encode
+    return lambda message: "".join(c_encode(message, 0))
 
 
 class Protocol:
@@ -144,8 +141,8 @@ class Protocol:
         self.reader = reader
         self.writer_fd = writer_fd
 
-    # One encoder for every message: json.dumps(..., default=str) builds a new one per call.
-    ENCODER = json.JSONEncoder(default=str)
+    # One encoder and decoder for every message: json.dumps and json.loads build anew per call.
+    ENCODE = staticmethod(message_encoder())
     DECODER = json.JSONDecoder()
 
     def send(self, msg_type, attached=None, **fields):
@@ -154,7 +151,7 @@ class Protocol:
         message = {"v": PROTOCOL_VERSION, "type": msg_type}
         message.update(fields)
         # One write per message, straight to the fd: no text layer, no flush.
-        data = (encode_flat(message) or self.ENCODER.encode(message)).encode("utf-8") + b"\n"
+        data = self.ENCODE(message).encode("utf-8") + b"\n"
         write_all(self.writer_fd, data + attached if attached else data)
 
     def receive(self):
@@ -163,7 +160,9 @@ class Protocol:
         line = self.reader.readline()
         if not line:
             return None
-        return self.DECODER.decode(line.decode("utf-8"))
+        # raw_decode: a request is one object on its line; decode() would also match the
+        # whitespace around it, with a regular expression each side.
+        return self.DECODER.raw_decode(line.decode("utf-8"))[0]
 
 
 class MiniBatchContext:

@@ -144,6 +144,19 @@ impl BatchStatus {
         }
     }
 
+    /// The rows this status gives without a read of the stored status: its inline rows, or
+    /// none at all when it holds no row and no line (`run()` returned nothing; every row the
+    /// runtime sends ends with a line break, so rows without a line are empty). `None` when
+    /// they are to be read: in a result part, or left in the stored status (`Some("")` with
+    /// rows: [`BatchStatus::without_rows`]).
+    pub fn given_rows(&self) -> Option<&str> {
+        match self.inline_rows.as_deref() {
+            Some(rows) if !rows.is_empty() => Some(rows),
+            Some(_) if self.rows == 0 && self.extra_lines == 0 => Some(""),
+            _ => None,
+        }
+    }
+
     /// This status as its batch event carries it ([`BatchStatus::for_event`]) and as the
     /// attempt keeps it ([`BatchStatus::without_rows`]), the rows moved rather than copied.
     pub fn for_event_and_kept(mut self) -> (BatchStatus, BatchStatus) {

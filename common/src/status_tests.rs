@@ -21,3 +21,18 @@ fn a_batch_event_carries_small_inline_rows_and_leaves_large_ones_in_the_store() 
     let in_a_part = batch_status(1, Some("1-w-s0"), BatchState::Succeeded).for_event();
     assert_eq!(in_a_part.inline_rows, None, "a status naming a part stays so");
 }
+
+#[test]
+fn a_status_gives_its_rows_or_no_rows_and_leaves_the_rest_to_a_read() {
+    assert_eq!(with_rows("a\nb\n").given_rows(), Some("a\nb\n"));
+    let mut empty = with_rows("");
+    empty.rows = 0;
+    assert_eq!(empty.given_rows(), Some(""), "no row and no line: nothing to read");
+    assert_eq!(with_rows("").given_rows(), None, "a row left in the stored status is read");
+    let mut lines_only = with_rows("");
+    (lines_only.rows, lines_only.extra_lines) = (0, 2);
+    assert_eq!(lines_only.given_rows(), None, "lines left in the stored status are read");
+    let mut in_a_part = batch_status(1, Some("1-w-s0"), BatchState::Succeeded);
+    in_a_part.rows = 0;
+    assert_eq!(in_a_part.given_rows(), None, "a status naming a part gives nothing");
+}

@@ -13,13 +13,20 @@ use crate::job::tracker::Tracker;
 
 /// `count` succeeded batches of a local root, their rows ("row <i>\n") inside their statuses.
 async fn root_with_statuses(dir: &std::path::Path, count: u64) -> JobRoot {
+    let rows: Vec<String> = (0..count).map(|index| format!("row {index}\n")).collect();
+    root_with_rows(dir, &rows).await
+}
+
+/// A succeeded batch a row text, the rows inside their statuses.
+async fn root_with_rows(dir: &std::path::Path, rows: &[String]) -> JobRoot {
     let url = url::Url::from_directory_path(dir).unwrap();
     let root = JobRoot::create(&url, "j").unwrap();
     let output = dir.join("out");
-    for index in 0..count {
-        std::fs::write(&output, format!("row {index}\n")).unwrap();
+    for (index, text) in (0..).zip(rows) {
+        std::fs::write(&output, text).unwrap();
         let mut status = batch_status(index, Some("1-w"), BatchState::Succeeded);
         status.inline_rows = JobRoot::inline_rows(JOB_ROOT_FORMAT, &output);
+        status.rows = text.lines().count() as u64;
         assert!(status.inline_rows.is_some());
         root.write_part_and_status("1-w", &output, &status).await.unwrap();
     }
@@ -108,7 +115,7 @@ async fn tracker_given_rows_of(root: &JobRoot, count: u64, budget: usize) -> Tra
     }
     for status in statuses {
         let event = status.for_event();
-        assert!(event.inline_rows.as_deref().is_some_and(|rows| !rows.is_empty()));
+        assert!(event.given_rows().is_some(), "every event gives its rows");
         assert!(tracker.record(&event));
     }
     tracker
@@ -133,4 +140,16 @@ async fn rows_given_past_the_budget_are_read_at_aggregation() {
     let tracker = tracker_given_rows_of(&root, 30, 10 * (6 + ENTRY_COST)).await;
     assert_eq!(tracker.rows_ahead().unwrap().rows_read(), 10);
     assert_eq!(aggregated(dir.path(), &root, &tracker).await, expected(30));
+}
+
+#[tokio::test]
+async fn batches_of_no_rows_are_aggregated_without_reading_their_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = ["row 0\n", "", "row 2\n", ""].map(String::from);
+    let root = root_with_rows(dir.path(), &rows).await;
+    let tracker = tracker_given_rows_of(&root, 4, BUDGET).await;
+    assert_eq!(tracker.rows_ahead().unwrap().rows_read(), 4, "the empty ones held too");
+    // Aggregation must not need the statuses, those of no rows included.
+    std::fs::remove_dir_all(dir.path().join("j/status")).unwrap();
+    assert_eq!(aggregated(dir.path(), &root, &tracker).await, "row 0\nrow 2\n");
 }

@@ -226,11 +226,11 @@ impl Tracker {
         if let (BatchState::Succeeded, None, Some(prefetch)) =
             (new.state, &new.part, &self.prefetch)
         {
-            // Rows given (`BatchStatus::for_event`) are the stored status's; `Some("")` says
-            // they are in the store (or are empty: read, as a batch without them would be).
-            match status.inline_rows.as_deref() {
-                Some(rows) if !rows.is_empty() => prefetch.given(status.index, rows),
-                _ => prefetch.succeeded(status.index),
+            // Rows given (`BatchStatus::for_event`) are the stored status's, and a status of
+            // no rows gives none; `Some("")` with rows says they are in the store.
+            match status.given_rows() {
+                Some(rows) => prefetch.given(status.index, rows),
+                None => prefetch.succeeded(status.index),
             }
         }
         *slot = Some(new);

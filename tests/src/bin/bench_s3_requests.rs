@@ -4,11 +4,12 @@
 //! no other test's requests are counted), runs `batchfleet run` over `--batches` one-file
 //! mini-batches (each returning one short row) with the job root on it, and reads moto's
 //! request log: every request of the run, by method, and the PUTs under `results/` and
-//! `status/` per mini-batch. With `--baseline BINARY` another build runs the same job, in
+//! `status/` per mini-batch. `--empty-rows`: each `run()` returns no row (a script that keeps
+//! what it finds elsewhere). With `--baseline BINARY` another build runs the same job, in
 //! interleaved rounds. Request counts do not vary between rounds; the rounds check that.
 //!
 //! `cargo build --release --bins && infra/test-services && target/release/bench_s3_requests
-//! [--batches 200] [--rounds 2] [--baseline OLD/batchfleet]`
+//! [--batches 200] [--rounds 2] [--empty-rows] [--baseline OLD/batchfleet]`
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -33,6 +34,9 @@ struct Options {
     /// Rounds, each running every build once.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Every `run()` returns no row (instead of one a file).
+    #[arg(long)]
+    empty_rows: bool,
     /// The `batchfleet` binary.
     #[arg(long, default_value_os_t = repo_root().join("target/release/batchfleet"))]
     binary: PathBuf,
@@ -119,17 +123,21 @@ fn start_moto(moto: &Path, log: &Path) -> Result<(Guard, u16)> {
     Ok((guard, port))
 }
 
-/// The job: `batches` files of one line, one a mini-batch, each scored into one row.
-fn write_job(dir: &Path, batches: usize) -> Result<PathBuf> {
+/// The job: `batches` files of one line, one a mini-batch, each scored into one row (or none).
+fn write_job(dir: &Path, batches: usize, empty_rows: bool) -> Result<PathBuf> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)?;
     for i in 0..batches {
         std::fs::write(data.join(format!("f{i:06}.txt")), format!("item {i}\n"))?;
     }
     std::fs::create_dir_all(dir.join("src"))?;
+    let rows = match empty_rows {
+        true => "[]",
+        false => "[os.path.basename(str(p)) for p in mini_batch]",
+    };
     std::fs::write(
         dir.join("src/score.py"),
-        "import os\n\ndef run(mini_batch):\n    return [os.path.basename(str(p)) for p in mini_batch]\n",
+        format!("import os\n\ndef run(mini_batch):\n    return {rows}\n"),
     )?;
     let spec = format!(
         "type: parallel\nname: requests\ninputs:\n  files: {{type: uri_folder, path: {data}}}\n\
@@ -189,7 +197,7 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let log = dir.path().join("moto.log");
     let (_moto, port) = start_moto(&options.moto, &log)?;
-    let job = write_job(dir.path(), options.batches)?;
+    let job = write_job(dir.path(), options.batches, options.empty_rows)?;
     let mut builds = vec![("this build", std::path::absolute(&options.binary)?)];
     if let Some(baseline) = &options.baseline {
         builds.push(("--baseline", std::path::absolute(baseline)?));
@@ -198,9 +206,10 @@ fn main() -> Result<()> {
         ensure!(binary.exists(), "{}: build first: cargo build --release --bins", binary.display());
     }
     println!(
-        "{} one-file mini-batches, job root on a moto server of its own (port {port}); load \
-         average at start: {}",
+        "{} one-file mini-batches ({}), job root on a moto server of its own (port {port}); \
+         load average at start: {}",
         options.batches,
+        if options.empty_rows { "run() returns no row" } else { "a row each" },
         load_average()
     );
     let batches = options.batches as f64;

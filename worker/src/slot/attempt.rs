@@ -448,14 +448,14 @@ impl Slot {
         // Rows attached to the answer fit by construction (the request's `attach_max`).
         status.inline_rows =
             attached.or_else(|| JobRoot::inline_rows(job.job.job_root_format, output));
-        let part = status.result_part.as_deref().unwrap_or_default();
-        let written = async {
-            match output::write_part_and_status(job, part, output, &status).await? {
+        let part = status.result_part.clone().unwrap_or_default();
+        let written = async move {
+            match output::write_part_and_status(job, &part, output, &status).await? {
                 StatusWrite::Won => {
                     // Coalesced and published in the background: the status is in the store,
                     // so the ack need not wait for the event (see `events::BatchEvents`). Its
                     // small rows go with it: the producer then has them without a read.
-                    let (event, kept) = status.clone().for_event_and_kept();
+                    let (event, kept) = status.for_event_and_kept();
                     self.shared.events.batch_ended(&job.job_id, event);
                     Ok(Finished { status: kept, won: true })
                 }
@@ -463,7 +463,7 @@ impl Slot {
                     // Another attempt finished this batch first: its part counts, ours goes
                     // (rows that were to travel in the status went nowhere).
                     if !status.rows_inline() {
-                        output::delete_result_part(job, &message.batch_id, part).await;
+                        output::delete_result_part(job, &message.batch_id, &part).await;
                     }
                     Ok(Finished { status: existing.without_rows(), won: false })
                 }

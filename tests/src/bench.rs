@@ -37,6 +37,17 @@ pub fn process_cpu(pid: u32) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// The order in which `peers` peers run in round `round` (counted from 1): in turn, each round
+/// starting one peer later than the round before. Each peer thus runs first, second, … equally
+/// often over as many rounds as there are peers: a run right after another one ran measured
+/// otherwise than one first in its round (`bench_rabbitmq`: the build that ran second in each
+/// round was 7-12 % faster, whichever build it was), and a fixed order puts that bias on one
+/// peer.
+pub fn round_order(round: usize, peers: usize) -> impl Iterator<Item = usize> {
+    let start = round.saturating_sub(1) % peers.max(1);
+    (0..peers).map(move |k| (start + k) % peers)
+}
+
 /// Kills the child when dropped.
 pub struct Guard(pub Child);
 
@@ -166,4 +177,20 @@ pub fn watch_live_page(
 /// own log writes included.
 pub fn settle_file_system() {
     let _ = std::process::Command::new("sync").status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_order;
+
+    #[test]
+    fn each_round_starts_one_peer_later_and_every_peer_leads_once() {
+        let order = |round| round_order(round, 3).collect::<Vec<_>>();
+        assert_eq!(order(1), [0, 1, 2]);
+        assert_eq!(order(2), [1, 2, 0]);
+        assert_eq!(order(3), [2, 0, 1]);
+        assert_eq!(order(4), order(1));
+        assert_eq!(round_order(1, 0).count(), 0);
+        assert_eq!(round_order(5, 1).collect::<Vec<_>>(), [0]);
+    }
 }

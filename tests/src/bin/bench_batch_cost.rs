@@ -9,8 +9,10 @@
 //! difference of CPU time (the run and the processes under it that were waited for,
 //! `getrusage(RUSAGE_CHILDREN)`), which a machine shared with others moves much less than wall
 //! time.
-//! Before the first round the floor runs once at both sizes, untimed, to warm the caches up.
-//! Every size of every peer runs once per round, in turn (interleaved), `--rounds` rounds
+//! Before the first round the floor runs once at both sizes, untimed, to warm the caches up
+//! (and the driver alone once, to compile its bytecode).
+//! Every size of every peer runs once per round, in turn (interleaved; each round starts one
+//! peer later, `bench::round_order`), `--rounds` rounds
 //! (default 5); the table gives the median and min of each peer's per-batch cost, and its
 //! ratio to the floor and to Pool.
 //!
@@ -20,6 +22,11 @@
 //!   input's mode (default: the job's default, `ro_mount`);
 //! - `multiprocessing.Pool(slots)`, `imap_unordered` with `chunksize=1`: one task per file;
 //! - the floor: the entry script's `run([path])` called in one Python loop, in-process;
+//! - the runtime protocol alone, both ways: a Python client starts the worker's driver (one
+//!   runtime) and sends it a run request per file, waiting for each answer before the next
+//!   request (as a slot does), or all requests written at once and read back in order. The
+//!   difference between the two is what waiting for each answer costs on this machine: both
+//!   processes sleep and are woken once per mini-batch;
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
 //! Build and run in release (not part of the test command):
@@ -32,7 +39,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{load_average, median, python, release_binary};
+use batchfleet_tests::bench::{load_average, median, python, release_binary, round_order};
 use batchfleet_tests::repo_root;
 
 #[derive(Parser)]
@@ -113,8 +120,55 @@ fn job(dir: &Path, n: usize, options: &Options) -> Result<PathBuf> {
          with open(sys.argv[1], 'w') as out:\n    for p in paths:\n        \
          out.write(''.join(r + '\\n' for r in echo.run([p])))\n",
     )?;
+    std::fs::write(job.join("protocol.py"), PROTOCOL_CLIENT)?;
     Ok(job)
 }
+
+/// The runtime protocol's client: `protocol.py DRIVER_DIR DRIVER_START AT_ONCE ROWS` starts the
+/// driver as a worker does and runs every file of `data/` through it as a 1-file mini-batch,
+/// one request at a time (`AT_ONCE` 0) or all written at once (1), the rows attached to the
+/// answers written to ROWS.
+const PROTOCOL_CLIENT: &str = r#"import json, os, subprocess, sys, threading
+driver_dir, start, at_once, out = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
+paths = sorted(os.path.abspath(os.path.join("data", n)) for n in os.listdir("data"))
+part = os.path.abspath("part")
+runtime = subprocess.Popen([sys.executable, "-c", start, driver_dir, "code", "echo.py"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+ready = runtime.stdout.readline()
+if json.loads(ready).get("type") != "ready":
+    sys.exit("the driver did not start: %r" % ready)
+
+def request(i, path):
+    return (json.dumps({"v": 1, "type": "run", "batch_id": "b%d" % i, "items": [path],
+                        "context": {"minibatch_index": i}, "output": part,
+                        "attach_max": 65536, "nonce": "n%d" % i}) + "\n").encode()
+
+def answer():
+    line = runtime.stdout.readline()
+    message = json.loads(line)
+    if message.get("type") != "done":
+        sys.exit("the driver answered %r" % line)
+    return runtime.stdout.read(message.get("rows_attached", 0))
+
+with open(out, "wb") as rows:
+    if at_once:
+        requests = b"".join(request(i, p) for i, p in enumerate(paths))
+        def send():
+            runtime.stdin.write(requests)
+            runtime.stdin.flush()
+        writer = threading.Thread(target=send)
+        writer.start()
+        for _ in paths:
+            rows.write(answer())
+        writer.join()
+    else:
+        for i, p in enumerate(paths):
+            runtime.stdin.write(request(i, p))
+            runtime.stdin.flush()
+            rows.write(answer())
+runtime.stdin.close()
+sys.exit(runtime.wait())
+"#;
 
 #[derive(Clone, PartialEq)]
 enum Peer {
@@ -122,6 +176,11 @@ enum Peer {
     Baseline(PathBuf),
     Pool,
     Floor,
+    /// The driver alone, in `driver` (installed there); every request written at once or not.
+    Protocol {
+        driver: PathBuf,
+        at_once: bool,
+    },
 }
 
 impl Peer {
@@ -131,6 +190,8 @@ impl Peer {
             Peer::Baseline(_) => "batchfleet run (--baseline)",
             Peer::Pool => "multiprocessing.Pool, 1 file a task",
             Peer::Floor => "run() in-process (floor)",
+            Peer::Protocol { at_once: false, .. } => "driver alone, one request at a time",
+            Peer::Protocol { at_once: true, .. } => "driver alone, requests written at once",
         }
     }
 
@@ -156,6 +217,16 @@ impl Peer {
                 let script = if *self == Peer::Pool { "pool.py" } else { "floor.py" };
                 let mut command = Command::new(python());
                 command.arg(script).arg(&rows);
+                command
+            }
+            Peer::Protocol { driver, at_once } => {
+                let mut command = Command::new(python());
+                command
+                    .arg("protocol.py")
+                    .arg(driver)
+                    .arg(batchfleet_worker::runtime::DRIVER_START)
+                    .arg(if *at_once { "1" } else { "0" })
+                    .arg(&rows);
                 command
             }
         };
@@ -206,10 +277,14 @@ fn main() -> Result<()> {
         ensure!(baseline.exists(), "{}: no such binary", baseline.display());
         peers.push(Peer::Baseline(std::path::absolute(baseline)?));
     }
-    peers.extend([Peer::Pool, Peer::Floor]);
     let dir = options.dir.clone().unwrap_or_else(|| repo_root().join("target/bench-tmp/cost"));
     std::fs::create_dir_all(&dir)?;
     let dir = std::path::absolute(&dir)?;
+    let driver = dir.join("driver");
+    batchfleet_worker::runtime::install_driver(&driver)
+        .with_context(|| format!("installing the driver in {}", driver.display()))?;
+    peers.extend([Peer::Pool, Peer::Floor]);
+    peers.extend([false, true].map(|at_once| Peer::Protocol { driver: driver.clone(), at_once }));
     let small = job(&dir, options.small, &options)?;
     let large = job(&dir, options.large, &options)?;
     println!(
@@ -226,11 +301,14 @@ fn main() -> Result<()> {
     // first peer of round 1 does not pay for a cold cache (see bench_peers).
     Peer::Floor.time(&small, options.small)?;
     Peer::Floor.time(&large, options.large)?;
+    // ...and the driver compiles its bytecode.
+    Peer::Protocol { driver: driver.clone(), at_once: false }.time(&small, options.small)?;
     let extra = (options.large - options.small) as f64;
     let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut cpu_costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     for round in 1..=options.rounds {
-        for (i, peer) in peers.iter().enumerate() {
+        for i in round_order(round, peers.len()) {
+            let peer = &peers[i];
             let (t_small, cpu_small) = peer.time(&small, options.small)?;
             let (t_large, cpu_large) = peer.time(&large, options.large)?;
             let cost = (t_large - t_small) / extra * 1e6;
@@ -266,6 +344,16 @@ fn main() -> Result<()> {
             cpu / pool_cpu
         );
     }
+    let protocol_cpu = |at_once: bool| {
+        let i = peers.iter().position(|p| *p == Peer::Protocol { driver: driver.clone(), at_once });
+        i.map_or(f64::NAN, |i| median(&cpu_costs[i]))
+    };
+    let (one, all) = (protocol_cpu(false), protocol_cpu(true));
+    println!(
+        "waiting for each answer costs {:.1} µs of CPU a mini-batch on this machine (the driver \
+         alone: {one:.1} µs one request at a time, {all:.1} µs with the requests written at once)",
+        one - all
+    );
     println!("load average at the end: {}", load_average());
     Ok(())
 }

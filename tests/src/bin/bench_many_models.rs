@@ -18,7 +18,8 @@
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
 //! Before the first round the reference Pool runs once, untimed, to warm the page cache up.
-//! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 3); it
+//! Each round runs every peer once, in turn (interleaved; each round starts one peer later,
+//! `bench::round_order`), `--rounds` rounds (default 3); it
 //! prints each run's wall time and the CPU time of its process tree (user + system of the
 //! children it waited for), each round's ratios to the Pool, then the medians and ratios.
 //!
@@ -34,7 +35,7 @@ use anyhow::{ensure, Context, Result};
 use clap::Parser;
 use nix::sys::resource::{getrusage, UsageWho};
 
-use batchfleet_tests::bench::{load_average, median, python};
+use batchfleet_tests::bench::{load_average, median, python, round_order};
 use batchfleet_tests::repo_root;
 
 /// Rows of each partition's file.
@@ -248,7 +249,8 @@ fn main() -> Result<()> {
     let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut reference: Option<Vec<String>> = None;
     for round in 1..=options.rounds {
-        for (i, peer) in peers.iter_mut().enumerate() {
+        for i in round_order(round, peers.len()) {
+            let peer = &mut peers[i];
             let (wall, cpu) = run_once(&options, peer)?;
             let lines = sorted_lines(&peer.rows)?;
             ensure!(
@@ -263,7 +265,7 @@ fn main() -> Result<()> {
                 Some(expected) => {
                     ensure!(
                         &lines == expected,
-                        "{}: its rows differ from the first peer's",
+                        "{}: its rows differ from the first run's",
                         peer.name
                     )
                 }

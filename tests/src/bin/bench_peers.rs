@@ -26,9 +26,11 @@
 //! `--dir /dev/shm/peers` for tmpfs; `--store DIR` puts only the job roots elsewhere).
 //! Before the first round the plain Python loop runs once, untimed, to warm the page cache up;
 //! before each run the file system writes back what is pending (`sync`).
-//! Each round runs every peer once, in turn (interleaved), `--rounds` rounds (default 5); it
-//! prints each run and each round's ratios to the Pool (a drift across rounds shows), then min/median wall time and peak RSS (the sum over the peer's process
-//! tree, sampled every 10 ms) and the ratios to `multiprocessing.Pool`.
+//! Each round runs every peer once, in turn (interleaved; each round starts one peer later,
+//! `bench::round_order`), `--rounds` rounds (default 5); it prints each run and each round's
+//! ratios to the Pool (a drift across rounds shows), then min/median wall time and peak RSS
+//! (the sum over the peer's process tree, sampled every 10 ms) and the ratios to
+//! `multiprocessing.Pool`.
 //!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_peers [--files 100000] [--rounds 5]`.
@@ -43,7 +45,9 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
 
-use batchfleet_tests::bench::{load_average, median, settle_file_system, watch_live_page};
+use batchfleet_tests::bench::{
+    load_average, median, round_order, settle_file_system, watch_live_page,
+};
 use batchfleet_tests::repo_root;
 
 const BATCH: usize = 100;
@@ -384,7 +388,8 @@ fn main() -> Result<()> {
     let pool = peers.iter().position(|p| p.name == "multiprocessing.Pool").unwrap_or(0);
     warm_up(&options, &peers)?;
     for round in 1..=options.rounds {
-        for (i, peer) in peers.iter().enumerate() {
+        for i in round_order(round, peers.len()) {
+            let peer = &peers[i];
             let out = options.dir.join(format!("out-{i}.txt"));
             let _ = std::fs::remove_file(&out);
             let _ = std::fs::remove_dir_all(options.dir.join("output"));

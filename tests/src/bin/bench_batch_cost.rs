@@ -345,7 +345,9 @@ fn main() -> Result<()> {
         );
     }
     let protocol_cpu = |at_once: bool| {
-        let i = peers.iter().position(|p| *p == Peer::Protocol { driver: driver.clone(), at_once });
+        let i = peers
+            .iter()
+            .position(|p| matches!(p, Peer::Protocol { at_once: a, .. } if *a == at_once));
         i.map_or(f64::NAN, |i| median(&cpu_costs[i]))
     };
     let (one, all) = (protocol_cpu(false), protocol_cpu(true));

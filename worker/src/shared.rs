@@ -61,6 +61,9 @@ pub struct WorkerSummary {
     /// Slots dropped with a batch in hand when the drain grace ran out (their batches go back
     /// to the queue).
     pub batches_abandoned: u64,
+    /// Batches the runtime took up as soon as it answered the one before, their requests sent
+    /// ahead while it ran that one.
+    pub runs_taken_ahead: u64,
 }
 
 impl WorkerSummary {
@@ -74,6 +77,7 @@ impl WorkerSummary {
         self.runtimes_started += other.runtimes_started;
         self.runtime_start_failures += other.runtime_start_failures;
         self.batches_abandoned += other.batches_abandoned;
+        self.runs_taken_ahead += other.runs_taken_ahead;
     }
 }
 

@@ -1070,3 +1070,108 @@ def init():
 def run(mini_batch):
     return ["a.txt " + MODEL for p in mini_batch]
 "#;
+
+/// Writes `<item> <line>` for each item, and fails a batch holding `poison.txt`.
+const POISON_SCRIPT: &str = r#"
+import os
+def init(): pass
+def run(mini_batch):
+    if any(os.path.basename(p) == "poison.txt" for p in mini_batch):
+        raise ValueError("poison")
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+"#;
+
+/// A fleet whose job reads its inputs where they are (`mode: direct`), so that a slot sends
+/// its next batch's request ahead; `files` 1-file batches published, one of each name.
+async fn direct_fleet(script: &str, max_retries: u32, files: &[&str]) -> Fleet {
+    let fleet = Fleet::new(script, max_retries, 60).await;
+    let job = fleet.job();
+    let input = InputSpec { mode: InputMode::Direct, ..job.input.clone() };
+    let job = ResolvedJob { input, ..job };
+    std::fs::write(fleet.path("root/job.json"), serde_json::to_vec_pretty(&job).unwrap()).unwrap();
+    let mut messages = Vec::new();
+    for (i, name) in files.iter().enumerate() {
+        fleet.input(name, &i.to_string());
+        messages.push(fleet.message(i as u64, &[name]));
+    }
+    fleet.publish(&messages).await;
+    fleet
+}
+
+/// Run one worker of one slot until `statuses` batches have a status, `dead` were
+/// dead-lettered and the queue is empty.
+async fn run_one_slot(fleet: &Fleet, statuses: usize, dead: u64) -> WorkerSummary {
+    let (token, handle) = fleet.start(fleet.config(1, support::python3()));
+    wait_until("every status", || async { fleet.count_files("root/status") == statuses }).await;
+    wait_until("the dead letters", || async { fleet.dead_letter_count().await == dead }).await;
+    wait_until("the queue to drain", || async {
+        fleet.broker.depth(&fleet.queues.work).await.unwrap().total() == 0
+    })
+    .await;
+    token.cancel();
+    handle.await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_sends_its_next_batch_ahead_and_each_batch_is_written_once() {
+    let files: Vec<String> = (0..12).map(|i| format!("f{i:02}.txt")).collect();
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    let fleet = direct_fleet(POISON_SCRIPT, 2, &files).await;
+    let summary = run_one_slot(&fleet, files.len(), 0).await;
+    assert_eq!(summary.batches_succeeded, 12, "{summary:?}");
+    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    for (i, name) in files.iter().enumerate() {
+        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
+    }
+    assert_eq!(fleet.dead_letter_count().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_counts_once_while_the_batch_after_it_was_sent_ahead() {
+    // Batch 1 fails on every attempt (max_retries 1: two attempts); the batches around it were
+    // sent ahead of it and after it, retries included.
+    let files = ["a.txt", "poison.txt", "c.txt", "d.txt", "e.txt"];
+    let fleet = direct_fleet(POISON_SCRIPT, 1, &files).await;
+    let summary = run_one_slot(&fleet, 4, 1).await;
+    assert_eq!(summary.batches_succeeded, 4, "{summary:?}");
+    assert_eq!(summary.batches_failed_attempts, 2, "{summary:?}");
+    assert_eq!(summary.batches_dead_lettered, 1, "{summary:?}");
+    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    for (i, name) in files.iter().enumerate().filter(|(i, _)| *i != 1) {
+        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
+    }
+    assert!(fleet.failure("00000001", 1).is_some() && fleet.failure("00000001", 2).is_some());
+    assert_eq!(fleet.dead_letter_count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_taken_ahead_of_a_long_one_goes_back_and_runs_once() {
+    // Batch 0 runs past the hold of a batch taken ahead (10 s): batch 1 goes back to the queue
+    // uncounted, the runtime skips its request, and it runs once when it comes again.
+    let script = r#"
+import os, time
+def init(): pass
+def run(mini_batch):
+    for p in mini_batch:
+        with open(os.path.join(os.environ["MARKER_DIR"], "ran.txt"), "a") as log:
+            log.write(os.path.basename(p) + "\n")
+        if os.path.basename(p) == "slow.txt":
+            time.sleep(11.5)
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+"#;
+    let fleet = direct_fleet(script, 2, &["slow.txt", "quick.txt"]).await;
+    let summary = run_one_slot(&fleet, 2, 0).await;
+    assert_eq!(summary.batches_succeeded, 2, "{summary:?}");
+    assert_eq!(summary.batches_failed_attempts, 0, "{summary:?}");
+    let given_back: Vec<Op> =
+        fleet.broker.ops().into_iter().filter(|op| matches!(op, Op::Nack(..))).collect();
+    assert!(
+        matches!(given_back.as_slice(), [Op::Nack(_, delay)] if delay.is_zero()),
+        "one batch given back at once: {given_back:?}"
+    );
+    let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
+    assert_eq!(ran, "slow.txt\nquick.txt\n", "each batch ran once");
+    assert_eq!(fleet.result("00000001").unwrap(), "quick.txt 1\n");
+    let status = fleet.status("00000001").unwrap();
+    assert_eq!(status.attempt, 1, "the batch given back burned no attempt: {status:?}");
+}

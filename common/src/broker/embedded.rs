@@ -140,6 +140,10 @@ impl Broker for EmbeddedBroker {
         true
     }
 
+    fn receives_locally(&self) -> bool {
+        true
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         spec.validate()?;
         let mut state = self.lock();

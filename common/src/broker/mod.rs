@@ -193,6 +193,15 @@ pub trait Broker: Send + Sync + 'static {
         false
     }
 
+    /// Whether a `receive` that does not wait (`wait` zero) is answered from messages the
+    /// backend already holds in this process (RabbitMQ's prefetched deliveries, the embedded
+    /// queue), at the cost of a lock. A slot then takes its next batch while its runtime runs
+    /// the one before, and sends it ahead. `false` (the default) where a receive is a request
+    /// to a server (SQS: one billed call each).
+    fn receives_locally(&self) -> bool {
+        false
+    }
+
     /// How long a publisher may hold small messages back to send them together in one publish
     /// (a worker's batch events wait this long for others to join them): about what one call
     /// costs the backend, against how soon the message is wanted. 10 ms by default; SQS, where

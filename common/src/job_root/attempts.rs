@@ -24,12 +24,18 @@
 //!
 //! A first delivery makes attempt 1 with no store call: a batch that is not redelivered (the
 //! common case) pays nothing. A delivery given back without counting (the worker stopping)
-//! removes its marker.
+//! removes its marker; a first delivery a slot gives back before it ran (taken ahead behind a
+//! batch that ran long) leaves the note [`FIRST_GIVEN_BACK`] among the markers instead, and is
+//! then not taken for an attempt.
 
 use bytes::Bytes;
 use object_store::ObjectMeta;
 
 use super::{JobRoot, JobRootError};
+
+/// The marker name saying that the batch's first delivery was given back before it ran: it
+/// is no attempt (see the module doc). Markers of attempts start with their delivery count.
+pub const FIRST_GIVEN_BACK: &str = "first-given-back";
 
 /// The fewest lost leases a batch is allowed before it is dead-lettered as `lost_lease`.
 pub const MIN_LOST_LEASES: u32 = 6;
@@ -85,7 +91,9 @@ impl JobRoot {
         )
         .await?;
         let latest_start_ms = markers.iter().map(modified_ms).max();
-        let mut count = attempt_count(markers.len(), failures.len(), delivery_count);
+        let given_back = markers.iter().any(|m| m.location.filename() == Some(FIRST_GIVEN_BACK));
+        let marked = markers.len() - usize::from(given_back);
+        let mut count = attempt_count(marked, failures.len(), delivery_count, !given_back);
         count.latest_start_ms = latest_start_ms;
         Ok(count)
     }
@@ -93,6 +101,12 @@ impl JobRoot {
     /// Record that a delivery after the first reached a slot; `marker` names it uniquely.
     pub async fn mark_attempt(&self, batch_id: &str, marker: &str) -> Result<(), JobRootError> {
         self.put(&self.layout.attempt_marker(batch_id, marker), Bytes::new()).await
+    }
+
+    /// Record that the first delivery of `batch_id` goes back to the queue before it ran
+    /// ([`FIRST_GIVEN_BACK`]).
+    pub async fn mark_first_given_back(&self, batch_id: &str) -> Result<(), JobRootError> {
+        self.put(&self.layout.attempt_marker(batch_id, FIRST_GIVEN_BACK), Bytes::new()).await
     }
 
     /// Forget every earlier attempt of `batch_id` (its markers and failure records), before
@@ -120,9 +134,16 @@ fn modified_ms(meta: &ObjectMeta) -> u64 {
 /// The count for a delivery made `delivery_count` times, with `marked` markers and `failures`
 /// failure records found: the first delivery and the marked ones reached a slot (at most the
 /// deliveries before this one), the failed ones among them counted apart from the lost ones.
-fn attempt_count(marked: usize, failures: usize, delivery_count: u32) -> AttemptCount {
+/// `first_reached`: the first delivery is taken for an attempt (unless it was given back).
+fn attempt_count(
+    marked: usize,
+    failures: usize,
+    delivery_count: u32,
+    first_reached: bool,
+) -> AttemptCount {
     let before = delivery_count.max(1) - 1;
-    let reached = u32::try_from(marked).unwrap_or(u32::MAX).saturating_add(1).min(before);
+    let marked = u32::try_from(marked).unwrap_or(u32::MAX);
+    let reached = marked.saturating_add(u32::from(first_reached)).min(before);
     let failed = u32::try_from(failures).unwrap_or(u32::MAX).min(reached);
     AttemptCount { attempt: reached + 1, failed, lost: reached - failed, latest_start_ms: None }
 }
@@ -133,7 +154,7 @@ mod tests {
 
     fn count(marked: usize, failures: usize, delivery_count: u32) -> (u32, u32, u32) {
         let AttemptCount { attempt, failed, lost, .. } =
-            attempt_count(marked, failures, delivery_count);
+            attempt_count(marked, failures, delivery_count, true);
         (attempt, failed, lost)
     }
 
@@ -154,14 +175,14 @@ mod tests {
     fn a_lost_lease_is_not_a_failed_attempt() {
         // The first holder lost its connection mid-run: the redelivery is attempt 2, but the
         // user's code has not failed once (finding 1: `max_retries: 0` must still run it).
-        let lost_connection = attempt_count(0, 0, 2);
+        let lost_connection = attempt_count(0, 0, 2, true);
         assert_eq!(
             (lost_connection.attempt, lost_connection.failed, lost_connection.lost),
             (2, 0, 1)
         );
         assert_eq!(lost_connection.try_number(), 1);
         // Two failures the workers saw and one crash: the fourth attempt is the third try.
-        let mixed = attempt_count(2, 2, 4);
+        let mixed = attempt_count(2, 2, 4, true);
         assert_eq!((mixed.attempt, mixed.failed, mixed.lost), (4, 2, 1));
         assert_eq!(mixed.try_number(), 3);
         // Every earlier attempt failed in sight.
@@ -174,6 +195,16 @@ mod tests {
         // the 4 old failure records and 3 old markers, but only one delivery came before it.
         assert_eq!(count(3, 4, 2), (2, 1, 0));
         assert_eq!(count(0, 4, 1), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_first_delivery_given_back_before_it_ran_is_no_attempt() {
+        // Taken ahead, given back: the second delivery is the first attempt.
+        let after = attempt_count(0, 0, 2, false);
+        assert_eq!((after.attempt, after.failed, after.lost), (1, 0, 0));
+        // Then lost once (a marked delivery that left no outcome): the third is attempt 2.
+        let later = attempt_count(1, 0, 3, false);
+        assert_eq!((later.attempt, later.failed, later.lost), (2, 0, 1));
     }
 
     #[test]

@@ -85,6 +85,10 @@ impl Broker for SteadyBroker {
         self.inner.receive_is_cancel_safe()
     }
 
+    fn receives_locally(&self) -> bool {
+        self.inner.receives_locally()
+    }
+
     fn publish_linger(&self) -> Duration {
         self.inner.publish_linger()
     }

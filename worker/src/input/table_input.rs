@@ -128,6 +128,19 @@ pub(crate) async fn prepare(
     Ok(Materialized { paths, table, _downloads: folder.map(Into::into) })
 }
 
+/// Whether `prepare` reads every piece of `batch` where it is: it then copies, downloads and
+/// writes nothing (a slot may prepare such a batch ahead, while its runtime runs another).
+pub(crate) fn reads_in_place(batch: &TableBatch, in_place: InPlace<'_>) -> bool {
+    batch.pieces.iter().all(|piece| match &batch.read.format {
+        TableFormat::FileList | TableFormat::Parquet => Url::parse(&piece.url)
+            .ok()
+            .as_ref()
+            .and_then(store::local_path)
+            .is_some_and(|path| in_place.keeps(&path)),
+        _ => text_in_place(batch, piece, in_place).is_some(),
+    })
+}
+
 /// The batch's folder under `scratch`, made on first use.
 fn batch_folder_once<'a>(
     folder: &'a mut Option<tempfile::TempDir>,

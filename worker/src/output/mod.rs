@@ -120,6 +120,18 @@ pub(crate) async fn mark_attempt(
         .await
 }
 
+/// `attempts/<batch>/first-given-back`: the batch's first delivery goes back to the queue
+/// before it ran, and is no attempt.
+pub(crate) async fn mark_first_given_back(
+    job: &LoadedJob,
+    batch_id: &str,
+) -> Result<(), InfraError> {
+    retrying("note the batch given back", || async {
+        Ok(job.root.mark_first_given_back(batch_id).await?)
+    })
+    .await
+}
+
 /// Take a marker back: the delivery was given back without counting an attempt.
 pub(crate) async fn unmark_attempt(
     job: &LoadedJob,

@@ -440,6 +440,13 @@ def serve_shutdown(protocol, module):
     protocol.send("bye", error=error)
 
 
+def stale(request):
+    """Whether a run request sent ahead (behind a running one) was taken up past its
+    `start_by` (time.monotonic() seconds)."""
+    start_by = request.get("start_by")
+    return isinstance(start_by, (int, float)) and time.monotonic() > start_by
+
+
 def main(argv):
     proto_in, proto_out = take_protocol_fds()
     guard_protocol_fds()
@@ -520,7 +527,11 @@ def main(argv):
                           message="unsupported protocol version %r (this driver speaks %d)"
                           % (version, PROTOCOL_VERSION))
             return 2
-        if msg_type == "run":
+        if msg_type == "run" and stale(request):
+            # Sent ahead and taken up too late: the worker gave its batch back meanwhile.
+            answer = {"nonce": request["nonce"]} if "nonce" in request else {}
+            protocol.send("skipped", batch_id=request.get("batch_id"), **answer)
+        elif msg_type == "run":
             serve_run(protocol, module, pass_context, request)
         else:
             serve_shutdown(protocol, module)

@@ -5,6 +5,7 @@
 //! connection) runs once per process, as in Azure. It is disposable all the same: after a
 //! timeout or a crash the caller drops it and starts a fresh one.
 
+mod answer;
 pub mod environment;
 mod error;
 mod interpreter;
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use answer::{Running, AHEAD_GRACE, AHEAD_HOLD};
 pub use error::{RuntimeError, UserFailure};
 pub use interpreter::{prepare_interpreter, resolve_interpreter};
 pub use process::RuntimeProcess;

@@ -8,13 +8,14 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::time::Instant;
 
+use super::answer::{self, monotonic_after, run_line, Checked, InFlight, Running};
+use super::answer::{AHEAD_HOLD, AHEAD_MAX};
 use super::error::{RuntimeError, UserFailure};
-use super::output_lines::{lines_of, newlines};
 use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
 use super::read_only::{self, ReadOnlyView};
 use super::stderr::StderrPump;
 use super::tree;
-use super::{RunOutcome, RunRequest, RunSuccess, RuntimeConfig, STDERR_TAIL_LINES};
+use super::{RunOutcome, RunRequest, RuntimeConfig, STDERR_TAIL_LINES};
 
 /// How long a process that closed its protocol pipe gets to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -49,6 +50,10 @@ pub struct RuntimeProcess {
     /// The interpreter's CPU-time clock (`clock_getcpuclockid`), looked up once: reading it is
     /// one `clock_gettime`, where `/proc/<pid>/stat` costs an open, reads and parsing.
     cpu_clock: Option<nix::time::ClockId>,
+    /// A request queued behind the running one (`send_ahead`), not yet taken up by its batch.
+    ahead: Option<InFlight>,
+    /// When the last answer was read: a request sent ahead was taken up then.
+    last_answer: Option<Instant>,
 }
 
 impl RuntimeProcess {
@@ -92,105 +97,122 @@ impl RuntimeProcess {
         request: RunRequest,
         timeout: Duration,
     ) -> Result<RunOutcome, RuntimeError> {
+        let running = self.begin(request, timeout).await?;
+        self.answer(running).await
+    }
+
+    /// Start one mini-batch: send its request, or take up the one sent ahead for it
+    /// ([`RuntimeProcess::send_ahead`]) when it is the same request. A request sent ahead for
+    /// anything else is run to its end first and its answer dropped. [`RuntimeProcess::answer`]
+    /// then waits for the outcome; `timeout` counts from when the process took the request up.
+    pub async fn begin(
+        &mut self,
+        request: RunRequest,
+        timeout: Duration,
+    ) -> Result<Running, RuntimeError> {
         if !self.alive {
             return Err(RuntimeError::Protocol("the runtime process is no longer running".into()));
         }
-        let batch_id = request.batch_id.clone();
-        let output = request.output.clone();
-        let attach_max = request.attach_max;
-        let nonce = protocol::nonce();
-        let line = protocol::encode(&Request::Run {
-            batch_id: request.batch_id,
-            items: request.items,
-            context: request.context,
-            output: request.output,
-            attach_max,
-            table: request.table.map(Box::new),
-            nonce: Some(nonce.clone()),
-        })
-        .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
+        match self.ahead.take() {
+            Some(ahead) if ahead.request == request => {
+                // Taken up when the answer before it was read (or when it was sent, if later).
+                let began = self.last_answer.map_or(ahead.sent, |last| last.max(ahead.sent));
+                return Ok(Running::new(ahead, began, timeout, true));
+            }
+            Some(ahead) => self.drain(ahead, timeout).await?,
+            None => {}
+        }
+        let (line, nonce) = run_line(&request, None)?;
         if self.send(&line).await.is_err() {
             return Err(self.crashed().await);
         }
-        let answer = tokio::time::timeout(timeout, self.read_answer(attach_max)).await;
-        let (response, attached) = match answer {
+        let sent = InFlight { request, nonce, sent: Instant::now() };
+        Ok(Running::new(sent, Instant::now(), timeout, false))
+    }
+
+    /// Queue `request` behind the one running (see [`RuntimeProcess::begin`]), so that the
+    /// process takes it up as soon as it answered, without waiting for the worker. Only one
+    /// request is held ahead, and only a short one ([`AHEAD_MAX`]): the process reads nothing
+    /// while it runs a batch, and a request that did not fit the pipe would hold up the worker.
+    /// Taken up more than [`AHEAD_HOLD`] after it was sent, it is not run (`skipped`).
+    /// Whether it was sent.
+    pub async fn send_ahead(&mut self, request: RunRequest) -> bool {
+        if !self.alive || self.ahead.is_some() {
+            return false;
+        }
+        let Some(start_by) = monotonic_after(AHEAD_HOLD) else { return false };
+        let Ok((line, nonce)) = run_line(&request, Some(start_by)) else { return false };
+        if line.len() > AHEAD_MAX || self.send(&line).await.is_err() {
+            // A failed send is found by the answer the caller waits for.
+            return false;
+        }
+        self.ahead = Some(InFlight { request, nonce, sent: Instant::now() });
+        true
+    }
+
+    /// The batch id of the request sent ahead, while one is.
+    pub fn ahead_batch(&self) -> Option<&str> {
+        self.ahead.as_ref().map(|ahead| ahead.request.batch_id.as_str())
+    }
+
+    /// Let a request sent ahead for a batch that will not take it up run to its end, and drop
+    /// its answer. An error means the process is gone (it timed out, crashed or broke the
+    /// protocol under that batch).
+    pub async fn drop_ahead(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
+        match self.ahead.take() {
+            Some(ahead) => self.drain(ahead, timeout).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn drain(&mut self, ahead: InFlight, timeout: Duration) -> Result<(), RuntimeError> {
+        let began = self.last_answer.map_or(ahead.sent, |last| last.max(ahead.sent));
+        let read =
+            tokio::time::timeout_at(began + timeout, self.read_answer(ahead.request.attach_max));
+        match read.await {
             Err(_) => {
                 self.kill().await;
-                return Err(RuntimeError::Timeout { secs: whole_secs(timeout) });
+                Err(RuntimeError::Timeout { secs: whole_secs(timeout) })
             }
-            Ok(Ok(None)) => return Err(self.crashed().await),
-            Ok(Err(message)) => return Err(self.protocol_failure(message).await),
-            Ok(Ok(Some(answer))) => answer,
-        };
-        // Only the driver knows the nonce: a `done` or `error` without it, or for another
-        // batch, was written by something else (the entry script holds the process and can
-        // reach the channel). Nothing it says is recorded; the runtime is replaced.
-        let answers = |answered: &str, echoed: &Option<String>| {
-            answered == batch_id && echoed.as_deref() == Some(nonce.as_str())
-        };
-        match response {
-            Response::Done {
-                batch_id: answered,
-                items_out,
-                rows,
-                header,
-                items_in,
-                lines: written_lines,
-                bytes: written_bytes,
-                rows_attached: _,
-                nonce: echoed,
-            } if answers(&answered, &echoed) => {
-                let (lines, attached_rows) = match attached {
-                    Some(rows) => match String::from_utf8(rows) {
-                        Ok(rows) => (newlines(rows.as_bytes()), Some(rows)),
-                        Err(_) => {
-                            let what = format!("the rows of batch {batch_id} are not UTF-8");
-                            return Err(self.protocol_failure(what).await);
-                        }
-                    },
-                    None => match lines_of(&output, written_lines.zip(written_bytes)).await {
-                        Ok(lines) => (lines, None),
-                        Err(error) => {
-                            let what =
-                                format!("counting the lines of {}: {error}", output.display());
-                            return Err(self.protocol_failure(what).await);
-                        }
-                    },
-                };
-                if rows > lines || items_out > rows {
-                    let message = format!(
-                        "the runtime reported {rows} rows and {items_out} items out for batch \
-                         {batch_id}, but its output file has {lines} lines"
-                    );
-                    return Err(self.protocol_failure(message).await);
+            Ok(Ok(None)) => Err(self.crashed().await),
+            Ok(Err(message)) => Err(self.protocol_failure(message).await),
+            Ok(Ok(Some(_))) => {
+                self.last_answer = Some(Instant::now());
+                tracing::debug!(batch_id = %ahead.request.batch_id,
+                    "the answer to a request sent ahead was dropped: its batch did not take it up");
+                Ok(())
+            }
+        }
+    }
+
+    /// The outcome of the mini-batch [`RuntimeProcess::begin`] started. A request sent ahead
+    /// that the process took up too late to run (`skipped`) is sent again.
+    pub async fn answer(&mut self, mut running: Running) -> Result<RunOutcome, RuntimeError> {
+        loop {
+            let answer =
+                tokio::time::timeout_at(running.deadline, self.read_answer(running.attach_max));
+            let (response, attached) = match answer.await {
+                Err(_) => {
+                    self.kill().await;
+                    return Err(RuntimeError::Timeout { secs: whole_secs(running.timeout) });
                 }
-                Ok(RunOutcome::Succeeded(RunSuccess {
-                    items_out,
-                    rows,
-                    header,
-                    items_in,
-                    lines,
-                    attached_rows,
-                }))
+                Ok(Ok(None)) => return Err(self.crashed().await),
+                Ok(Err(message)) => return Err(self.protocol_failure(message).await),
+                Ok(Ok(Some(answer))) => answer,
+            };
+            self.last_answer = Some(Instant::now());
+            let (batch_id, nonce) = (&running.batch_id, &running.nonce);
+            match answer::check(response, attached, batch_id, nonce, &running.output).await {
+                Ok(Checked::Outcome(outcome)) => return Ok(outcome),
+                Ok(Checked::Skipped) => {
+                    let Some(request) = running.ahead.take() else {
+                        let what = format!("the runtime skipped batch {batch_id}, not sent ahead");
+                        return Err(self.protocol_failure(what).await);
+                    };
+                    running = self.begin(request, running.timeout).await?;
+                }
+                Err(message) => return Err(self.protocol_failure(message).await),
             }
-            Response::Error { batch_id: answered, kind, error, items_in, nonce: echoed }
-                if answers(&answered, &echoed) =>
-            {
-                Ok(RunOutcome::Failed(UserFailure::from_fields(kind, error, items_in)))
-            }
-            Response::Done { batch_id: answered, .. }
-            | Response::Error { batch_id: answered, .. } => Err(self
-                .protocol_failure(format!(
-                    "an answer for batch {answered} without the nonce of the request for batch \
-                         {batch_id} came on the protocol channel: something other than the driver \
-                         (the entry script?) wrote to it; nothing it said is recorded"
-                ))
-                .await),
-            other => Err(self
-                .protocol_failure(format!(
-                    "expected `done` or `error` for batch {batch_id}, got {other:?}"
-                ))
-                .await),
         }
     }
 
@@ -201,6 +223,15 @@ impl RuntimeProcess {
             return Ok(());
         }
         let deadline = Instant::now() + grace;
+        // A request sent ahead runs first; its answer is dropped.
+        if let Some(ahead) = self.ahead.take() {
+            let read = self.read_answer(ahead.request.attach_max);
+            if !matches!(tokio::time::timeout_at(deadline, read).await, Ok(Ok(Some(_)))) {
+                tracing::warn!("the runtime did not finish the batch sent ahead to it; killing it");
+                self.kill().await;
+                return Ok(());
+            }
+        }
         let line = protocol::encode(&Request::Shutdown)
             .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
         if self.send(&line).await.is_ok() {
@@ -310,10 +341,12 @@ impl RuntimeProcess {
 
     /// Whether the protocol channel holds bytes although no request is in flight: the driver
     /// writes only answers, so they came from elsewhere and the next answer cannot be trusted
-    /// to be in step.
+    /// to be in step. Not told while a request sent ahead may be answering (its nonce tells
+    /// then).
     fn wrote_out_of_turn(&mut self) -> bool {
         use futures::FutureExt;
         self.alive
+            && self.ahead.is_none()
             && matches!(self.stdout.fill_buf().now_or_never(), Some(Ok(pending)) if !pending.is_empty())
     }
 
@@ -395,6 +428,7 @@ impl RuntimeProcess {
     /// Wait (briefly) for the process to exit by itself, then clean up after it.
     async fn reap(&mut self) -> String {
         self.alive = false;
+        self.ahead = None;
         self.stdin = None;
         let status = match tokio::time::timeout(EXIT_GRACE, self.child.wait()).await {
             Ok(Ok(status)) => status.to_string(),
@@ -413,6 +447,7 @@ impl RuntimeProcess {
     /// Kill the process and its tree now, and wait for the leader.
     async fn kill(&mut self) {
         self.alive = false;
+        self.ahead = None;
         self.stdin = None;
         self.kill_tree();
         if let Err(error) = self.child.kill().await {
@@ -537,6 +572,8 @@ async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
         alive: true,
         interpreter_pid: None,
         cpu_clock: None,
+        ahead: None,
+        last_answer: None,
     })
 }
 

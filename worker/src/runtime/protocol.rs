@@ -213,6 +213,11 @@ pub enum Request {
         /// script forged on the protocol channel cannot pass for the driver's answer.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nonce: Option<String>,
+        /// A request sent ahead, behind a running one: the runtime does not run it when it
+        /// takes it up after this time (`CLOCK_MONOTONIC` seconds, Python's `time.monotonic()`)
+        /// and answers `skipped` instead: the worker gave its batch back by then.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start_by: Option<f64>,
     },
     Shutdown,
 }
@@ -273,6 +278,13 @@ pub enum Response {
         /// Tabular mini-batches: the rows read, when reading succeeded before the failure.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         items_in: Option<u64>,
+        /// The request's `nonce`, echoed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
+    },
+    /// A request sent ahead was taken up past its `start_by`: `run()` was not called.
+    Skipped {
+        batch_id: String,
         /// The request's `nonce`, echoed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nonce: Option<String>,
@@ -403,6 +415,7 @@ mod tests {
             attach_max: None,
             table: None,
             nonce: Some("n1".into()),
+            start_by: None,
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -521,6 +534,7 @@ mod tests {
             attach_max: Some(65536),
             table: Some(Box::new(table)),
             nonce: None,
+            start_by: None,
         })
         .unwrap();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();

@@ -3,16 +3,19 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use batchfleet_common::job_root::{JobRoot, StatusWrite};
 use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::retry::RetryPolicy;
-use batchfleet_common::status::{now_ms, BatchState, BatchStatus, FailureKind, FailureRecord};
+use batchfleet_common::status::{
+    elapsed_ms, now_ms, BatchState, BatchStatus, FailureKind, FailureRecord,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::infra::InfraError;
-use crate::input::materialize::{materialize, memory_folder, InputBase, InputFolders};
+use crate::input::materialize::{
+    materialize, memory_folder, InputBase, InputFolders, Materialized,
+};
 use crate::input::table_input::{self, InPlace};
 use crate::jobs::LoadedJob;
 use crate::output;
@@ -22,6 +25,7 @@ use crate::runtime::{
 };
 use crate::shared::Shared;
 
+use super::ahead::answer_while_ahead_waits;
 use super::counting::LeaseState;
 use super::Slot;
 
@@ -240,7 +244,7 @@ impl Slot {
         // No early return from here on: the output file is cleaned up below.
         // Small rows come back with the runtime's answer, to go into the status unwritten.
         let attach_max = JobRoot::inline_rows_max(job.job.job_root_format);
-        let ran = self.load_and_run(job, message, attempt, stop, &output, attach_max).await;
+        let ran = self.load_and_run(job, message, attempt, stop, &output, attach_max, reused).await;
         let result = match ran {
             Ok(success) => {
                 let ran = Ran { success, attempt, part, started_ms, isolated: None };
@@ -259,7 +263,8 @@ impl Slot {
 
     /// Run `message`'s items once, their rows going to `output` (or, up to `attach_max`
     /// bytes, coming back with the answer): start the runtime if needed, load the items, run
-    /// them (nothing is stored).
+    /// them (nothing is stored). With `look_ahead`, the slot takes its next batch while the
+    /// runtime runs this one, and sends it ahead (`ahead`).
     pub(super) async fn load_and_run(
         &mut self,
         job: &Arc<LoadedJob>,
@@ -268,7 +273,10 @@ impl Slot {
         stop: &CancellationToken,
         output: &std::path::Path,
         attach_max: Option<u64>,
+        look_ahead: bool,
     ) -> Result<RunSuccess, AttemptEnd> {
+        // A request sent ahead for another batch runs to its end before anything else.
+        self.drop_other_ahead(&message.batch_id, job.run_timeout()).await;
         // The runtime first: init() has its own budget (first_task_creation_timeout) and must
         // not eat into the time allowed for loading the batch.
         let tabular = message.table.as_ref().is_some_and(|t| t.read.format.reads_frames());
@@ -278,27 +286,7 @@ impl Slot {
         }
         self.phases.runtime_ready_ms = Some(now_ms());
         self.phases.pid = self.runtime.as_ref().and_then(|active| active.process.interpreter_pid());
-        let scratch = self.dir.join("inputs");
-        let viewed = self.runtime.as_ref().is_some_and(|a| a.process.inputs_read_only());
-        // The memory folder (and its look for abandoned ones) only for jobs that copy inputs.
-        let memory = match message.table.is_none() && job.input.copies_local_files() && !viewed {
-            true => self.memory.get_or_insert_with(|| memory_folder(&self.dir)).as_ref(),
-            false => None,
-        };
-        let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()), viewed };
-        let load = async {
-            match &message.table {
-                Some(table) => {
-                    let in_place = match (&job.input, job.input.viewable_folder()) {
-                        (InputBase::Local(_), _) => InPlace::All,
-                        (_, Some(folder)) if viewed => InPlace::Viewed(folder),
-                        _ => InPlace::None,
-                    };
-                    table_input::prepare(table, &self.tables, &scratch, in_place).await
-                }
-                None => materialize(&job.input, &message.items, &folders).await,
-            }
-        };
+        let load = self.load_inputs(job, message);
         let inputs = tokio::time::timeout(job.overhead_timeout(), load)
             .await
             .map_err(|_| AttemptFailure {
@@ -311,15 +299,31 @@ impl Slot {
             })?
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
         self.phases.loaded_ms = Some(now_ms());
-        let request = RunRequest {
-            batch_id: message.batch_id.clone(),
-            items: inputs.paths.clone(),
-            context: batch_context(message),
-            output: output.to_path_buf(),
-            attach_max,
-            table: inputs.table.clone(),
+        let request = run_request(message, &inputs, output, attach_max);
+        self.run(request, job, look_ahead.then_some(stop)).await
+    }
+
+    /// The batch's items as local paths (or a table's pieces) for its runtime.
+    pub(super) async fn load_inputs(
+        &mut self,
+        job: &LoadedJob,
+        message: &MiniBatchMessage,
+    ) -> Result<Materialized, InfraError> {
+        let scratch = self.dir.join("inputs");
+        let viewed = self.runtime.as_ref().is_some_and(|a| a.process.inputs_read_only());
+        // The memory folder (and its look for abandoned ones) only for jobs that copy inputs.
+        let memory = match message.table.is_none() && job.input.copies_local_files() && !viewed {
+            true => self.memory.get_or_insert_with(|| memory_folder(&self.dir)).as_ref(),
+            false => None,
         };
-        self.run(request, job.run_timeout()).await
+        let folders = InputFolders { scratch: &scratch, memory: memory.map(|m| m.path()), viewed };
+        match &message.table {
+            Some(table) => {
+                let in_place = table_in_place(&job.input, viewed);
+                table_input::prepare(table, &self.tables, &scratch, in_place).await
+            }
+            None => materialize(&job.input, &message.items, &folders).await,
+        }
     }
 
     /// Store what a successful `run()` produced: the output folder's files, the result part and
@@ -383,37 +387,86 @@ impl Slot {
     /// (the runtime opens it truncating); a large result is moved or uploaded from it. In the
     /// slot's folder in `/dev/shm` when the scratch folder is on a disk: ext4 writes back a
     /// file truncated and rewritten when it is closed (`auto_da_alloc`), milliseconds a batch.
+    ///
+    /// Two such files take turns, batch after batch: the runtime writes the next batch's rows
+    /// (sent ahead) while the worker may still read the last one's.
     async fn reused_output_file(&mut self) -> Result<PathBuf, AttemptEnd> {
+        let name = rows_file_name(self.second_rows);
+        self.second_rows = !self.second_rows;
         let memory = self.memory.get_or_insert_with(|| memory_folder(&self.dir));
         match memory {
-            Some(memory) => Ok(memory.path().join("rows.txt")),
-            None => self.local_output_file("rows").await,
+            Some(memory) => Ok(memory.path().join(format!("{name}.txt"))),
+            None => self.local_output_file(name).await,
+        }
+    }
+
+    /// The reused output file the slot's next attempt gets (see `reused_output_file`), once
+    /// the slot has one.
+    pub(super) fn next_reused_output_file(&self) -> Option<PathBuf> {
+        let name = rows_file_name(self.second_rows);
+        match self.memory.as_ref()? {
+            Some(memory) => Some(memory.path().join(format!("{name}.txt"))),
+            None => self.out_dir_ready.then(|| self.dir.join("out").join(format!("{name}.txt"))),
         }
     }
 
     /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard
-    /// stop), the runtime is killed and the batch given back to run elsewhere.
+    /// stop), the runtime is killed and the batch given back to run elsewhere. With
+    /// `look_ahead`, the slot's next batch is taken and sent ahead while this one runs
+    /// (`ahead`); a batch taken ahead waits for this one's answer with its lease kept.
     async fn run(
         &mut self,
         request: RunRequest,
-        timeout: Duration,
+        job: &Arc<LoadedJob>,
+        look_ahead: Option<&CancellationToken>,
     ) -> Result<RunSuccess, AttemptEnd> {
+        let timeout = job.run_timeout();
+        let hard_stop = self.shared.hard_stop.clone();
         let Some(active) = self.runtime.as_mut() else {
             return Err(
                 AttemptFailure::infra("entry-script runtime", "no runtime is running").into()
             );
         };
-        let hard_stop = self.shared.hard_stop.clone();
-        self.phases.run_started_ms = Some(now_ms());
-        let cpu_before = active.process.cpu_seconds();
-        let outcome = tokio::select! {
-            outcome = active.process.run(request, timeout) => Some(outcome),
+        let began = tokio::select! {
+            began = active.process.begin(request, timeout) => Some(began),
             _ = hard_stop.cancelled() => None,
         };
+        let outcome = match began {
+            Some(Ok(running)) => {
+                // Sent ahead, it began with the answer before it (its CPU time too).
+                let began_ms = now_ms().saturating_sub(elapsed_ms(running.began.into_std()));
+                self.phases.run_started_ms =
+                    Some(self.phases.loaded_ms.map_or(began_ms, |loaded| loaded.max(began_ms)));
+                let cpu_before = match running.was_ahead {
+                    true => self.cpu_at_answer,
+                    false => active.process.cpu_seconds(),
+                };
+                self.summary.runs_taken_ahead += u64::from(running.was_ahead);
+                if let Some(stop) = look_ahead {
+                    self.look_ahead(job, stop).await;
+                }
+                let Some(active) = self.runtime.as_mut() else {
+                    return Err(AttemptFailure::infra("entry-script runtime", "no runtime").into());
+                };
+                let answer = active.process.answer(running);
+                let answer = answer_while_ahead_waits(&self.shared, job, &mut self.ahead, answer);
+                let outcome = tokio::select! {
+                    outcome = answer => Some(outcome),
+                    _ = hard_stop.cancelled() => None,
+                };
+                self.cpu_at_answer = active.process.cpu_seconds();
+                self.phases.run_cpu_seconds = cpu_before
+                    .zip(self.cpu_at_answer)
+                    .map(|(before, after)| (after - before).max(0.0));
+                outcome
+            }
+            Some(Err(error)) => Some(Err(error)),
+            None => None,
+        };
         self.phases.run_ended_ms = Some(now_ms());
-        self.phases.run_cpu_seconds = cpu_before
-            .zip(active.process.cpu_seconds())
-            .map(|(before, after)| (after - before).max(0.0));
+        let Some(active) = self.runtime.as_mut() else {
+            return Err(AttemptFailure::infra("entry-script runtime", "no runtime").into());
+        };
         match outcome {
             Some(Ok(RunOutcome::Succeeded(success))) => Ok(success),
             Some(Ok(RunOutcome::Failed(failure))) => {
@@ -515,6 +568,40 @@ fn succeeded_status(
         ended_at_ms: now_ms(),
         error: None,
         reused_from: None,
+    }
+}
+
+/// The name of one of a slot's two reused output files.
+fn rows_file_name(second: bool) -> &'static str {
+    match second {
+        false => "rows",
+        true => "rows-2",
+    }
+}
+
+/// The request that runs `message`'s loaded items.
+pub(super) fn run_request(
+    message: &MiniBatchMessage,
+    inputs: &Materialized,
+    output: &std::path::Path,
+    attach_max: Option<u64>,
+) -> RunRequest {
+    RunRequest {
+        batch_id: message.batch_id.clone(),
+        items: inputs.paths.clone(),
+        context: batch_context(message),
+        output: output.to_path_buf(),
+        attach_max,
+        table: inputs.table.clone(),
+    }
+}
+
+/// Which of a table's local files `run()` gets at their own paths.
+pub(super) fn table_in_place(input: &InputBase, viewed: bool) -> InPlace<'_> {
+    match (input, input.viewable_folder()) {
+        (InputBase::Local(_), _) => InPlace::All,
+        (_, Some(folder)) if viewed => InPlace::Viewed(folder),
+        _ => InPlace::None,
     }
 }
 

@@ -29,11 +29,13 @@ use crate::jobs::JobLoadError;
 use crate::output;
 use crate::shared::{Shared, WorkerError, WorkerSummary};
 
+use ahead::Ahead;
 use attempt::{AttemptEnd, Finished, Phases};
 use counting::{longest_try, Holding};
 use runtimes::ActiveRuntime;
 use settle::{nack_delay, DeadLetter, Decision, Handled};
 
+mod ahead;
 mod attempt;
 mod counting;
 mod isolate;
@@ -96,6 +98,12 @@ pub(crate) struct Slot {
     /// The slot's folder in memory for small batches' input copies (`materialize`), looked
     /// for on the first batch (`Some(None)`: there is none); removed with the slot.
     memory: Option<Option<crate::input::materialize::MemoryFolder>>,
+    /// The delivery taken while the runtime ran the batch before it (see `ahead`).
+    ahead: Option<Ahead>,
+    /// Which of the slot's two reused output files the next attempt gets.
+    second_rows: bool,
+    /// The runtime's CPU seconds when its last answer was read (a batch sent ahead ran since).
+    cpu_at_answer: Option<f64>,
 }
 
 /// How a slot ended.
@@ -123,6 +131,9 @@ impl Slot {
             holding: None,
             init_by: None,
             memory: None,
+            ahead: None,
+            second_rows: false,
+            cpu_at_answer: None,
         }
     }
 
@@ -138,12 +149,19 @@ impl Slot {
                 Some(wait) if self.runtime.is_some() => *wait,
                 _ => RECEIVE_WAIT,
             };
-            match self.receive(&stop, wait).await {
-                Ok(Some(delivery)) => {
+            let next = match self.ahead.take() {
+                Some(ahead) => Ok(Some(ahead)),
+                None => self
+                    .receive(&stop, wait)
+                    .await
+                    .map(|got| got.map(|delivery| Ahead { delivery, message: None })),
+            };
+            match next {
+                Ok(Some(Ahead { delivery, message })) => {
                     receive_failures = 0;
                     empty = 0;
                     self.shared.activity.begin();
-                    self.handle(delivery, &stop).await;
+                    self.handle(delivery, message, &stop).await;
                     self.shared.activity.end();
                     if let Some(error) = &self.fatal {
                         tracing::error!(%error, "this worker cannot run batches; stopping it");
@@ -167,6 +185,14 @@ impl Slot {
                         _ = tokio::time::sleep(pause) => {}
                     }
                 }
+            }
+        }
+        // A batch taken ahead is in progress: it is finished too, or given back once the drain
+        // grace ended.
+        while let Some(Ahead { delivery, message }) = self.ahead.take() {
+            match self.shared.hard_stop.is_cancelled() {
+                true => self.settle(&delivery.handle, Decision::Nack(Duration::ZERO)).await,
+                false => self.handle(delivery, message, &stop).await,
             }
         }
         self.stop_runtime().await;
@@ -221,13 +247,22 @@ impl Slot {
         receive.await
     }
 
-    async fn handle(&mut self, delivery: Delivery, stop: &CancellationToken) {
-        let message = serde_json::from_slice::<MiniBatchMessage>(&delivery.payload)
-            .map_err(|error| error.to_string())
-            .and_then(|message| match message.check_well_formed() {
-                Ok(()) => Ok(message),
-                Err(error) => Err(error.to_string()),
-            });
+    /// Handle one delivery; `read` is its message when it was read already (well formed).
+    async fn handle(
+        &mut self,
+        delivery: Delivery,
+        read: Option<MiniBatchMessage>,
+        stop: &CancellationToken,
+    ) {
+        let message = match read {
+            Some(message) => Ok(message),
+            None => serde_json::from_slice::<MiniBatchMessage>(&delivery.payload)
+                .map_err(|error| error.to_string())
+                .and_then(|message| match message.check_well_formed() {
+                    Ok(()) => Ok(message),
+                    Err(error) => Err(error.to_string()),
+                }),
+        };
         let message = match message {
             Ok(message) => message,
             Err(error) => {

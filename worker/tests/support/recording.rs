@@ -115,6 +115,10 @@ impl Broker for RecordingBroker {
         self.inner.receive_is_cancel_safe()
     }
 
+    fn receives_locally(&self) -> bool {
+        self.inner.receives_locally()
+    }
+
     fn publish_linger(&self) -> Duration {
         self.inner.publish_linger()
     }
@@ -142,7 +146,9 @@ impl Broker for RecordingBroker {
     ) -> Result<Vec<Delivery>, BrokerError> {
         self.receives_started.fetch_add(1, Ordering::SeqCst);
         let got = self.inner.receive(queue, max, lease, wait).await;
-        if matches!(&got, Ok(got) if got.is_empty()) && self.holding.load(Ordering::SeqCst) {
+        // A receive that does not wait (a slot looking ahead) is never held.
+        let held = !wait.is_zero() && self.holding.load(Ordering::SeqCst);
+        if matches!(&got, Ok(got) if got.is_empty()) && held {
             self.hold_while_holding().await;
         }
         self.receives_returned.fetch_add(1, Ordering::SeqCst);

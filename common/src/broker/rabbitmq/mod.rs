@@ -338,6 +338,11 @@ impl RabbitMqBroker {
 
 #[async_trait]
 impl Broker for RabbitMqBroker {
+    fn receives_locally(&self) -> bool {
+        // A receive that does not wait takes from the consumer's prefetched deliveries.
+        true
+    }
+
     async fn declare_queue(&self, spec: &QueueSpec) -> Result<(), BrokerError> {
         topology::validate(spec)?;
         let session = self.session().await?;

@@ -1,0 +1,229 @@
+//! Requests sent ahead (`RuntimeProcess::send_ahead`) against real Python processes: the
+//! runtime takes one up as soon as it answered the request before it; the batch it was sent for
+//! takes it up only as the same request, anything else lets it finish and drops its answer.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use batchfleet_worker::runtime::{
+    MiniBatchContext, RunOutcome, RunRequest, RuntimeConfig, RuntimeError, RuntimeProcess,
+    AHEAD_HOLD,
+};
+use support::Scratch;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Writes each item it runs to the log named by `RAN` (one line each, as it starts); an item
+/// `sleep:<seconds>` sleeps first, `exit` ends the process.
+const SCRIPT: &str = r#"
+import os, time
+def init(): pass
+def run(mini_batch):
+    with open(os.environ["RAN"], "a") as log:
+        for item in mini_batch:
+            log.write(item + "\n")
+    for item in mini_batch:
+        if item.startswith("sleep:"):
+            time.sleep(float(item[6:]))
+        if item == "exit":
+            os._exit(3)
+    return list(mini_batch)
+def shutdown():
+    with open(os.environ["RAN"], "a") as log:
+        log.write("shutdown\n")
+"#;
+
+fn config(scratch: &Scratch) -> RuntimeConfig {
+    let mut config = scratch.script("ahead.py", SCRIPT);
+    config.env.insert("RAN".into(), ran_log(scratch).display().to_string());
+    config
+}
+
+fn ran_log(scratch: &Scratch) -> std::path::PathBuf {
+    scratch.path().join("ran.txt")
+}
+
+fn ran(scratch: &Scratch) -> Vec<String> {
+    std::fs::read_to_string(ran_log(scratch))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn request(scratch: &Scratch, index: u64, items: &[&str]) -> RunRequest {
+    RunRequest {
+        batch_id: format!("{index:08}"),
+        items: items.iter().map(|s| s.to_string()).collect(),
+        context: MiniBatchContext::for_files(index),
+        output: scratch.path().join(format!("out-{index}.txt")),
+        attach_max: None,
+        table: None,
+    }
+}
+
+/// The rows a successful outcome wrote to `output`.
+fn rows(outcome: RunOutcome, output: &Path) -> String {
+    match outcome {
+        RunOutcome::Succeeded(success) => {
+            let text = std::fs::read_to_string(output).expect("output file");
+            assert_eq!(success.rows as usize, text.lines().count(), "{text}");
+            text
+        }
+        RunOutcome::Failed(failure) => panic!("run failed: {failure:?}"),
+    }
+}
+
+/// Wait (at most 30 s) until the runtime logged `item`.
+async fn until_ran(scratch: &Scratch, item: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ran(scratch).iter().any(|line| line == item) {
+        assert!(Instant::now() < deadline, "the runtime never ran {item}: {:?}", ran(scratch));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_sent_ahead_runs_before_it_is_asked_for_and_its_batch_takes_it_up() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let (first, next) = (request(&scratch, 0, &["a"]), request(&scratch, 1, &["b"]));
+    let running = process.begin(first.clone(), RUN_TIMEOUT).await.expect("begin");
+    assert!(!running.was_ahead);
+    assert!(process.send_ahead(next.clone()).await, "a short request is sent ahead");
+    assert_eq!(process.ahead_batch(), Some("00000001"));
+    let outcome = process.answer(running).await.expect("answer");
+    assert_eq!(rows(outcome, &first.output), "a\n");
+    // The runtime takes the next batch up without being asked again.
+    until_ran(&scratch, "b").await;
+    let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
+    assert!(running.was_ahead, "the batch took up the request sent ahead for it");
+    assert_eq!(process.ahead_batch(), None);
+    let outcome = process.answer(running).await.expect("answer");
+    assert_eq!(rows(outcome, &next.output), "b\n");
+    assert_eq!(ran(&scratch), ["a", "b"], "each batch ran once");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_request_sent_ahead_that_is_not_taken_up_finishes_and_its_answer_is_dropped() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    process.answer(running).await.expect("answer");
+    // Another request for the same batch (other items): not the one sent ahead.
+    let other = request(&scratch, 1, &["c"]);
+    let outcome = process.run(other.clone(), RUN_TIMEOUT).await.expect("run");
+    assert_eq!(rows(outcome, &other.output), "c\n");
+    assert_eq!(ran(&scratch), ["a", "b", "c"]);
+    // The process stays in step: the next answer is the next request's.
+    let last = request(&scratch, 2, &["d"]);
+    let outcome = process.run(last.clone(), RUN_TIMEOUT).await.expect("run");
+    assert_eq!(rows(outcome, &last.output), "d\n");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_request_sent_ahead_for_another_batch_is_dropped_explicitly() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    assert!(!process.send_ahead(request(&scratch, 2, &["c"])).await, "one request ahead at most");
+    process.answer(running).await.expect("answer");
+    process.drop_ahead(RUN_TIMEOUT).await.expect("the request sent ahead finishes");
+    assert_eq!(process.ahead_batch(), None);
+    assert_eq!(ran(&scratch), ["a", "b"]);
+    let last = request(&scratch, 2, &["c"]);
+    let outcome = process.run(last.clone(), RUN_TIMEOUT).await.expect("run");
+    assert_eq!(rows(outcome, &last.output), "c\n");
+}
+
+#[tokio::test]
+async fn the_time_limit_of_a_request_sent_ahead_counts_from_the_answer_before_it() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    let hangs = request(&scratch, 1, &["sleep:120"]);
+    assert!(process.send_ahead(hangs.clone()).await);
+    process.answer(running).await.expect("answer");
+    let answered = Instant::now();
+    // The worker comes to the batch 3 s after the runtime took it up; its limit is 4 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let limit = Duration::from_secs(4);
+    let running = process.begin(hangs, limit).await.expect("begin");
+    assert!(running.was_ahead);
+    let asked = Instant::now();
+    let error = process.answer(running).await.unwrap_err();
+    assert!(matches!(error, RuntimeError::Timeout { secs: 4 }), "{error:?}");
+    assert!(
+        asked.elapsed() < Duration::from_millis(3500),
+        "the limit counted from when the batch was asked for ({:?} after), not from when the \
+         runtime took it up ({:?} before)",
+        asked.elapsed(),
+        asked - answered
+    );
+    assert!(!process.is_alive());
+}
+
+#[tokio::test]
+async fn a_crash_under_a_batch_leaves_no_request_ahead() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["exit"]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    let error = process.answer(running).await.unwrap_err();
+    assert!(matches!(error, RuntimeError::Crashed { .. }), "{error:?}");
+    assert_eq!(process.ahead_batch(), None, "the batch sent ahead never ran");
+    assert_eq!(ran(&scratch), ["exit"]);
+    let error = process.begin(request(&scratch, 1, &["b"]), RUN_TIMEOUT).await.unwrap_err();
+    assert!(matches!(error, RuntimeError::Protocol(_)), "{error:?}");
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_request_sent_ahead_finish_first() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    process.answer(running).await.expect("answer");
+    process.shutdown(GRACE).await.expect("shutdown");
+    assert_eq!(ran(&scratch), ["a", "b", "shutdown"]);
+}
+
+#[tokio::test]
+async fn a_long_request_is_not_sent_ahead() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    let long = "x".repeat(5000);
+    assert!(!process.send_ahead(request(&scratch, 1, &[&long])).await);
+    assert_eq!(process.ahead_batch(), None);
+    process.answer(running).await.expect("answer");
+    process.shutdown(GRACE).await.expect("shutdown");
+    assert_eq!(ran(&scratch), ["a", "shutdown"]);
+}
+
+#[tokio::test]
+async fn a_request_sent_ahead_and_taken_up_past_its_hold_is_skipped_and_sent_again() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let slow = format!("sleep:{}", (AHEAD_HOLD + Duration::from_millis(500)).as_secs_f64());
+    let running = process.begin(request(&scratch, 0, &[&slow]), RUN_TIMEOUT).await.expect("begin");
+    let next = request(&scratch, 1, &["b"]);
+    assert!(process.send_ahead(next.clone()).await);
+    process.answer(running).await.expect("answer");
+    // Past its hold: the runtime does not run it (the worker gave its batch back by then).
+    let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
+    assert!(running.was_ahead);
+    assert_eq!(ran(&scratch), [slow.as_str()], "the request was taken up too late to run");
+    // Its batch still wants it: it is sent again and runs once.
+    let outcome = process.answer(running).await.expect("answer");
+    assert_eq!(rows(outcome, &next.output), "b\n");
+    assert_eq!(ran(&scratch), [slow.as_str(), "b"]);
+    process.shutdown(GRACE).await.expect("shutdown");
+}

@@ -25,6 +25,7 @@ use std::time::Duration;
 use batchfleet_common::broker::Delivery;
 use batchfleet_common::job_root::JobRoot;
 use batchfleet_common::message::MiniBatchMessage;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::heartbeat::hold_lease;
@@ -43,6 +44,15 @@ use super::{beyond_the_plan, receive_one, Slot};
 pub(super) struct Ahead {
     pub(super) delivery: Delivery,
     pub(super) message: Option<MiniBatchMessage>,
+    /// When it was taken (received by the slot).
+    pub(super) taken: Instant,
+}
+
+impl Ahead {
+    /// A delivery received the usual way, with nothing ahead of it.
+    pub(super) fn received(delivery: Delivery) -> Self {
+        Ahead { delivery, message: None, taken: Instant::now() }
+    }
 }
 
 impl Slot {
@@ -60,8 +70,9 @@ impl Slot {
         let Ok(Some(delivery)) = receive_one(&self.shared, stop, Duration::ZERO).await else {
             return;
         };
+        let taken = Instant::now();
         let message = self.send_ahead(job, &delivery).await;
-        self.ahead = Some(Ahead { delivery, message });
+        self.ahead = Some(Ahead { delivery, message, taken });
     }
 
     /// Send `delivery`'s request ahead when it can be; its message, when it is well formed.
@@ -121,10 +132,10 @@ impl Slot {
     }
 }
 
-/// `answer`, while the delivery taken ahead (`ahead`) waits for it: its lease kept, and given
-/// back to the queue (uncounted: it left no marker) once it waited [`AHEAD_HOLD`] and
-/// [`AHEAD_GRACE`]; its request, if it was sent, is then too late to run (`start_by`). A
-/// delivery taken ahead waits no longer than one prefetched beyond the slots may.
+/// `answer`, while the delivery taken ahead (`ahead`) waits for it with its lease kept, until
+/// it waited [`AHEAD_HOLD`] and [`AHEAD_GRACE`] since it was taken: then it goes back to the
+/// queue (`give_back`) and the runtime does not run its request (`start_by`). A delivery
+/// taken ahead waits no longer than one prefetched beyond the slots may.
 pub(super) async fn answer_while_ahead_waits<T>(
     shared: &Shared,
     job: &LoadedJob,
@@ -132,30 +143,37 @@ pub(super) async fn answer_while_ahead_waits<T>(
     answer: impl Future<Output = T>,
 ) -> T {
     let Some(waiting) = ahead.as_ref() else { return answer.await };
-    let handle = waiting.delivery.handle.clone();
+    let (handle, until) =
+        (waiting.delivery.handle.clone(), waiting.taken + AHEAD_HOLD + AHEAD_GRACE);
     tokio::pin!(answer);
-    let waited = tokio::time::timeout(AHEAD_HOLD + AHEAD_GRACE, &mut answer);
+    let waited = tokio::time::timeout_at(until, &mut answer);
     let (waited, _) = hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited).await;
     if let Ok(out) = waited {
         return out;
     }
-    let Some(Ahead { delivery, message }) = ahead.take() else { return answer.await };
     tracing::debug!(
         hold_secs = AHEAD_HOLD.as_secs(),
-        "the batch before it is long: the batch taken ahead goes back to the queue"
+        "the batch before it runs long: the batch taken ahead goes back to the queue"
     );
-    // A first delivery given back is otherwise taken for an attempt that lost its lease.
-    if let Some(message) =
-        message.filter(|m| delivery.delivery_count == 1 && m.job_id == job.job_id)
-    {
+    give_back(shared, job, ahead).await;
+    answer.await
+}
+
+/// Give the delivery taken ahead back to the queue, uncounted: a first delivery of `job`'s
+/// leaves the note that it was no attempt (without it, its next delivery would take it for
+/// one that lost its lease). Its request, if it was sent, stays queued in the runtime, and is
+/// skipped or dropped there.
+pub(super) async fn give_back(shared: &Shared, job: &LoadedJob, ahead: &mut Option<Ahead>) {
+    let Some(Ahead { delivery, message, .. }) = ahead.take() else { return };
+    let first = message.filter(|m| delivery.delivery_count == 1 && m.job_id == job.job_id);
+    if let Some(message) = first {
         if let Err(error) = output::mark_first_given_back(job, &message.batch_id).await {
             tracing::warn!(%error, "could not note the batch given back; its next delivery \
                 counts it as a lost lease");
         }
     }
-    if let Err(error) = shared.broker.nack(&handle, Duration::ZERO).await {
+    if let Err(error) = shared.broker.nack(&delivery.handle, Duration::ZERO).await {
         tracing::warn!(%error, "giving back a batch taken ahead failed; it returns when its \
             lease ends");
     }
-    answer.await
 }

@@ -25,7 +25,7 @@ use crate::runtime::{
 };
 use crate::shared::Shared;
 
-use super::ahead::answer_while_ahead_waits;
+use super::ahead::{self, answer_while_ahead_waits};
 use super::counting::LeaseState;
 use super::Slot;
 
@@ -176,6 +176,15 @@ impl Slot {
         self.phases = Phases::default();
         let held = std::time::Instant::now();
         let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
+        let again = match &result {
+            Err(AttemptEnd::RuntimeBroken { .. }) => true,
+            Err(AttemptEnd::Failed(failure)) => failure.kind == FailureKind::Storage,
+            _ => false,
+        };
+        if again {
+            // Tried again in place: a batch taken ahead would wait too long for it.
+            ahead::give_back(&self.shared, job, &mut self.ahead).await;
+        }
         if let Err(AttemptEnd::RuntimeBroken { why, failure }) = &result {
             // Not the batch's doing: the script broke its runtime (the next attempt replaces it).
             tracing::warn!(%why, message = %failure.message,

@@ -75,6 +75,8 @@ impl Slot {
                 tracing::warn!(target: ATTEMPTS, items = message.items.len(), message = %failure.message,
                     "the batch failed on its last attempt; splitting it to find the items that \
                      fail on their own (--isolate_poison_items)");
+                // The runs take a while: a batch taken ahead would wait too long for them.
+                super::ahead::give_back(&self.shared, job, &mut self.ahead).await;
                 // Boxed: the bisection's future would otherwise be part of every attempt's.
                 Box::pin(self.isolate(job, message, attempt, started_ms, stop, budget)).await
             }

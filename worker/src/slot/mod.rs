@@ -151,13 +151,10 @@ impl Slot {
             };
             let next = match self.ahead.take() {
                 Some(ahead) => Ok(Some(ahead)),
-                None => self
-                    .receive(&stop, wait)
-                    .await
-                    .map(|got| got.map(|delivery| Ahead { delivery, message: None })),
+                None => self.receive(&stop, wait).await.map(|got| got.map(Ahead::received)),
             };
             match next {
-                Ok(Some(Ahead { delivery, message })) => {
+                Ok(Some(Ahead { delivery, message, .. })) => {
                     receive_failures = 0;
                     empty = 0;
                     self.shared.activity.begin();
@@ -189,7 +186,7 @@ impl Slot {
         }
         // A batch taken ahead is in progress: it is finished too, or given back once the drain
         // grace ended.
-        while let Some(Ahead { delivery, message }) = self.ahead.take() {
+        while let Some(Ahead { delivery, message, .. }) = self.ahead.take() {
             match self.shared.hard_stop.is_cancelled() {
                 true => self.settle(&delivery.handle, Decision::Nack(Duration::ZERO)).await,
                 false => self.handle(delivery, message, &stop).await,

@@ -239,6 +239,7 @@ impl Worker {
             tracing::warn!(%error, "the attempt records' last flush did not finish");
         }
         tracing::info!("worker stopped: {summary}");
+        tracing::debug!(runs_taken_ahead = summary.runs_taken_ahead, "requests sent ahead");
         failure.map_or(Ok(summary), Err)
     }
 }

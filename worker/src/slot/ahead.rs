@@ -14,9 +14,10 @@
 //! copies, downloads and reads nothing (inputs read where they are), only for a first delivery
 //! of the job the runtime serves, and only where the broker answers a receive that does not wait
 //! from deliveries it holds in the worker (RabbitMQ, the embedded broker; not SQS, where every
-//! receive is a billed call). The delivery's lease is kept while it waits, at most
-//! as long as a delivery prefetched beyond the slots waits for one (`AHEAD_HOLD`): past that it
-//! goes back to the queue, and the runtime does not run its request (`start_by`).
+//! receive is a billed call). The delivery waits at most as long as a delivery prefetched
+//! beyond the slots waits for one (`AHEAD_HOLD`), within its lease (kept by a beat when the
+//! lease is short): past that it goes back to the queue, and the runtime does not run its
+//! request (`start_by`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -132,7 +133,7 @@ impl Slot {
     }
 }
 
-/// `answer`, while the delivery taken ahead (`ahead`) waits for it with its lease kept, until
+/// `answer`, while the delivery taken ahead (`ahead`) waits for it within its lease, until
 /// it waited [`AHEAD_HOLD`] and [`AHEAD_GRACE`] since it was taken: then it goes back to the
 /// queue (`give_back`) and the runtime does not run its request (`start_by`). A delivery
 /// taken ahead waits no longer than one prefetched beyond the slots may.
@@ -147,7 +148,11 @@ pub(super) async fn answer_while_ahead_waits<T>(
         (waiting.delivery.handle.clone(), waiting.taken + AHEAD_HOLD + AHEAD_GRACE);
     tokio::pin!(answer);
     let waited = tokio::time::timeout_at(until, &mut answer);
-    let (waited, _) = hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited).await;
+    // A lease that outlasts the wait with room to spare needs no beat (the default 30 s does).
+    let waited = match shared.lease >= 2 * (AHEAD_HOLD + AHEAD_GRACE) {
+        true => waited.await,
+        false => hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited).await.0,
+    };
     if let Ok(out) = waited {
         return out;
     }

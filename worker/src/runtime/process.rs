@@ -119,7 +119,8 @@ impl RuntimeProcess {
                 let began = self.last_answer.map_or(ahead.sent, |last| last.max(ahead.sent));
                 return Ok(Running::new(ahead, began, timeout, true));
             }
-            Some(ahead) => self.drain(ahead, timeout).await?,
+            // Boxed: rare, and every batch's future would otherwise carry it.
+            Some(ahead) => Box::pin(self.drain(ahead, timeout)).await?,
             None => {}
         }
         let (line, nonce) = run_line(&request, None)?;
@@ -209,7 +210,8 @@ impl RuntimeProcess {
                         let what = format!("the runtime skipped batch {batch_id}, not sent ahead");
                         return Err(self.protocol_failure(what).await);
                     };
-                    running = self.begin(request, running.timeout).await?;
+                    // Boxed: rare, and every batch's future would otherwise carry a start's.
+                    running = Box::pin(self.begin(request, running.timeout)).await?;
                 }
                 Err(message) => return Err(self.protocol_failure(message).await),
             }

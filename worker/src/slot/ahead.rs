@@ -72,7 +72,8 @@ impl Slot {
             return;
         };
         let taken = Instant::now();
-        let message = self.send_ahead(job, &delivery).await;
+        // Boxed: loading is part of it, and every batch's future would carry it.
+        let message = Box::pin(self.send_ahead(job, &delivery)).await;
         self.ahead = Some(Ahead { delivery, message, taken });
     }
 
@@ -151,7 +152,9 @@ pub(super) async fn answer_while_ahead_waits<T>(
     // A lease that outlasts the wait with room to spare needs no beat (the default 30 s does).
     let waited = match shared.lease >= 2 * (AHEAD_HOLD + AHEAD_GRACE) {
         true => waited.await,
-        false => hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited).await.0,
+        false => {
+            Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited)).await.0
+        }
     };
     if let Ok(out) = waited {
         return out;
@@ -160,7 +163,7 @@ pub(super) async fn answer_while_ahead_waits<T>(
         hold_secs = AHEAD_HOLD.as_secs(),
         "the batch before it runs long: the batch taken ahead goes back to the queue"
     );
-    give_back(shared, job, ahead).await;
+    Box::pin(give_back(shared, job, ahead)).await;
     answer.await
 }
 

@@ -253,7 +253,7 @@ impl Slot {
         // No early return from here on: the output file is cleaned up below.
         // Small rows come back with the runtime's answer, to go into the status unwritten.
         let attach_max = JobRoot::inline_rows_max(job.job.job_root_format);
-        let ran = self.load_and_run(job, message, attempt, stop, &output, attach_max, reused).await;
+        let ran = self.load_and_run(job, message, attempt, stop, &output, attach_max).await;
         let result = match ran {
             Ok(success) => {
                 let ran = Ran { success, attempt, part, started_ms, isolated: None };
@@ -272,8 +272,9 @@ impl Slot {
 
     /// Run `message`'s items once, their rows going to `output` (or, up to `attach_max`
     /// bytes, coming back with the answer): start the runtime if needed, load the items, run
-    /// them (nothing is stored). With `look_ahead`, the slot takes its next batch while the
-    /// runtime runs this one, and sends it ahead (`ahead`).
+    /// them (nothing is stored). A whole batch whose rows may come back with the answer (a
+    /// format-2 root: `attach_max`) has the slot take its next batch while the runtime runs it,
+    /// and send it ahead (`ahead`); the parts of a bisection do not.
     pub(super) async fn load_and_run(
         &mut self,
         job: &Arc<LoadedJob>,
@@ -282,7 +283,6 @@ impl Slot {
         stop: &CancellationToken,
         output: &std::path::Path,
         attach_max: Option<u64>,
-        look_ahead: bool,
     ) -> Result<RunSuccess, AttemptEnd> {
         // A request sent ahead for another batch runs to its end before anything else.
         self.drop_other_ahead(&message.batch_id, job.run_timeout()).await;
@@ -309,7 +309,8 @@ impl Slot {
             .map_err(|e| AttemptFailure::infra("loading the mini-batch", e))?;
         self.phases.loaded_ms = Some(now_ms());
         let request = run_request(message, &inputs, output, attach_max);
-        self.run(request, job, look_ahead.then_some(stop)).await
+        let look_ahead = attach_max.is_some().then_some(stop);
+        self.run(request, job, look_ahead).await
     }
 
     /// The batch's items as local paths (or a table's pieces) for its runtime.

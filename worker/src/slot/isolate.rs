@@ -178,7 +178,7 @@ impl Slot {
                 Err(end) => return Err((end, found)),
             };
             // The parts' rows stay in files (`None`): they are joined into one afterwards.
-            match self.load_and_run(job, &part, attempt, stop, &output, None, false).await {
+            match self.load_and_run(job, &part, attempt, stop, &output, None).await {
                 Ok(success) => found.passed.push(Passed { items, output, success }),
                 Err(AttemptEnd::Failed(failure) | AttemptEnd::RuntimeBroken { failure, .. }) => {
                     remove_output(&output);

@@ -117,6 +117,7 @@ impl Worker {
         let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
         let driver = install_driver(&dir).map_err(scratch_error)?;
         let config = self.config;
+        let sends_ahead = crate::slot::sends_ahead(config.concurrency);
         tracing::info!(worker_id = %config.worker_id, concurrency = config.concurrency,
             queue = %config.queues.work, scratch = %dir.display(), "worker started");
         // Declare the pool's queues, so a worker started before any producer waits for work
@@ -138,6 +139,7 @@ impl Worker {
             activity: self.activity,
             hard_stop: hard_stop.clone(),
             lease: self.lease,
+            sends_ahead,
             events,
             instance: instance.clone(),
             prestart: self.prestart,

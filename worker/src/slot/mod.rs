@@ -506,6 +506,14 @@ impl Slot {
     }
 }
 
+/// Whether a worker of `concurrency` slots sends its next batches ahead (`ahead`): only with
+/// fewer slots than the cores it may use. With as many slots as cores every core already has
+/// work while a runtime waits, and sending ahead measured slower (`bench_batch_cost`, 2 slots
+/// on 2 cores: 15 % more CPU a batch); with one slot on two it measured 11 % faster.
+pub(crate) fn sends_ahead(concurrency: usize) -> bool {
+    std::thread::available_parallelism().is_ok_and(|cores| concurrency < cores.get())
+}
+
 /// A file batch holding more items than the job's `mini_batch_size` count allows was not cut by
 /// its planner: it is not run.
 fn beyond_the_plan(job: &ResolvedJob, message: &MiniBatchMessage) -> Option<String> {

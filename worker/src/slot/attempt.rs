@@ -1,7 +1,6 @@
 //! One attempt at a batch: load its items, run them in the slot's runtime, store the result
 //! part and the status.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use batchfleet_common::job_root::{JobRoot, StatusWrite};
@@ -27,6 +26,7 @@ use crate::shared::Shared;
 
 use super::ahead::{self, answer_while_ahead_waits};
 use super::counting::LeaseState;
+use super::output_files::remove_output;
 use super::Slot;
 
 /// Why an attempt at a batch failed; becomes its `FailureRecord`.
@@ -367,59 +367,6 @@ impl Slot {
         Ok(finished)
     }
 
-    /// This attempt's result part: `<attempt>-<worker>-s<slot>-<process><n>`. The attempt
-    /// alone does not make it unique: a batch published twice (a resumed job) is delivered
-    /// twice with the same count, possibly to the same slot, and a part that another attempt's
-    /// status already names must never be overwritten or deleted.
-    /// Attempt markers (`counting`) are named the same way, for the same uniqueness.
-    pub(super) fn part_name(&mut self, attempt: u32) -> String {
-        self.attempts += 1;
-        let (worker, instance) = (&self.shared.config.worker_id, &self.shared.instance);
-        format!("{attempt}-{worker}-s{}-{instance}{}", self.index, self.attempts)
-    }
-
-    /// `run()`'s output file in the slot's folder (for a job root in an object store).
-    pub(super) async fn local_output_file(
-        &mut self,
-        batch_id: &str,
-    ) -> Result<PathBuf, AttemptEnd> {
-        let out_dir = self.dir.join("out");
-        if !self.out_dir_ready {
-            tokio::fs::create_dir_all(&out_dir).await.map_err(|e| {
-                AttemptEnd::from(AttemptFailure::infra("creating the output folder", e))
-            })?;
-            self.out_dir_ready = true;
-        }
-        Ok(out_dir.join(format!("{batch_id}.txt")))
-    }
-
-    /// `run()`'s output file for a format-2 job root: one per slot, reused batch after batch
-    /// (the runtime opens it truncating); a large result is moved or uploaded from it. In the
-    /// slot's folder in `/dev/shm` when the scratch folder is on a disk: ext4 writes back a
-    /// file truncated and rewritten when it is closed (`auto_da_alloc`), milliseconds a batch.
-    ///
-    /// Two such files take turns, batch after batch: the runtime writes the next batch's rows
-    /// (sent ahead) while the worker may still read the last one's.
-    async fn reused_output_file(&mut self) -> Result<PathBuf, AttemptEnd> {
-        let name = rows_file_name(self.second_rows);
-        self.second_rows = !self.second_rows;
-        let memory = self.memory.get_or_insert_with(|| memory_folder(&self.dir));
-        match memory {
-            Some(memory) => Ok(memory.path().join(format!("{name}.txt"))),
-            None => self.local_output_file(name).await,
-        }
-    }
-
-    /// The reused output file the slot's next attempt gets (see `reused_output_file`), once
-    /// the slot has one.
-    pub(super) fn next_reused_output_file(&self) -> Option<PathBuf> {
-        let name = rows_file_name(self.second_rows);
-        match self.memory.as_ref()? {
-            Some(memory) => Some(memory.path().join(format!("{name}.txt"))),
-            None => self.out_dir_ready.then(|| self.dir.join("out").join(format!("{name}.txt"))),
-        }
-    }
-
     /// Run the batch in the slot's runtime. When the worker's drain grace ends first (the hard
     /// stop), the runtime is killed and the batch given back to run elsewhere. With
     /// `look_ahead`, the slot's next batch is taken and sent ahead while this one runs
@@ -581,14 +528,6 @@ fn succeeded_status(
     }
 }
 
-/// The name of one of a slot's two reused output files.
-fn rows_file_name(second: bool) -> &'static str {
-    match second {
-        false => "rows",
-        true => "rows-2",
-    }
-}
-
 /// The request that runs `message`'s loaded items.
 pub(super) fn run_request(
     message: &MiniBatchMessage,
@@ -620,15 +559,5 @@ fn batch_context(message: &MiniBatchMessage) -> MiniBatchContext {
     match &message.table {
         Some(table) => MiniBatchContext::for_table(message.index, &table.partition_key_value, 0),
         None => MiniBatchContext::for_files(message.index),
-    }
-}
-
-/// Remove a local output file that is not (or no longer) a result part. One unlink, done in
-/// place: a trip to the blocking pool costs more than the syscall.
-pub(super) fn remove_output(output: &std::path::Path) {
-    if let Err(error) = std::fs::remove_file(output) {
-        if error.kind() != std::io::ErrorKind::NotFound {
-            tracing::debug!(%error, "removing the local output file");
-        }
     }
 }

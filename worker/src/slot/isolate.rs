@@ -25,7 +25,8 @@ use crate::jobs::LoadedJob;
 use crate::output;
 use crate::runtime::RunSuccess;
 
-use super::attempt::{remove_output, AttemptEnd, AttemptFailure, Finished, Ran};
+use super::attempt::{AttemptEnd, AttemptFailure, Finished, Ran};
+use super::output_files::remove_output;
 use super::settle::{one_line, ATTEMPTS};
 use super::Slot;
 

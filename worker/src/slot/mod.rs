@@ -39,6 +39,7 @@ mod ahead;
 mod attempt;
 mod counting;
 mod isolate;
+mod output_files;
 mod runtimes;
 mod settle;
 

@@ -32,6 +32,14 @@ pub(super) struct InFlight {
     pub(super) sent: Instant,
 }
 
+impl InFlight {
+    /// When the process took the request up: when the answer before it came (`last_answer`),
+    /// or when it was sent, if later.
+    pub(super) fn began(&self, last_answer: Option<Instant>) -> Instant {
+        last_answer.map_or(self.sent, |last| last.max(self.sent))
+    }
+}
+
 /// What an answer said of its request.
 pub(super) enum Checked {
     Outcome(RunOutcome),

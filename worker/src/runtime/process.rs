@@ -113,14 +113,13 @@ impl RuntimeProcess {
         if !self.alive {
             return Err(RuntimeError::Protocol("the runtime process is no longer running".into()));
         }
-        match self.ahead.take() {
-            Some(ahead) if ahead.request == request => {
-                // Taken up when the answer before it was read (or when it was sent, if later).
-                let began = self.last_answer.map_or(ahead.sent, |last| last.max(ahead.sent));
+        match self.ahead.take_if(|ahead| ahead.request == request) {
+            Some(ahead) => {
+                let began = ahead.began(self.last_answer);
                 return Ok(Running::new(ahead, began, timeout, true));
             }
             // Boxed: rare, and every batch's future would otherwise carry it.
-            Some(ahead) => Box::pin(self.drain(ahead, timeout)).await?,
+            None if self.ahead.is_some() => Box::pin(self.drop_ahead(timeout)).await?,
             None => {}
         }
         let (line, nonce) = run_line(&request, None)?;
@@ -160,16 +159,20 @@ impl RuntimeProcess {
     /// its answer. An error means the process is gone (it timed out, crashed or broke the
     /// protocol under that batch).
     pub async fn drop_ahead(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
-        match self.ahead.take() {
-            Some(ahead) => self.drain(ahead, timeout).await,
-            None => Ok(()),
-        }
+        let Some(ahead) = &self.ahead else { return Ok(()) };
+        let deadline = ahead.began(self.last_answer) + timeout;
+        self.drain_ahead(deadline, timeout).await
     }
 
-    async fn drain(&mut self, ahead: InFlight, timeout: Duration) -> Result<(), RuntimeError> {
-        let began = self.last_answer.map_or(ahead.sent, |last| last.max(ahead.sent));
-        let read =
-            tokio::time::timeout_at(began + timeout, self.read_answer(ahead.request.attach_max));
+    /// Read the answer to the request sent ahead by `deadline`, and drop it; past the deadline
+    /// the process is killed (`timeout` names the limit in the error).
+    async fn drain_ahead(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
+        let Some(ahead) = self.ahead.take() else { return Ok(()) };
+        let read = tokio::time::timeout_at(deadline, self.read_answer(ahead.request.attach_max));
         match read.await {
             Err(_) => {
                 self.kill().await;
@@ -226,13 +229,9 @@ impl RuntimeProcess {
         }
         let deadline = Instant::now() + grace;
         // A request sent ahead runs first; its answer is dropped.
-        if let Some(ahead) = self.ahead.take() {
-            let read = self.read_answer(ahead.request.attach_max);
-            if !matches!(tokio::time::timeout_at(deadline, read).await, Ok(Ok(Some(_)))) {
-                tracing::warn!("the runtime did not finish the batch sent ahead to it; killing it");
-                self.kill().await;
-                return Ok(());
-            }
+        if let Err(error) = self.drain_ahead(deadline, grace).await {
+            tracing::warn!(%error, "the runtime did not finish the batch sent ahead to it");
+            return Ok(());
         }
         let line = protocol::encode(&Request::Shutdown)
             .map_err(|e| RuntimeError::Protocol(e.to_string()))?;

@@ -13,6 +13,7 @@ mod output_lines;
 mod process;
 pub mod protocol;
 pub mod read_only;
+mod spawn;
 mod stderr;
 mod tree;
 

@@ -1,21 +1,20 @@
 //! One entry-script process and the worker's side of the line protocol.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::time::Instant;
 
 use super::answer::{self, monotonic_after, run_line, Checked, InFlight, Running};
 use super::answer::{AHEAD_HOLD, AHEAD_MAX};
 use super::error::{RuntimeError, UserFailure};
 use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
-use super::read_only::{self, ReadOnlyView};
+use super::spawn::{add_stderr, spawn, Spawned};
 use super::stderr::StderrPump;
 use super::tree;
-use super::{RunOutcome, RunRequest, RuntimeConfig, STDERR_TAIL_LINES};
+use super::{RunOutcome, RunRequest, RuntimeConfig};
 
 /// How long a process that closed its protocol pipe gets to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -59,7 +58,7 @@ pub struct RuntimeProcess {
 impl RuntimeProcess {
     /// Start the process and wait for `init()` to return.
     pub async fn start(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
-        let mut process = spawn(config).await?;
+        let mut process = RuntimeProcess::from(spawn(config).await?, config);
         let ready = tokio::time::timeout(config.init_timeout, process.read_response()).await;
         match ready {
             Err(_) => {
@@ -473,139 +472,46 @@ impl RuntimeProcess {
     }
 }
 
+impl RuntimeProcess {
+    fn from(spawned: Spawned, config: &RuntimeConfig) -> Self {
+        let Spawned {
+            child,
+            pid,
+            token,
+            stdin,
+            stdout,
+            stderr,
+            work_dir,
+            work_dir_fd,
+            read_only_inputs,
+        } = spawned;
+        RuntimeProcess {
+            child,
+            pid,
+            token: Some(token),
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            stderr,
+            work_dir,
+            work_dir_fd,
+            read_only_inputs,
+            log_path: config.log_path.clone(),
+            pass_context: false,
+            alive: true,
+            interpreter_pid: None,
+            cpu_clock: None,
+            ahead: None,
+            last_answer: None,
+        }
+    }
+}
+
 impl Drop for RuntimeProcess {
     fn drop(&mut self) {
         // `kill_on_drop` ends the leader (reaped in the background); this ends its tree.
         self.kill_tree();
         self.forget();
     }
-}
-
-/// The command that starts the runtime's interpreter with the driver.
-fn command(config: &RuntimeConfig, work_dir: &Path, token: &str) -> Command {
-    let mut command = Command::new(&config.python);
-    super::environment::scrub(&mut command, config.storage_keys);
-    command
-        .args(["-c", super::DRIVER_START])
-        .arg(config.driver.parent().unwrap_or(Path::new(".")))
-        .arg(&config.code_dir)
-        .arg(&config.entry_script)
-        .args(&config.script_args)
-        .current_dir(work_dir)
-        .envs(&config.env)
-        .env("PYTHONUNBUFFERED", "1")
-        .env(super::WORKING_DIR_ENV, work_dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env(tree::TREE_ENV, token)
-        .kill_on_drop(true)
-        .process_group(0);
-    command
-}
-
-async fn spawn(config: &RuntimeConfig) -> Result<RuntimeProcess, RuntimeError> {
-    let io = |what| move |source| RuntimeError::Io { what, source };
-    std::fs::create_dir_all(&config.work_dir).map_err(io("working directory"))?;
-    let work_dir = tempfile::Builder::new()
-        .prefix("runtime-")
-        .tempdir_in(&config.work_dir)
-        .map_err(io("working directory"))?;
-    let work_dir_fd = nix::fcntl::open(
-        work_dir.path(),
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .ok();
-    if let Some(parent) = config.log_path.parent() {
-        std::fs::create_dir_all(parent).map_err(io("user log folder"))?;
-    }
-    let token = tree::token();
-    let view = match read_only::refused() {
-        false => ReadOnlyView::new(&config.read_only),
-        true => None,
-    };
-    let spawn = |view: Option<ReadOnlyView>| {
-        let mut command = command(config, work_dir.path(), &token);
-        if let Some(view) = view {
-            command.env(super::READ_ONLY_ENV, view.listed());
-            // SAFETY: `enter` only makes system calls on memory prepared before the fork.
-            unsafe {
-                command.pre_exec(move || view.enter());
-            }
-        }
-        tree::spawn_live(&token, || command.spawn(), Child::id)
-    };
-    let spawn_error = |source| RuntimeError::Spawn { python: config.python.clone(), source };
-    let (mut child, read_only_inputs) = match view {
-        None => (spawn(None).map_err(spawn_error)?, false),
-        Some(view) => match spawn(Some(view)) {
-            Ok(child) => (child, true),
-            Err(error) => {
-                // Either the view or the start itself failed: a start without the view tells.
-                let child = spawn(None).map_err(spawn_error)?;
-                read_only::view_failed(&error, &config.read_only);
-                (child, false)
-            }
-        },
-    };
-    let pid = child.id();
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return Err(RuntimeError::Protocol("the runtime's pipes were not set up".into()));
-    };
-    let stderr = StderrPump::start(stderr, &config.log_path, STDERR_TAIL_LINES)
-        .await
-        .map_err(io("user log"))?;
-    Ok(RuntimeProcess {
-        child,
-        pid,
-        token: Some(token),
-        stdin: Some(stdin),
-        stdout: BufReader::new(stdout),
-        stderr,
-        work_dir,
-        work_dir_fd,
-        read_only_inputs,
-        log_path: config.log_path.clone(),
-        pass_context: false,
-        alive: true,
-        interpreter_pid: None,
-        cpu_clock: None,
-        ahead: None,
-        last_answer: None,
-    })
-}
-
-/// Lines the driver writes to stderr just before the traceback of a failed start.
-const START_FAILURE_MARKERS: [&str; 2] = ["loading the entry script failed:", "init() failed:"];
-/// The longest stderr line quoted in a start failure's message.
-const QUOTED_LINE_MAX: usize = 300;
-
-/// A failed start's report with what the script wrote to stderr before the failure (argparse
-/// prints its usage and the reason, then exits): the lines go before the traceback, and the
-/// last one is quoted in the message of an exit (`SystemExit: 2`, which says nothing alone).
-fn add_stderr(failure: &mut UserFailure, tail: &str) {
-    let lines: Vec<&str> = tail.lines().collect();
-    let Some(marker) = lines.iter().rposition(|l| START_FAILURE_MARKERS.contains(&l.trim_end()))
-    else {
-        return;
-    };
-    let before = lines[..marker].join("\n");
-    let before = before.trim();
-    if before.is_empty() {
-        return;
-    }
-    if failure.exception.as_deref() == Some("SystemExit") {
-        let last = before.lines().last().unwrap_or_default().trim();
-        let quoted: String = last.chars().take(QUOTED_LINE_MAX).collect();
-        failure.message = format!("{} (stderr: {quoted})", failure.message);
-    }
-    let traceback = failure.traceback.take().unwrap_or_default();
-    failure.traceback = Some(format!(
-        "the script's stderr before it failed (last lines):\n{before}\n\n{traceback}"
-    ));
 }
 
 /// Whole seconds for messages, rounding up so that a sub-second limit never reads as 0.

@@ -86,6 +86,19 @@ async fn until_ran(scratch: &Scratch, item: &str) {
     }
 }
 
+/// A runtime that ran a batch of `first` and holds `next` sent ahead behind it.
+async fn ran_one_with_next_ahead(
+    scratch: &Scratch,
+    first: &str,
+    next: RunRequest,
+) -> RuntimeProcess {
+    let mut process = RuntimeProcess::start(&config(scratch)).await.expect("start");
+    let running = process.begin(request(scratch, 0, &[first]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(next).await, "a short request is sent ahead");
+    process.answer(running).await.expect("answer");
+    process
+}
+
 #[tokio::test]
 async fn a_request_sent_ahead_runs_before_it_is_asked_for_and_its_batch_takes_it_up() {
     let scratch = Scratch::new();
@@ -111,10 +124,7 @@ async fn a_request_sent_ahead_runs_before_it_is_asked_for_and_its_batch_takes_it
 #[tokio::test]
 async fn a_request_sent_ahead_that_is_not_taken_up_finishes_and_its_answer_is_dropped() {
     let scratch = Scratch::new();
-    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
-    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
-    process.answer(running).await.expect("answer");
+    let mut process = ran_one_with_next_ahead(&scratch, "a", request(&scratch, 1, &["b"])).await;
     // Another request for the same batch (other items): not the one sent ahead.
     let other = request(&scratch, 1, &["c"]);
     let outcome = process.run(other.clone(), RUN_TIMEOUT).await.expect("run");
@@ -187,10 +197,7 @@ async fn a_crash_under_a_batch_leaves_no_request_ahead() {
 #[tokio::test]
 async fn shutdown_lets_a_request_sent_ahead_finish_first() {
     let scratch = Scratch::new();
-    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
-    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
-    process.answer(running).await.expect("answer");
+    let process = ran_one_with_next_ahead(&scratch, "a", request(&scratch, 1, &["b"])).await;
     process.shutdown(GRACE).await.expect("shutdown");
     assert_eq!(ran(&scratch), ["a", "b", "shutdown"]);
 }

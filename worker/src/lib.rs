@@ -39,4 +39,5 @@ mod worker;
 
 pub use infra::InfraError;
 pub use shared::{LoadHandle, Prestart, WorkerConfig, WorkerError, WorkerSummary};
+pub use slot::SendAhead;
 pub use worker::{Worker, DEFAULT_LEASE};

@@ -27,7 +27,7 @@ use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
 use batchfleet_worker::runtime::environment::StorageKeys;
-use batchfleet_worker::{health, Worker, WorkerConfig};
+use batchfleet_worker::{health, SendAhead, Worker, WorkerConfig};
 
 /// Exit code for a usage or configuration error (bad URL, bad option).
 const EXIT_CONFIG: u8 = 2;
@@ -116,6 +116,11 @@ struct Args {
     /// inherit them; broker credentials never reach a script (docs/security.md).
     #[arg(long, env = "BATCHFLEET_SCRIPT_STORAGE_KEYS", value_enum, default_value = "inherit")]
     script_storage_keys: StorageKeys,
+    /// Whether a slot sends its next mini-batch to its runtime while the one before runs (from
+    /// the messages this worker already holds; RabbitMQ only): `auto` (default: only with
+    /// fewer slots than CPUs, where it measured faster), `always` or `never`.
+    #[arg(long, env = "BATCHFLEET_SEND_AHEAD", value_enum, default_value = "auto")]
+    send_ahead: SendAhead,
     /// Health check (a container's HEALTHCHECK): exit 0 when a worker using the same scratch
     /// folder still runs and wrote its status file (`<scratch dir>/status/<pid>.json`, at least
     /// every 5 s) in the last 20 s.
@@ -237,7 +242,8 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let (scratch, id) = (config.scratch_dir.clone(), config.worker_id.clone());
     let mut worker = Worker::new(Arc::clone(&broker), config)
         .with_drain_grace(Duration::from_secs(args.drain_grace))
-        .with_lease(Duration::from_secs(args.lease));
+        .with_lease(Duration::from_secs(args.lease))
+        .with_send_ahead(args.send_ahead);
     if args.no_attempt_records {
         worker = worker.without_attempt_records();
     }

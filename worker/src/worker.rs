@@ -17,7 +17,7 @@ use crate::runtime::{install_driver, prepare_interpreter};
 use crate::shared::{
     Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
 };
-use crate::slot::Slot;
+use crate::slot::{SendAhead, Slot};
 use crate::telemetry::ResourceMonitors;
 
 /// A worker: consumes the pool's work queue with `concurrency` slots.
@@ -31,6 +31,7 @@ pub struct Worker {
     interpreter_as_given: bool,
     /// Keep per-attempt records (the default; see `records`).
     attempt_records: bool,
+    send_ahead: SendAhead,
 }
 
 /// How long a delivery stays leased without a heartbeat (see [`Worker::with_lease`]).
@@ -47,6 +48,7 @@ impl Worker {
             activity: Arc::new(Activity::new()),
             interpreter_as_given: false,
             attempt_records: true,
+            send_ahead: SendAhead::Auto,
         }
     }
 
@@ -96,6 +98,13 @@ impl Worker {
         self
     }
 
+    /// Whether the slots send their next batch ahead to their runtime (`slot::ahead`); by
+    /// default only with fewer slots than cores.
+    pub fn with_send_ahead(mut self, send_ahead: SendAhead) -> Worker {
+        self.send_ahead = send_ahead;
+        self
+    }
+
     /// Serve until `shutdown` is cancelled (then finish in-flight batches, call `shutdown()` on
     /// every runtime, return) or until idle for `idle_exit`.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerSummary, WorkerError> {
@@ -117,7 +126,7 @@ impl Worker {
         let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
         let driver = install_driver(&dir).map_err(scratch_error)?;
         let config = self.config;
-        let sends_ahead = crate::slot::sends_ahead(config.concurrency);
+        let sends_ahead = self.send_ahead.for_slots(config.concurrency);
         tracing::info!(worker_id = %config.worker_id, concurrency = config.concurrency,
             queue = %config.queues.work, scratch = %dir.display(), "worker started");
         // Declare the pool's queues, so a worker started before any producer waits for work

@@ -184,12 +184,14 @@ async fn the_time_limit_of_a_request_sent_ahead_counts_from_the_answer_before_it
 async fn a_crash_under_a_batch_leaves_no_request_ahead() {
     let scratch = Scratch::new();
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
-    let running = process.begin(request(&scratch, 0, &["exit"]), RUN_TIMEOUT).await.expect("begin");
+    // It exits after a while: a request sent to a process already gone is not sent ahead.
+    let crashes = request(&scratch, 0, &["sleep:0.5", "exit"]);
+    let running = process.begin(crashes, RUN_TIMEOUT).await.expect("begin");
     assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
     let error = process.answer(running).await.unwrap_err();
     assert!(matches!(error, RuntimeError::Crashed { .. }), "{error:?}");
     assert_eq!(process.ahead_batch(), None, "the batch sent ahead never ran");
-    assert_eq!(ran(&scratch), ["exit"]);
+    assert_eq!(ran(&scratch), ["sleep:0.5", "exit"]);
     let error = process.begin(request(&scratch, 1, &["b"]), RUN_TIMEOUT).await.unwrap_err();
     assert!(matches!(error, RuntimeError::Protocol(_)), "{error:?}");
 }

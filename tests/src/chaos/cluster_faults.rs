@@ -9,7 +9,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use super::run::{count_statuses, one_job_root, Submitted, ITEMS, STEP_LIMIT};
-use super::Fault;
+use super::{worker_args, Fault};
 use crate::cluster::{
     self, await_leader, broker_list, kill_node, management_list, start_node, stop_node, NODES,
 };
@@ -39,7 +39,8 @@ pub(super) fn run(fault: Fault, dir: &Path, jobs: &Path) -> Result<ClusterRun, S
     ];
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     // The first worker declares the pool's queues from node 0: their leader is placed there.
-    let mut workers: Vec<WorkerProcess> = vec![pool.worker_with_env(dir, "w0", 2, &[], &env_refs)];
+    let mut workers: Vec<WorkerProcess> =
+        vec![pool.worker_with_env(dir, "w0", 2, worker_args(0), &env_refs)];
     let (leader, members) = await_leader(&pool.work_queue());
     if members.len() != NODES {
         return Err(format!("the work queue has members {members:?}, not all {NODES} nodes"));
@@ -47,8 +48,8 @@ pub(super) fn run(fault: Fault, dir: &Path, jobs: &Path) -> Result<ClusterRun, S
     // The other workers start on a node that does not lead the work queue.
     let own_node = (leader + 1) % NODES;
     pool.via = Some(broker_list(own_node));
-    for id in ["w1", "w2"] {
-        workers.push(pool.worker_with_env(dir, id, 2, &[], &env_refs));
+    for (n, id) in [(1, "w1"), (2, "w2")] {
+        workers.push(pool.worker_with_env(dir, id, 2, worker_args(n), &env_refs));
     }
     pool.via = Some(broker_list(0));
 

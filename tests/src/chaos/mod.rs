@@ -11,6 +11,10 @@
 //! of `infra/rabbitmq-cluster` ([`Fault::CLUSTER`], module `cluster_faults`): the work queue's
 //! leader killed, another node stopped, the node of some workers killed.
 //!
+//! Every fleet mixes workers that send their next batch ahead to their runtime
+//! (`--send-ahead always`, [`worker_args`]) with workers that do not (the default on a machine
+//! with as many cores as slots), so that each fault also catches batches held ahead.
+//!
 //! `tests/tests/chaos.rs` runs a short campaign in the test suite; `bench`-style long runs:
 //! `cargo run -p batchfleet-tests --bin chaos -- --runs 20` (docs/chaos.md).
 
@@ -22,6 +26,15 @@ use std::time::Duration;
 
 pub use run::{run_once, RunReport};
 pub use soak::{soak, SoakReport};
+
+/// The extra arguments of the campaign's `n`-th worker (a replacement takes those of the one
+/// it replaces): every other one sends its next batch ahead to its runtime while a batch runs.
+pub(crate) fn worker_args(n: usize) -> &'static [&'static str] {
+    match n % 2 {
+        0 => &["--send-ahead", "always"],
+        _ => &[],
+    }
+}
 
 /// What is done to a run while its job is under way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

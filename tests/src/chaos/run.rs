@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use super::Fault;
+use super::{worker_args, Fault};
 use crate::fleet::{amqp_url, eventually, finish_bounded, run_bounded, spawn_captured, Pool};
 use crate::proxy::Proxy;
 use crate::{binary, describe, python};
@@ -106,7 +106,7 @@ fn attempt(fault: Fault, lost: &mut Option<Duration>) -> Result<Duration, String
     let mut pool = Pool::new("chaos");
     pool.via = Some(proxy.url_for(&amqp_url()));
     let mut workers: Vec<_> =
-        (0..3).map(|i| pool.worker(dir.path(), &format!("w{i}"), 2, &[])).collect();
+        (0..3).map(|i| pool.worker(dir.path(), &format!("w{i}"), 2, worker_args(i))).collect();
     let jobs = store.join("jobs");
     let started = Instant::now();
     let mut submit =
@@ -123,7 +123,8 @@ fn attempt(fault: Fault, lost: &mut Option<Duration>) -> Result<Duration, String
                 ended(at);
                 let victim = pick(workers.len());
                 workers[victim].kill_hard();
-                workers[victim] = pool.worker(dir.path(), &format!("r{round}-{victim}"), 2, &[]);
+                let id = format!("r{round}-{victim}");
+                workers[victim] = pool.worker(dir.path(), &id, 2, worker_args(victim));
             }
             finish_bounded(submit.take(), STEP_LIMIT)
         }

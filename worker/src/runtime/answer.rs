@@ -63,11 +63,13 @@ pub struct Running {
     pub began: Instant,
     /// The request had been sent ahead: the process has been running it since `began`.
     pub was_ahead: bool,
+    /// When it was sent.
+    sent: Instant,
 }
 
 impl Running {
     pub(super) fn new(sent: InFlight, began: Instant, timeout: Duration, was_ahead: bool) -> Self {
-        let InFlight { request, nonce, .. } = sent;
+        let InFlight { request, nonce, sent } = sent;
         Running {
             batch_id: request.batch_id.clone(),
             output: request.output.clone(),
@@ -78,7 +80,16 @@ impl Running {
             ahead: was_ahead.then_some(request),
             began,
             was_ahead,
+            sent,
         }
+    }
+
+    /// Whether the process may answer `skipped` and want the request again: it was sent ahead
+    /// and may have been taken up past its `start_by` ([`AHEAD_HOLD`] after it was sent; the
+    /// process took it up before `began`, when the worker read the answer before it). Nothing
+    /// is to be queued behind such a request: sent again, it would run after it.
+    pub fn may_be_skipped(&self) -> bool {
+        self.was_ahead && self.began + AHEAD_GRACE >= self.sent + AHEAD_HOLD
     }
 }
 

@@ -53,6 +53,10 @@ pub struct RuntimeProcess {
     ahead: Option<InFlight>,
     /// When the last answer was read: a request sent ahead was taken up then.
     last_answer: Option<Instant>,
+    /// The request running may come back `skipped` ([`Running::may_be_skipped`]): nothing is
+    /// sent ahead behind it, since sent again it would run after that (and that one's failure
+    /// would be taken for its own).
+    skip_possible: bool,
 }
 
 impl RuntimeProcess {
@@ -115,7 +119,9 @@ impl RuntimeProcess {
         match self.ahead.take_if(|ahead| ahead.request == request) {
             Some(ahead) => {
                 let began = ahead.began(self.last_answer);
-                return Ok(Running::new(ahead, began, timeout, true));
+                let running = Running::new(ahead, began, timeout, true);
+                self.skip_possible = running.may_be_skipped();
+                return Ok(running);
             }
             // Boxed: rare, and every batch's future would otherwise carry it.
             None if self.ahead.is_some() => Box::pin(self.drop_ahead(timeout)).await?,
@@ -136,7 +142,7 @@ impl RuntimeProcess {
     /// Taken up more than [`AHEAD_HOLD`] after it was sent, it is not run (`skipped`).
     /// Whether it was sent.
     pub async fn send_ahead(&mut self, request: RunRequest) -> bool {
-        if !self.alive || self.ahead.is_some() {
+        if !self.alive || self.ahead.is_some() || self.skip_possible {
             return false;
         }
         let Some(start_by) = monotonic_after(AHEAD_HOLD) else { return false };
@@ -204,6 +210,7 @@ impl RuntimeProcess {
                 Ok(Ok(Some(answer))) => answer,
             };
             self.last_answer = Some(Instant::now());
+            self.skip_possible = false;
             let (batch_id, nonce) = (&running.batch_id, &running.nonce);
             match answer::check(response, attached, batch_id, nonce, &running.output).await {
                 Ok(Checked::Outcome(outcome)) => return Ok(outcome),
@@ -502,6 +509,7 @@ impl RuntimeProcess {
             cpu_clock: None,
             ahead: None,
             last_answer: None,
+            skip_possible: false,
         }
     }
 }

@@ -5,9 +5,9 @@
 //! what a small batch costs: each wake-up of a process that waits on the other costs tens of
 //! microseconds.
 //!
-//! Only a worker with fewer slots than cores sends ahead (`sends_ahead`): with as many slots as
-//! cores, each core already has work while a runtime waits for its next request, and sending
-//! ahead measured slower.
+//! By default only a worker with fewer slots than cores sends ahead ([`SendAhead::Auto`]): with
+//! as many slots as cores, each core already has work while a runtime waits for its next
+//! request, and sending ahead measured slower.
 //!
 //! Sending ahead is an optimisation only; nothing depends on it. The delivery is handled
 //! afterwards exactly as one received then (counted, marked, claimed, run, settled), and its
@@ -44,6 +44,35 @@ use crate::shared::Shared;
 use super::attempt::{run_request, table_in_place};
 use super::{beyond_the_plan, receive_one, Slot};
 
+/// Whether a worker's slots send their next batch ahead (`batchfleet-worker --send-ahead`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SendAhead {
+    /// Only with fewer slots than the cores the worker may use
+    // With as many slots as cores every core already has work while a runtime waits, and
+    // sending ahead measured slower (`bench_batch_cost`, 2 slots on 2 cores: 15 % more CPU a
+    // batch); with one slot on two it measured 11 % faster.
+    #[default]
+    Auto,
+    /// Whatever the slots and cores (still only where the broker holds deliveries in the
+    /// worker: never on SQS)
+    Always,
+    /// Never: each request waits for the answer before it
+    Never,
+}
+
+impl SendAhead {
+    /// Whether a worker of `concurrency` slots sends ahead.
+    pub fn for_slots(self, concurrency: usize) -> bool {
+        match self {
+            SendAhead::Auto => {
+                std::thread::available_parallelism().is_ok_and(|cores| concurrency < cores.get())
+            }
+            SendAhead::Always => true,
+            SendAhead::Never => false,
+        }
+    }
+}
+
 /// A delivery the slot took while its runtime ran the batch before it, with its message when
 /// it was read then.
 pub(super) struct Ahead {
@@ -51,14 +80,33 @@ pub(super) struct Ahead {
     pub(super) message: Option<MiniBatchMessage>,
     /// When it was taken (received by the slot).
     pub(super) taken: Instant,
+    /// Until when its lease holds at least: a lease from when it was taken, or, kept by a beat
+    /// while the batch before it ran, two thirds of one from the end of that wait.
+    pub(super) leased_until: Instant,
+    /// The job whose runtime it was taken for (none: received the usual way).
+    pub(super) job: Option<Arc<LoadedJob>>,
 }
 
 impl Ahead {
     /// A delivery received the usual way, with nothing ahead of it.
     pub(super) fn received(delivery: Delivery) -> Self {
-        Ahead { delivery, message: None, taken: Instant::now() }
+        let taken = Instant::now();
+        Ahead { delivery, message: None, taken, leased_until: taken + FAR, job: None }
+    }
+
+    /// Whether its lease may run out before its attempt's own beat starts: the batch before it
+    /// took long to store after its answer (storage retried). Handled now, it could run here
+    /// while it is delivered elsewhere; it goes back to the queue instead.
+    pub(super) fn lease_running_out(&self) -> bool {
+        Instant::now() + LEASE_MARGIN >= self.leased_until
     }
 }
+
+/// What must be left of a delivery's lease taken ahead for its attempt to start under it.
+const LEASE_MARGIN: Duration = Duration::from_secs(1);
+
+/// Longer than any lease (12 h at most).
+const FAR: Duration = Duration::from_secs(86_400);
 
 impl Slot {
     /// Take the next delivery, if the broker holds one for this worker, and send its request
@@ -79,7 +127,9 @@ impl Slot {
         let taken = Instant::now();
         // Boxed: loading is part of it, and every batch's future would carry it.
         let message = Box::pin(self.send_ahead(job, &delivery)).await;
-        self.ahead = Some(Ahead { delivery, message, taken });
+        let leased_until = taken + self.shared.lease.min(FAR);
+        self.ahead =
+            Some(Ahead { delivery, message, taken, leased_until, job: Some(Arc::clone(job)) });
     }
 
     /// Send `delivery`'s request ahead when it can be; its message, when it is well formed.
@@ -158,7 +208,16 @@ pub(super) async fn answer_while_ahead_waits<T>(
     let waited = match shared.lease >= 2 * (AHEAD_HOLD + AHEAD_GRACE) {
         true => waited.await,
         false => {
-            Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited)).await.0
+            let held =
+                Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited)).await;
+            // Extended at most a third of a lease ago, unless the beat found it lost.
+            if let Some(waiting) = ahead.as_mut() {
+                waiting.leased_until = match held.1 {
+                    false => waiting.leased_until.max(Instant::now() + shared.lease * 2 / 3),
+                    true => Instant::now(),
+                };
+            }
+            held.0
         }
     };
     if let Ok(out) = waited {

@@ -399,6 +399,7 @@ impl Slot {
                     false => active.process.cpu_seconds(),
                 };
                 self.summary.runs_taken_ahead += u64::from(running.was_ahead);
+                // A request that may come back skipped is sent again, behind anything queued.
                 if let Some(stop) = look_ahead {
                     self.look_ahead(job, stop).await;
                 }

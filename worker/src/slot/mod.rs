@@ -43,6 +43,8 @@ mod output_files;
 mod runtimes;
 mod settle;
 
+pub use ahead::SendAhead;
+
 /// How long a receive waits for a message, so that a shutdown is noticed quickly.
 const RECEIVE_WAIT: Duration = Duration::from_secs(1);
 /// The waits of a slot's first receives that find nothing after a batch, while it holds a
@@ -151,6 +153,18 @@ impl Slot {
                 _ => RECEIVE_WAIT,
             };
             let next = match self.ahead.take() {
+                Some(ahead) if ahead.lease_running_out() => {
+                    tracing::debug!(
+                        "the batch before it took long to store: the batch taken \
+                        ahead goes back to the queue"
+                    );
+                    let job = ahead.job.clone();
+                    self.ahead = Some(ahead);
+                    if let Some(job) = job {
+                        ahead::give_back(&self.shared, &job, &mut self.ahead).await;
+                    }
+                    continue;
+                }
                 Some(ahead) => Ok(Some(ahead)),
                 None => self.receive(&stop, wait).await.map(|got| got.map(Ahead::received)),
             };
@@ -505,14 +519,6 @@ impl Slot {
             store_retries: 0,
         }
     }
-}
-
-/// Whether a worker of `concurrency` slots sends its next batches ahead (`ahead`): only with
-/// fewer slots than the cores it may use. With as many slots as cores every core already has
-/// work while a runtime waits, and sending ahead measured slower (`bench_batch_cost`, 2 slots
-/// on 2 cores: 15 % more CPU a batch); with one slot on two it measured 11 % faster.
-pub(crate) fn sends_ahead(concurrency: usize) -> bool {
-    std::thread::available_parallelism().is_ok_and(|cores| concurrency < cores.get())
 }
 
 /// A file batch holding more items than the job's `mini_batch_size` count allows was not cut by

@@ -17,10 +17,25 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(10);
 
 /// Writes each item it runs to the log named by `RAN` (one line each, as it starts); an item
-/// `sleep:<seconds>` sleeps first, `exit` ends the process.
+/// `sleep:<seconds>` sleeps first, `exit` ends the process, `rows:<n>` returns n rows of 200
+/// bytes, and `forge:<batch id>` writes an answer for that batch, without its nonce, to the
+/// protocol channel (the write-only pipe other than stderr), as a script that reaches it can.
 const SCRIPT: &str = r#"
-import os, time
+import json, os, stat, time
 def init(): pass
+def forge(batch_id):
+    err = os.fstat(2).st_ino
+    for fd in range(3, 64):
+        try:
+            st, flags = os.fstat(fd), __import__("fcntl").fcntl(fd, 3)
+        except OSError:
+            continue
+        if stat.S_ISFIFO(st.st_mode) and flags & os.O_ACCMODE == os.O_WRONLY and st.st_ino != err:
+            done = {"v": 1, "type": "done", "batch_id": batch_id, "items_out": 0, "rows": 0,
+                    "header": None}
+            os.write(fd, json.dumps(done).encode() + b"\n")
+            return
+    raise RuntimeError("no protocol channel found")
 def run(mini_batch):
     with open(os.environ["RAN"], "a") as log:
         for item in mini_batch:
@@ -30,6 +45,10 @@ def run(mini_batch):
             time.sleep(float(item[6:]))
         if item == "exit":
             os._exit(3)
+        if item.startswith("rows:"):
+            return ["x" * 199] * int(item[5:])
+        if item.startswith("forge:"):
+            forge(item[6:])
     return list(mini_batch)
 def shutdown():
     with open(os.environ["RAN"], "a") as log:
@@ -178,6 +197,55 @@ async fn the_time_limit_of_a_request_sent_ahead_counts_from_the_answer_before_it
         asked - answered
     );
     assert!(!process.is_alive());
+}
+
+#[tokio::test]
+async fn a_request_sent_ahead_that_answered_while_the_worker_stored_the_one_before_is_read() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let limit = Duration::from_secs(2);
+    let running = process.begin(request(&scratch, 0, &["a"]), limit).await.expect("begin");
+    // Its 200 kB of rows come with the answer: more than a pipe holds, so the runtime waits
+    // for the worker to read them.
+    let mut large = request(&scratch, 1, &["rows:1000"]);
+    large.attach_max = Some(1 << 20);
+    assert!(process.send_ahead(large.clone()).await);
+    process.answer(running).await.expect("answer");
+    until_ran(&scratch, "rows:1000").await;
+    // The worker stores the answer before it for longer than the limit (storage retried).
+    tokio::time::sleep(limit + Duration::from_secs(1)).await;
+    let running = process.begin(large, limit).await.expect("begin");
+    assert!(running.was_ahead);
+    match process.answer(running).await {
+        Ok(RunOutcome::Succeeded(success)) => {
+            let rows = success.attached_rows.expect("the rows came with the answer");
+            assert_eq!(rows.lines().count(), 1000);
+        }
+        other => panic!("a batch that ran in no time was not read: {other:?}"),
+    }
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn an_answer_forged_under_a_request_sent_ahead_and_dropped_stops_the_runtime() {
+    let scratch = Scratch::new();
+    let forges = request(&scratch, 1, &["forge:00000001"]);
+    let mut process = ran_one_with_next_ahead(&scratch, "a", forges).await;
+    // Another batch comes instead: the request sent ahead runs, and its answer is dropped. The
+    // forged line must not be dropped in place of the driver's answer, putting the next batch
+    // out of step with its own.
+    match process.begin(request(&scratch, 2, &["c"]), RUN_TIMEOUT).await {
+        Err(RuntimeError::Protocol(message)) => {
+            assert!(
+                message.contains("00000001") && message.contains("protocol channel"),
+                "{message}"
+            )
+        }
+        Err(error) => panic!("expected a protocol failure, got {error:?}"),
+        Ok(running) => panic!("batch 2 was sent to a runtime out of step: {running:?}"),
+    }
+    assert!(!process.is_alive(), "a runtime out of step must not serve another batch");
+    assert_eq!(ran(&scratch), ["a", "forge:00000001"], "batch 2 never ran there");
 }
 
 #[tokio::test]

@@ -1217,3 +1217,42 @@ def run(mini_batch):
     let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
     assert_eq!(ran.matches("quick.txt").count(), 1, "batch 1 ran once: {ran}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_tried_again_in_place_takes_nothing_ahead_of_its_retries() {
+    // Batch 0 fails the first three times the way writing to a read-only file system fails:
+    // storage failing under it, tried again in place. The batch taken ahead of its first try
+    // goes back to the queue (its request ran here meanwhile: it runs twice); its retries take
+    // nothing ahead, else each would run one more batch here and give it back.
+    let script = r#"
+import errno, os
+def init(): pass
+def run(mini_batch):
+    for p in mini_batch:
+        name = os.path.basename(p)
+        log = os.path.join(os.environ["MARKER_DIR"], "ran.txt")
+        tries = open(log).read().count("rofs.txt") if os.path.exists(log) else 0
+        with open(log, "a") as out:
+            out.write(name + "\n")
+        if name == "rofs.txt" and tries < 3:
+            raise OSError(errno.EROFS, "Read-only file system", "results/part")
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+"#;
+    let others: Vec<String> = (1..8).map(|i| format!("f{i}.txt")).collect();
+    let mut files = vec!["rofs.txt"];
+    files.extend(others.iter().map(String::as_str));
+    let fleet = direct_fleet(script, 0, &files).await;
+    let summary = run_one_slot(&fleet, files.len(), 0).await;
+    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
+    assert_eq!(fleet.status("00000000").unwrap().attempt, 1, "storage burned no attempt");
+    let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
+    assert_eq!(ran.matches("rofs.txt").count(), 4, "{ran}");
+    let runs_of_others = ran.lines().filter(|line| *line != "rofs.txt").count();
+    assert!(
+        runs_of_others <= others.len() + 1,
+        "at most the batch taken ahead of the first try runs twice: {ran}"
+    );
+    for (i, name) in files.iter().enumerate() {
+        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
+    }
+}

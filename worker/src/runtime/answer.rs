@@ -25,6 +25,12 @@ pub const AHEAD_HOLD: Duration = Duration::from_secs(10);
 /// written just before the hold ended is read meanwhile (the batch then runs here).
 pub const AHEAD_GRACE: Duration = Duration::from_secs(1);
 
+/// What a request sent ahead is given past now to answer, when the worker takes it up after
+/// its time limit (counted from the answer before it) ended: the worker was busy storing that
+/// answer, and an answer the process wrote meanwhile (blocked on a full pipe) is read, not
+/// taken for a batch that ran too long.
+pub(super) const LATE_READ_GRACE: Duration = Duration::from_secs(1);
+
 /// A run request the process was sent.
 pub(super) struct InFlight {
     pub(super) request: RunRequest,
@@ -38,6 +44,27 @@ impl InFlight {
     pub(super) fn began(&self, last_answer: Option<Instant>) -> Instant {
         last_answer.map_or(self.sent, |last| last.max(self.sent))
     }
+}
+
+/// Until when a request the process took up at `began` may run: its time limit from then, and
+/// for a request sent ahead at least [`LATE_READ_GRACE`] from now.
+pub(super) fn deadline(began: Instant, timeout: Duration, was_ahead: bool) -> Instant {
+    match was_ahead {
+        true => (began + timeout).max(Instant::now() + LATE_READ_GRACE),
+        false => began + timeout,
+    }
+}
+
+/// Whether `response` is the answer of the driver to the request for `batch_id` that carried
+/// `nonce` (see [`check`]).
+pub(super) fn answers(response: &Response, batch_id: &str, nonce: &str) -> bool {
+    let (answered, echoed) = match response {
+        Response::Done { batch_id, nonce, .. }
+        | Response::Error { batch_id, nonce, .. }
+        | Response::Skipped { batch_id, nonce } => (batch_id, nonce),
+        _ => return false,
+    };
+    answered == batch_id && echoed.as_deref() == Some(nonce)
 }
 
 /// What an answer said of its request.
@@ -75,7 +102,7 @@ impl Running {
             output: request.output.clone(),
             attach_max: request.attach_max,
             nonce,
-            deadline: began + timeout,
+            deadline: deadline(began, timeout, was_ahead),
             timeout,
             ahead: was_ahead.then_some(request),
             began,
@@ -133,12 +160,10 @@ pub(super) async fn check(
     nonce: &str,
     output: &Path,
 ) -> Result<Checked, String> {
-    let answers = |answered: &str, echoed: &Option<String>| {
-        answered == batch_id && echoed.as_deref() == Some(nonce)
-    };
+    let ours = answers(&response, batch_id, nonce);
     match response {
         Response::Done {
-            batch_id: answered,
+            batch_id: _,
             items_out,
             rows,
             header,
@@ -146,8 +171,8 @@ pub(super) async fn check(
             lines: written_lines,
             bytes: written_bytes,
             rows_attached: _,
-            nonce: echoed,
-        } if answers(&answered, &echoed) => {
+            nonce: _,
+        } if ours => {
             let (lines, attached_rows) = match attached {
                 Some(rows) => match String::from_utf8(rows) {
                     Ok(rows) => (newlines(rows.as_bytes()), Some(rows)),
@@ -175,16 +200,10 @@ pub(super) async fn check(
                 attached_rows,
             })))
         }
-        Response::Error { batch_id: answered, kind, error, items_in, nonce: echoed }
-            if answers(&answered, &echoed) =>
-        {
-            Ok(Checked::Outcome(RunOutcome::Failed(UserFailure::from_fields(
-                kind, error, items_in,
-            ))))
-        }
-        Response::Skipped { batch_id: answered, nonce: echoed } if answers(&answered, &echoed) => {
-            Ok(Checked::Skipped)
-        }
+        Response::Error { kind, error, items_in, .. } if ours => Ok(Checked::Outcome(
+            RunOutcome::Failed(UserFailure::from_fields(kind, error, items_in)),
+        )),
+        Response::Skipped { .. } if ours => Ok(Checked::Skipped),
         Response::Done { batch_id: answered, .. }
         | Response::Error { batch_id: answered, .. }
         | Response::Skipped { batch_id: answered, .. } => Err(format!(

@@ -165,7 +165,7 @@ impl RuntimeProcess {
     /// protocol under that batch).
     pub async fn drop_ahead(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
         let Some(ahead) = &self.ahead else { return Ok(()) };
-        let deadline = ahead.began(self.last_answer) + timeout;
+        let deadline = answer::deadline(ahead.began(self.last_answer), timeout, true);
         self.drain_ahead(deadline, timeout).await
     }
 
@@ -185,6 +185,16 @@ impl RuntimeProcess {
             }
             Ok(Ok(None)) => Err(self.crashed().await),
             Ok(Err(message)) => Err(self.protocol_failure(message).await),
+            Ok(Ok(Some((response, _))))
+                if !answer::answers(&response, &ahead.request.batch_id, &ahead.nonce) =>
+            {
+                let message = format!(
+                    "the answer read for batch {}, sent ahead, is not the driver's: something \
+                     other than the driver (the entry script?) wrote to the protocol channel",
+                    ahead.request.batch_id
+                );
+                Err(self.protocol_failure(message).await)
+            }
             Ok(Ok(Some(_))) => {
                 self.last_answer = Some(Instant::now());
                 tracing::debug!(batch_id = %ahead.request.batch_id,

@@ -114,6 +114,7 @@ impl Slot {
     /// waits (`answer_while_ahead_waits`).
     pub(super) async fn look_ahead(&mut self, job: &Arc<LoadedJob>, stop: &CancellationToken) {
         if self.ahead.is_some()
+            || self.retrying_in_place
             || stop.is_cancelled()
             || self.fatal.is_some()
             || !self.shared.sends_ahead

@@ -176,6 +176,8 @@ impl Slot {
         self.phases = Phases::default();
         let held = std::time::Instant::now();
         let mut result = self.attempt(job, message, attempt, started_ms, stop).await;
+        // Whatever runs from here on is the same batch again: nothing is taken ahead of it.
+        self.retrying_in_place = true;
         let again = match &result {
             Err(AttemptEnd::RuntimeBroken { .. }) => true,
             Err(AttemptEnd::Failed(failure)) => failure.kind == FailureKind::Storage,
@@ -206,6 +208,7 @@ impl Slot {
             }
             let Some(delay) = delays.next() else { break };
             if held.elapsed() + delay > RetryPolicy::IN_PLACE_WINDOW {
+                self.retrying_in_place = false;
                 // A long batch is not run again under this delivery, nor is the failure counted
                 // against the script (storage is not its doing): the batch is given back.
                 return Err(AttemptEnd::GiveBack(format!(
@@ -222,6 +225,7 @@ impl Slot {
             }
             result = Box::pin(self.attempt(job, message, attempt, now_ms(), stop)).await;
         }
+        self.retrying_in_place = false;
         result
     }
 

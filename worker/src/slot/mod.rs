@@ -103,6 +103,9 @@ pub(crate) struct Slot {
     memory: Option<Option<crate::input::materialize::MemoryFolder>>,
     /// The delivery taken while the runtime ran the batch before it (see `ahead`).
     ahead: Option<Ahead>,
+    /// The batch is being tried again in place: nothing is taken ahead of it (a delivery taken
+    /// then would be given back at the next failure, after its request ran here).
+    retrying_in_place: bool,
     /// Which of the slot's two reused output files the next attempt gets.
     second_rows: bool,
     /// The runtime's CPU seconds when its last answer was read (a batch sent ahead ran since).
@@ -135,6 +138,7 @@ impl Slot {
             init_by: None,
             memory: None,
             ahead: None,
+            retrying_in_place: false,
             second_rows: false,
             cpu_at_answer: None,
         }

@@ -1256,3 +1256,41 @@ def run(mini_batch):
         assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_stop_gives_a_batch_held_ahead_back_as_no_attempt() {
+    // Batch 0 runs long; batch 1 is taken ahead of it. The worker stops with no drain grace:
+    // batch 1 goes back to the queue with the note that its first delivery was no attempt
+    // (without it, its next delivery would count a lost lease).
+    let script = r#"
+import os, time
+def init(): pass
+def run(mini_batch):
+    for p in mini_batch:
+        with open(os.path.join(os.environ["MARKER_DIR"], "ran.txt"), "a") as log:
+            log.write(os.path.basename(p) + "\n")
+        if os.path.basename(p) == "slow.txt":
+            time.sleep(60)
+    return [os.path.basename(p) for p in mini_batch]
+"#;
+    let fleet = direct_fleet(script, 2, &["slow.txt", "next.txt"]).await;
+    let token = CancellationToken::new();
+    let worker = Worker::new(fleet.broker.clone(), fleet.config(1, support::python3()))
+        .with_send_ahead(SendAhead::Always)
+        .with_drain_grace(Duration::ZERO);
+    let run = worker.run(token.clone());
+    let handle = tokio::spawn(async move { run.await.expect("worker run") });
+    wait_until("batch 1 taken ahead of batch 0", || async {
+        let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap_or_default();
+        ran.contains("slow.txt") && fleet.broker.depth(&fleet.queues.work).await.unwrap().ready == 0
+    })
+    .await;
+    token.cancel();
+    handle.await.unwrap();
+    let note = fleet.path("root/attempts/00000001/first-given-back");
+    assert!(note.exists(), "no note at {}", note.display());
+    let depth = fleet.broker.depth(&fleet.queues.work).await.unwrap();
+    assert_eq!(depth.total(), 2, "both batches are back in the queue: {depth:?}");
+    let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
+    assert_eq!(ran, "slow.txt\n", "batch 1 never ran");
+}

@@ -133,6 +133,17 @@ impl Slot {
             Some(Ahead { delivery, message, taken, leased_until, job: Some(Arc::clone(job)) });
     }
 
+    /// Give a delivery the slot holds but will not handle back to the queue: one taken ahead
+    /// with the note that it was no attempt ([`give_back`]), any other at once.
+    pub(super) async fn give_back_held(&mut self, held: Ahead) {
+        let Some(job) = held.job.clone() else {
+            let handle = held.delivery.handle;
+            return self.settle(&handle, super::settle::Decision::Nack(Duration::ZERO)).await;
+        };
+        let mut held = Some(held);
+        give_back(&self.shared, &job, &mut held).await;
+    }
+
     /// Send `delivery`'s request ahead when it can be; its message, when it is well formed.
     async fn send_ahead(
         &mut self,

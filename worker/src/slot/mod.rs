@@ -162,11 +162,7 @@ impl Slot {
                         "the batch before it took long to store: the batch taken \
                         ahead goes back to the queue"
                     );
-                    let job = ahead.job.clone();
-                    self.ahead = Some(ahead);
-                    if let Some(job) = job {
-                        ahead::give_back(&self.shared, &job, &mut self.ahead).await;
-                    }
+                    self.give_back_held(ahead).await;
                     continue;
                 }
                 Some(ahead) => Ok(Some(ahead)),
@@ -205,10 +201,10 @@ impl Slot {
         }
         // A batch taken ahead is in progress: it is finished too, or given back once the drain
         // grace ended.
-        while let Some(Ahead { delivery, message, .. }) = self.ahead.take() {
+        while let Some(ahead) = self.ahead.take() {
             match self.shared.hard_stop.is_cancelled() {
-                true => self.settle(&delivery.handle, Decision::Nack(Duration::ZERO)).await,
-                false => self.handle(delivery, message, &stop).await,
+                true => self.give_back_held(ahead).await,
+                false => self.handle(ahead.delivery, ahead.message, &stop).await,
             }
         }
         self.stop_runtime().await;

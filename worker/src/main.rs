@@ -116,9 +116,9 @@ struct Args {
     /// inherit them; broker credentials never reach a script (docs/security.md).
     #[arg(long, env = "BATCHFLEET_SCRIPT_STORAGE_KEYS", value_enum, default_value = "inherit")]
     script_storage_keys: StorageKeys,
-    /// Whether a slot sends its next mini-batch to its runtime while the one before runs (from
-    /// the messages this worker already holds; RabbitMQ only): `auto` (default: only with
-    /// fewer slots than CPUs, where it measured faster), `always` or `never`.
+    /// Whether a slot sends its next mini-batches to its runtime while the one before runs
+    /// (from the messages this worker already holds; RabbitMQ and the embedded broker, never
+    /// SQS): `auto` (default) and `always` do, `never` does not.
     #[arg(long, env = "BATCHFLEET_SEND_AHEAD", value_enum, default_value = "auto")]
     send_ahead: SendAhead,
     /// Health check (a container's HEALTHCHECK): exit 0 when a worker using the same scratch

@@ -126,7 +126,7 @@ impl Worker {
         let scratch_error = |source| WorkerError::Scratch { path: dir.clone(), source };
         let driver = install_driver(&dir).map_err(scratch_error)?;
         let config = self.config;
-        let sends_ahead = self.send_ahead.for_slots(config.concurrency);
+        let sends_ahead = self.send_ahead.sends();
         tracing::info!(worker_id = %config.worker_id, concurrency = config.concurrency,
             queue = %config.queues.work, scratch = %dir.display(), "worker started");
         // Declare the pool's queues, so a worker started before any producer waits for work

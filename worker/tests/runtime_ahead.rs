@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use batchfleet_worker::runtime::{
     MiniBatchContext, RunOutcome, RunRequest, RuntimeConfig, RuntimeError, RuntimeProcess,
-    AHEAD_HOLD,
+    AHEAD_DEPTH, AHEAD_HOLD,
 };
 use support::Scratch;
 
@@ -157,19 +157,60 @@ async fn a_request_sent_ahead_that_is_not_taken_up_finishes_and_its_answer_is_dr
 }
 
 #[tokio::test]
-async fn a_request_sent_ahead_for_another_batch_is_dropped_explicitly() {
+async fn requests_sent_ahead_for_other_batches_are_dropped_explicitly() {
     let scratch = Scratch::new();
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
     assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
-    assert!(!process.send_ahead(request(&scratch, 2, &["c"])).await, "one request ahead at most");
+    assert!(process.send_ahead(request(&scratch, 2, &["c"])).await);
+    assert_eq!(process.ahead_batch(), Some("00000001"), "the first sent is the first taken up");
     process.answer(running).await.expect("answer");
-    process.drop_ahead(RUN_TIMEOUT).await.expect("the request sent ahead finishes");
+    process.drop_ahead(RUN_TIMEOUT).await.expect("the requests sent ahead finish");
     assert_eq!(process.ahead_batch(), None);
-    assert_eq!(ran(&scratch), ["a", "b"]);
-    let last = request(&scratch, 2, &["c"]);
+    assert_eq!(ran(&scratch), ["a", "b", "c"]);
+    let last = request(&scratch, 3, &["d"]);
     let outcome = process.run(last.clone(), RUN_TIMEOUT).await.expect("run");
-    assert_eq!(rows(outcome, &last.output), "c\n");
+    assert_eq!(rows(outcome, &last.output), "d\n");
+}
+
+#[tokio::test]
+async fn requests_sent_ahead_are_taken_up_in_order_up_to_the_depth() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    let queued: Vec<RunRequest> =
+        (1..=AHEAD_DEPTH as u64).map(|i| request(&scratch, i, &[&format!("i{i}")])).collect();
+    for next in &queued {
+        assert!(process.send_ahead(next.clone()).await, "{} is sent ahead", next.batch_id);
+    }
+    let over = request(&scratch, 99, &["over"]);
+    assert!(!process.send_ahead(over).await, "no more than {AHEAD_DEPTH} requests ahead");
+    process.answer(running).await.expect("answer");
+    for next in queued {
+        let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
+        assert!(running.was_ahead, "{} took up its request sent ahead", next.batch_id);
+        let outcome = process.answer(running).await.expect("answer");
+        assert_eq!(rows(outcome, &next.output), format!("{}\n", next.items[0]));
+    }
+    let expected: Vec<String> = std::iter::once("a".to_string())
+        .chain((1..=AHEAD_DEPTH).map(|i| format!("i{i}")))
+        .collect();
+    assert_eq!(ran(&scratch), expected, "each batch ran once, in order");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn requests_sent_ahead_hold_at_most_a_page_together() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    let long = "x".repeat(1500);
+    assert!(process.send_ahead(request(&scratch, 1, &[&long])).await);
+    assert!(process.send_ahead(request(&scratch, 2, &[&long])).await);
+    assert!(!process.send_ahead(request(&scratch, 3, &[&long])).await, "past 4 KiB together");
+    process.answer(running).await.expect("answer");
+    process.shutdown(GRACE).await.expect("shutdown");
+    assert_eq!(ran(&scratch), ["a", long.as_str(), long.as_str(), "shutdown"]);
 }
 
 #[tokio::test]
@@ -235,7 +276,10 @@ async fn an_answer_forged_under_a_request_sent_ahead_and_dropped_stops_the_runti
     // forged line must not be dropped in place of the driver's answer, putting the next batch
     // out of step with its own.
     match process.begin(request(&scratch, 2, &["c"]), RUN_TIMEOUT).await {
-        Err(RuntimeError::Protocol(message)) => {
+        Err(RuntimeError::UnderAnother { source }) => {
+            let RuntimeError::Protocol(message) = *source else {
+                panic!("expected a protocol failure, got {source:?}")
+            };
             assert!(
                 message.contains("00000001") && message.contains("protocol channel"),
                 "{message}"
@@ -303,4 +347,29 @@ async fn a_request_sent_ahead_and_taken_up_past_its_hold_is_skipped_and_sent_aga
     assert_eq!(rows(outcome, &next.output), "b\n");
     assert_eq!(ran(&scratch), [slow.as_str(), "b"]);
     process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_crash_under_a_request_queued_behind_one_skipped_is_not_the_skipped_batchs() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    // Batch 0 runs past the hold of batch 1's request (sent at once) but not of batch 2's
+    // (sent 1.5 s later): the runtime skips 1, then runs 2, which crashes it.
+    let slow = format!("sleep:{}", (AHEAD_HOLD + Duration::from_millis(400)).as_secs_f64());
+    let running = process.begin(request(&scratch, 0, &[&slow]), RUN_TIMEOUT).await.expect("begin");
+    let next = request(&scratch, 1, &["b"]);
+    assert!(process.send_ahead(next.clone()).await);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(process.send_ahead(request(&scratch, 2, &["exit"])).await);
+    process.answer(running).await.expect("answer");
+    let running = process.begin(next, RUN_TIMEOUT).await.expect("begin");
+    assert!(running.was_ahead);
+    // Skipped, batch 1 is sent again behind batch 2, whose crash is not batch 1's.
+    match process.answer(running).await {
+        Err(RuntimeError::UnderAnother { source }) => {
+            assert!(matches!(*source, RuntimeError::Crashed { .. }), "{source:?}")
+        }
+        other => panic!("expected a failure under another batch, got {other:?}"),
+    }
+    assert_eq!(ran(&scratch), [slow.as_str(), "exit"], "batch 1 never ran");
 }

@@ -14,6 +14,7 @@ use batchfleet_common::job::{
 };
 use batchfleet_common::message::{batch_id, JobEvent, MiniBatchMessage, QueueNames};
 use batchfleet_common::status::{BatchState, BatchStatus, FailureKind, FailureRecord};
+use batchfleet_worker::runtime::AHEAD_DEPTH;
 use batchfleet_worker::{Prestart, SendAhead, Worker, WorkerConfig, WorkerSummary};
 use bytes::Bytes;
 use object_store::ObjectStoreExt;
@@ -1186,6 +1187,32 @@ def run(mini_batch):
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_batches_of_seconds_one_batch_is_taken_ahead_and_none_goes_back() {
+    // Eleven batches of 1.5 s each: a queue of AHEAD_DEPTH requests taken at once behind them
+    // would keep its last ones waiting past the 10 s hold (given back, run later). Behind
+    // batches that long a slot takes one batch ahead at a time, and each waits 1.5 s.
+    let script = r#"
+import os, time
+def init(): pass
+def run(mini_batch):
+    time.sleep(1.5)
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+"#;
+    let files: Vec<String> = (0..11).map(|i| format!("f{i:02}.txt")).collect();
+    let files: Vec<&str> = files.iter().map(String::as_str).collect();
+    let fleet = direct_fleet(script, 2, &files).await;
+    let summary = run_one_slot(&fleet, files.len(), 0).await;
+    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
+    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    let given_back: Vec<Op> =
+        fleet.broker.ops().into_iter().filter(|op| matches!(op, Op::Nack(..))).collect();
+    assert!(given_back.is_empty(), "no batch goes back to the queue: {given_back:?}");
+    for (i, name) in files.iter().enumerate() {
+        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_skipped_by_its_runtime_is_not_failed_by_the_crash_of_the_next() {
     // Batch 0 runs 10.5 s: its runtime takes batch 1's request, sent ahead, up past its
     // `start_by` (10 s) but before the worker would give batch 1 back (11 s), and answers
@@ -1221,9 +1248,9 @@ def run(mini_batch):
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_tried_again_in_place_takes_nothing_ahead_of_its_retries() {
     // Batch 0 fails the first three times the way writing to a read-only file system fails:
-    // storage failing under it, tried again in place. The batch taken ahead of its first try
-    // goes back to the queue (its request ran here meanwhile: it runs twice); its retries take
-    // nothing ahead, else each would run one more batch here and give it back.
+    // storage failing under it, tried again in place. The batches taken ahead of its first try
+    // go back to the queue (their requests ran here meanwhile: they run twice); its retries
+    // take nothing ahead, else each would run more batches here and give them back.
     let script = r#"
 import errno, os
 def init(): pass
@@ -1238,7 +1265,7 @@ def run(mini_batch):
             raise OSError(errno.EROFS, "Read-only file system", "results/part")
     return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
 "#;
-    let others: Vec<String> = (1..8).map(|i| format!("f{i}.txt")).collect();
+    let others: Vec<String> = (1..=3 * AHEAD_DEPTH).map(|i| format!("f{i:02}.txt")).collect();
     let mut files = vec!["rofs.txt"];
     files.extend(others.iter().map(String::as_str));
     let fleet = direct_fleet(script, 0, &files).await;
@@ -1249,8 +1276,8 @@ def run(mini_batch):
     assert_eq!(ran.matches("rofs.txt").count(), 4, "{ran}");
     let runs_of_others = ran.lines().filter(|line| *line != "rofs.txt").count();
     assert!(
-        runs_of_others <= others.len() + 1,
-        "at most the batch taken ahead of the first try runs twice: {ran}"
+        runs_of_others <= others.len() + AHEAD_DEPTH,
+        "at most the batches taken ahead of the first try run twice: {ran}"
     );
     for (i, name) in files.iter().enumerate() {
         assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));

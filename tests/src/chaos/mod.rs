@@ -11,9 +11,9 @@
 //! of `infra/rabbitmq-cluster` ([`Fault::CLUSTER`], module `cluster_faults`): the work queue's
 //! leader killed, another node stopped, the node of some workers killed.
 //!
-//! Every fleet mixes workers that send their next batch ahead to their runtime
-//! (`--send-ahead always`, [`worker_args`]) with workers that do not (the default on a machine
-//! with as many cores as slots), so that each fault also catches batches held ahead.
+//! Every fleet mixes workers that send their next batches ahead to their runtime (the
+//! default) with workers that do not (`--send-ahead never`, [`worker_args`]), so that each fault
+//! catches batches held ahead and batches run one request at a time.
 //!
 //! `tests/tests/chaos.rs` runs a short campaign in the test suite; `bench`-style long runs:
 //! `cargo run -p batchfleet-tests --bin chaos -- --runs 20` (docs/chaos.md).
@@ -28,11 +28,11 @@ pub use run::{run_once, RunReport};
 pub use soak::{soak, SoakReport};
 
 /// The extra arguments of the campaign's `n`-th worker (a replacement takes those of the one
-/// it replaces): every other one sends its next batch ahead to its runtime while a batch runs.
+/// it replaces): every other one sends nothing ahead to its runtime while a batch runs.
 pub(crate) fn worker_args(n: usize) -> &'static [&'static str] {
     match n % 2 {
-        0 => &["--send-ahead", "always"],
-        _ => &[],
+        0 => &[],
+        _ => &["--send-ahead", "never"],
     }
 }
 

@@ -11,10 +11,17 @@ use super::output_lines::{lines_of, newlines};
 use super::protocol::{self, Request, Response};
 use super::{RunOutcome, RunRequest, RunSuccess};
 
-/// The longest request sent ahead (`RuntimeProcess::send_ahead`): a pipe holds at least a page
-/// even where the kernel gives a user's pipes the least, so the write never waits for a
-/// process that is busy with a batch (and may itself be waiting to write its answer).
+/// The most bytes of requests queued ahead at once (`RuntimeProcess::send_ahead`): a pipe holds
+/// at least a page even where the kernel gives a user's pipes the least, so the write never
+/// waits for a process that is busy with a batch (and may itself be waiting to write its
+/// answer).
 pub(super) const AHEAD_MAX: usize = 4096;
+
+/// The most requests queued ahead at once. A slot refills the queue in bursts once half of it
+/// was taken up, so that the runtime finds its next request waiting and sleeps once a burst,
+/// not once a batch (on two cores each wake-up of a process that waits costs tens of
+/// microseconds of CPU).
+pub const AHEAD_DEPTH: usize = 8;
 
 /// How long a request sent ahead may wait behind the running one: taken up later, it is not
 /// run (its `start_by`), and the worker gives its batch back to the queue once this and
@@ -36,6 +43,8 @@ pub(super) struct InFlight {
     pub(super) request: RunRequest,
     pub(super) nonce: String,
     pub(super) sent: Instant,
+    /// The length of its line.
+    pub(super) bytes: usize,
 }
 
 impl InFlight {
@@ -96,7 +105,7 @@ pub struct Running {
 
 impl Running {
     pub(super) fn new(sent: InFlight, began: Instant, timeout: Duration, was_ahead: bool) -> Self {
-        let InFlight { request, nonce, sent } = sent;
+        let InFlight { request, nonce, sent, .. } = sent;
         Running {
             batch_id: request.batch_id.clone(),
             output: request.output.clone(),

@@ -84,6 +84,13 @@ pub enum RuntimeError {
     /// at once, like a script that cannot load.
     #[error("data bindings: {message}")]
     Bindings { message: String, permanent: bool },
+    /// The process failed under a request sent ahead for another batch, queued before this
+    /// batch's (which did not run): not this batch's doing.
+    #[error("the runtime failed under another batch's request sent ahead to it: {source}")]
+    UnderAnother {
+        #[source]
+        source: Box<RuntimeError>,
+    },
 }
 
 impl RuntimeError {
@@ -97,7 +104,8 @@ impl RuntimeError {
             RuntimeError::Spawn { .. }
             | RuntimeError::Io { .. }
             | RuntimeError::Protocol(_)
-            | RuntimeError::Bindings { .. } => ErrorKind::Infra,
+            | RuntimeError::Bindings { .. }
+            | RuntimeError::UnderAnother { .. } => ErrorKind::Infra,
             RuntimeError::LoadFailed(_)
             | RuntimeError::InitFailed(_)
             | RuntimeError::Timeout { .. }
@@ -115,7 +123,8 @@ impl RuntimeError {
             | RuntimeError::Bindings { .. }
             | RuntimeError::Io { .. }
             | RuntimeError::Timeout { .. }
-            | RuntimeError::Crashed { .. } => Retry::Transient,
+            | RuntimeError::Crashed { .. }
+            | RuntimeError::UnderAnother { .. } => Retry::Transient,
             RuntimeError::LoadFailed(_)
             | RuntimeError::InitFailed(_)
             | RuntimeError::Protocol(_) => Retry::Permanent,

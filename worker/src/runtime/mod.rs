@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use answer::{Running, AHEAD_GRACE, AHEAD_HOLD};
+pub use answer::{Running, AHEAD_DEPTH, AHEAD_GRACE, AHEAD_HOLD};
 pub use error::{RuntimeError, UserFailure};
 pub use interpreter::{prepare_interpreter, resolve_interpreter};
 pub use process::RuntimeProcess;

@@ -1,5 +1,6 @@
 //! One entry-script process and the worker's side of the line protocol.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::time::Instant;
 
 use super::answer::{self, monotonic_after, run_line, Checked, InFlight, Running};
-use super::answer::{AHEAD_HOLD, AHEAD_MAX};
+use super::answer::{AHEAD_DEPTH, AHEAD_HOLD, AHEAD_MAX};
 use super::error::{RuntimeError, UserFailure};
 use super::protocol::{self, InitStage, Request, Response, UserFailureKind};
 use super::spawn::{add_stderr, spawn, Spawned};
@@ -49,8 +50,9 @@ pub struct RuntimeProcess {
     /// The interpreter's CPU-time clock (`clock_getcpuclockid`), looked up once: reading it is
     /// one `clock_gettime`, where `/proc/<pid>/stat` costs an open, reads and parsing.
     cpu_clock: Option<nix::time::ClockId>,
-    /// A request queued behind the running one (`send_ahead`), not yet taken up by its batch.
-    ahead: Option<InFlight>,
+    /// The requests queued behind the running one (`send_ahead`), oldest first, not yet taken
+    /// up by their batches.
+    ahead: VecDeque<InFlight>,
     /// When the last answer was read: a request sent ahead was taken up then.
     last_answer: Option<Instant>,
     /// The request running may come back `skipped` ([`Running::may_be_skipped`]): nothing is
@@ -116,7 +118,8 @@ impl RuntimeProcess {
         if !self.alive {
             return Err(RuntimeError::Protocol("the runtime process is no longer running".into()));
         }
-        match self.ahead.take_if(|ahead| ahead.request == request) {
+        let first = self.ahead.front().is_some_and(|ahead| ahead.request == request);
+        match first.then(|| self.ahead.pop_front()).flatten() {
             Some(ahead) => {
                 let began = ahead.began(self.last_answer);
                 let running = Running::new(ahead, began, timeout, true);
@@ -124,59 +127,64 @@ impl RuntimeProcess {
                 return Ok(running);
             }
             // Boxed: rare, and every batch's future would otherwise carry it.
-            None if self.ahead.is_some() => Box::pin(self.drop_ahead(timeout)).await?,
+            None if !self.ahead.is_empty() => Box::pin(self.drop_ahead(timeout))
+                .await
+                .map_err(|error| RuntimeError::UnderAnother { source: Box::new(error) })?,
             None => {}
         }
         let (line, nonce) = run_line(&request, None)?;
         if self.send(&line).await.is_err() {
             return Err(self.crashed().await);
         }
-        let sent = InFlight { request, nonce, sent: Instant::now() };
+        let sent = InFlight { request, nonce, sent: Instant::now(), bytes: line.len() };
         Ok(Running::new(sent, Instant::now(), timeout, false))
     }
 
-    /// Queue `request` behind the one running (see [`RuntimeProcess::begin`]), so that the
-    /// process takes it up as soon as it answered, without waiting for the worker. Only one
-    /// request is held ahead, and only a short one ([`AHEAD_MAX`]): the process reads nothing
-    /// while it runs a batch, and a request that did not fit the pipe would hold up the worker.
-    /// Taken up more than [`AHEAD_HOLD`] after it was sent, it is not run (`skipped`).
-    /// Whether it was sent.
+    /// Queue `request` behind the one running and those queued before it (see
+    /// [`RuntimeProcess::begin`]), so that the process takes it up as soon as it answered the
+    /// one before, without waiting for the worker. At most [`AHEAD_DEPTH`] requests are queued,
+    /// of at most [`AHEAD_MAX`] bytes together: the process reads nothing while it runs a batch,
+    /// and requests that did not fit the pipe would hold up the worker. Taken up more than
+    /// [`AHEAD_HOLD`] after it was sent, a request is not run (`skipped`). Whether it was sent.
     pub async fn send_ahead(&mut self, request: RunRequest) -> bool {
-        if !self.alive || self.ahead.is_some() || self.skip_possible {
+        if !self.alive || self.ahead.len() >= AHEAD_DEPTH || self.skip_possible {
             return false;
         }
         let Some(start_by) = monotonic_after(AHEAD_HOLD) else { return false };
         let Ok((line, nonce)) = run_line(&request, Some(start_by)) else { return false };
-        if line.len() > AHEAD_MAX || self.send(&line).await.is_err() {
+        let queued: usize = self.ahead.iter().map(|ahead| ahead.bytes).sum();
+        if queued + line.len() > AHEAD_MAX || self.send(&line).await.is_err() {
             // A failed send is found by the answer the caller waits for.
             return false;
         }
-        self.ahead = Some(InFlight { request, nonce, sent: Instant::now() });
+        self.ahead.push_back(InFlight { request, nonce, sent: Instant::now(), bytes: line.len() });
         true
     }
 
-    /// The batch id of the request sent ahead, while one is.
+    /// The batch id of the first request sent ahead, while there is one.
     pub fn ahead_batch(&self) -> Option<&str> {
-        self.ahead.as_ref().map(|ahead| ahead.request.batch_id.as_str())
+        self.ahead.front().map(|ahead| ahead.request.batch_id.as_str())
     }
 
-    /// Let a request sent ahead for a batch that will not take it up run to its end, and drop
-    /// its answer. An error means the process is gone (it timed out, crashed or broke the
-    /// protocol under that batch).
+    /// Let the requests sent ahead, whose batches will not take them up, run to their end, and
+    /// drop their answers. An error means the process is gone (it timed out, crashed or broke
+    /// the protocol under one of them).
     pub async fn drop_ahead(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
-        let Some(ahead) = &self.ahead else { return Ok(()) };
-        let deadline = answer::deadline(ahead.began(self.last_answer), timeout, true);
-        self.drain_ahead(deadline, timeout).await
+        while let Some(ahead) = self.ahead.front() {
+            let deadline = answer::deadline(ahead.began(self.last_answer), timeout, true);
+            self.drain_ahead(deadline, timeout).await?;
+        }
+        Ok(())
     }
 
-    /// Read the answer to the request sent ahead by `deadline`, and drop it; past the deadline
-    /// the process is killed (`timeout` names the limit in the error).
+    /// Read the answer to the first request sent ahead by `deadline`, and drop it; past the
+    /// deadline the process is killed (`timeout` names the limit in the error).
     async fn drain_ahead(
         &mut self,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<(), RuntimeError> {
-        let Some(ahead) = self.ahead.take() else { return Ok(()) };
+        let Some(ahead) = self.ahead.pop_front() else { return Ok(()) };
         let read = tokio::time::timeout_at(deadline, self.read_answer(ahead.request.attach_max));
         match read.await {
             Err(_) => {
@@ -244,10 +252,12 @@ impl RuntimeProcess {
             return Ok(());
         }
         let deadline = Instant::now() + grace;
-        // A request sent ahead runs first; its answer is dropped.
-        if let Err(error) = self.drain_ahead(deadline, grace).await {
-            tracing::warn!(%error, "the runtime did not finish the batch sent ahead to it");
-            return Ok(());
+        // The requests sent ahead run first; their answers are dropped.
+        while !self.ahead.is_empty() {
+            if let Err(error) = self.drain_ahead(deadline, grace).await {
+                tracing::warn!(%error, "the runtime did not finish the batches sent ahead to it");
+                return Ok(());
+            }
         }
         let line = protocol::encode(&Request::Shutdown)
             .map_err(|e| RuntimeError::Protocol(e.to_string()))?;
@@ -363,7 +373,7 @@ impl RuntimeProcess {
     fn wrote_out_of_turn(&mut self) -> bool {
         use futures::FutureExt;
         self.alive
-            && self.ahead.is_none()
+            && self.ahead.is_empty()
             && matches!(self.stdout.fill_buf().now_or_never(), Some(Ok(pending)) if !pending.is_empty())
     }
 
@@ -445,7 +455,7 @@ impl RuntimeProcess {
     /// Wait (briefly) for the process to exit by itself, then clean up after it.
     async fn reap(&mut self) -> String {
         self.alive = false;
-        self.ahead = None;
+        self.ahead.clear();
         self.stdin = None;
         let status = match tokio::time::timeout(EXIT_GRACE, self.child.wait()).await {
             Ok(Ok(status)) => status.to_string(),
@@ -464,7 +474,7 @@ impl RuntimeProcess {
     /// Kill the process and its tree now, and wait for the leader.
     async fn kill(&mut self) {
         self.alive = false;
-        self.ahead = None;
+        self.ahead.clear();
         self.stdin = None;
         self.kill_tree();
         if let Err(error) = self.child.kill().await {
@@ -517,7 +527,7 @@ impl RuntimeProcess {
             alive: true,
             interpreter_pid: None,
             cpu_clock: None,
-            ahead: None,
+            ahead: VecDeque::new(),
             last_answer: None,
             skip_possible: false,
         }

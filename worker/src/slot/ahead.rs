@@ -1,28 +1,32 @@
-//! The next batch, sent ahead: while the runtime runs a batch, the slot takes the next delivery
-//! the broker already holds for this worker and queues its request behind the running one, so
-//! that the runtime takes it up as soon as it answered instead of waiting for the worker to
-//! store that answer, settle its message and receive the next. On two cores this is most of
-//! what a small batch costs: each wake-up of a process that waits on the other costs tens of
-//! microseconds.
+//! The next batches, sent ahead: while the runtime runs a batch, the slot takes the next
+//! deliveries the broker already holds for this worker and queues their requests behind the
+//! running one, so that the runtime takes each up as soon as it answered the one before instead
+//! of waiting for the worker to store that answer, settle its message and receive the next. On
+//! two cores this is most of what a small batch costs: each wake-up of a process that waits on
+//! the other costs tens of microseconds of CPU. Up to [`AHEAD_DEPTH`] requests are queued, and
+//! the queue is refilled once half of it was taken up, so that the runtime sleeps once a burst,
+//! not once a batch (with one request ahead, the worker, slower than the runtime at a small
+//! batch, left it waiting for every request). The queue is that deep only behind batches that
+//! ran in a sixteenth of `AHEAD_HOLD` or less; behind longer ones one request is sent ahead.
 //!
-//! By default only a worker with fewer slots than cores sends ahead ([`SendAhead::Auto`]): with
-//! as many slots as cores, each core already has work while a runtime waits for its next
-//! request, and sending ahead measured slower.
+//! Every worker sends ahead unless told not to (`--send-ahead never`, [`SendAhead`]).
 //!
-//! Sending ahead is an optimisation only; nothing depends on it. The delivery is handled
+//! Sending ahead is an optimisation only; nothing depends on it. A delivery is handled
 //! afterwards exactly as one received then (counted, marked, claimed, run, settled), and its
-//! attempt takes the request up only when the request it builds is the same one
-//! (`RuntimeProcess::begin`); else the request sent ahead runs to its end and its answer is
-//! dropped (its batch then runs again: side effects of run() may happen twice, as on any
+//! attempt takes the request up only when the request it builds is the first one queued
+//! (`RuntimeProcess::begin`); else the requests sent ahead run to their end and their answers
+//! are dropped (their batches then run again: side effects of run() may happen twice, as on any
 //! retry, and no row is written twice). A request is sent ahead only when loading its batch
 //! copies, downloads and reads nothing (inputs read where they are), only for a first delivery
 //! of the job the runtime serves, and only where the broker answers a receive that does not wait
 //! from deliveries it holds in the worker (RabbitMQ, the embedded broker; not SQS, where every
-//! receive is a billed call). The delivery waits at most as long as a delivery prefetched
-//! beyond the slots waits for one (`AHEAD_HOLD`), within its lease (kept by a beat when the
-//! lease is short): past that it goes back to the queue, and the runtime does not run its
-//! request (`start_by`).
+//! receive is a billed call); a delivery taken whose request cannot be sent ends the burst. A
+//! delivery waits at most as long as a delivery prefetched beyond the slots waits for one
+//! (`AHEAD_HOLD`), within its lease (one delivery only, kept by a beat, when the lease is
+//! short): past that they all go back to the queue, and the runtime does not run their requests
+//! (`start_by`).
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,36 +42,32 @@ use crate::input::materialize::InputBase;
 use crate::input::table_input;
 use crate::jobs::LoadedJob;
 use crate::output;
-use crate::runtime::{AHEAD_GRACE, AHEAD_HOLD};
+use crate::runtime::{AHEAD_DEPTH, AHEAD_GRACE, AHEAD_HOLD};
 use crate::shared::Shared;
 
 use super::attempt::{run_request, table_in_place};
 use super::{beyond_the_plan, receive_one, Slot};
 
-/// Whether a worker's slots send their next batch ahead (`batchfleet-worker --send-ahead`).
+/// Whether a worker's slots send their next batches ahead (`batchfleet-worker --send-ahead`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SendAhead {
-    /// Only with fewer slots than the cores the worker may use
-    // With as many slots as cores every core already has work while a runtime waits, and
-    // sending ahead measured slower (`bench_batch_cost`, 2 slots on 2 cores: 15 % more CPU a
-    // batch); with one slot on two it measured 11 % faster.
+    /// Wherever the broker holds deliveries in the worker (never on SQS): the default
+    // Queued in bursts, requests sent ahead measured faster with a slot per core too
+    // (`bench_batch_cost`, 2 slots on 2 cores; docs/benchmarks.md); with one request at a time
+    // they had cost CPU there, and `auto` had sent ahead only with fewer slots than cores.
     #[default]
     Auto,
-    /// Whatever the slots and cores (still only where the broker holds deliveries in the
-    /// worker: never on SQS)
+    /// The same as `auto` (kept for the command lines that name it)
     Always,
     /// Never: each request waits for the answer before it
     Never,
 }
 
 impl SendAhead {
-    /// Whether a worker of `concurrency` slots sends ahead.
-    pub fn for_slots(self, concurrency: usize) -> bool {
+    /// Whether a worker's slots send ahead.
+    pub fn sends(self) -> bool {
         match self {
-            SendAhead::Auto => {
-                std::thread::available_parallelism().is_ok_and(|cores| concurrency < cores.get())
-            }
-            SendAhead::Always => true,
+            SendAhead::Auto | SendAhead::Always => true,
             SendAhead::Never => false,
         }
     }
@@ -85,13 +85,15 @@ pub(super) struct Ahead {
     pub(super) leased_until: Instant,
     /// The job whose runtime it was taken for (none: received the usual way).
     pub(super) job: Option<Arc<LoadedJob>>,
+    /// Its request was sent ahead.
+    pub(super) sent: bool,
 }
 
 impl Ahead {
     /// A delivery received the usual way, with nothing ahead of it.
     pub(super) fn received(delivery: Delivery) -> Self {
         let taken = Instant::now();
-        Ahead { delivery, message: None, taken, leased_until: taken + FAR, job: None }
+        Ahead { delivery, message: None, taken, leased_until: taken + FAR, job: None, sent: false }
     }
 
     /// Whether its lease may run out before its attempt's own beat starts: the batch before it
@@ -102,6 +104,14 @@ impl Ahead {
     }
 }
 
+/// A lease this long outlasts a delivery's wait ahead with room to spare: no beat needed.
+const LEASE_WITHOUT_BEAT: Duration =
+    Duration::from_secs(2 * (AHEAD_HOLD.as_secs() + AHEAD_GRACE.as_secs()));
+
+/// How many times as long as the last batch's run a queue of [`AHEAD_DEPTH`] requests fits in
+/// [`AHEAD_HOLD`]: the depth, and as much again for batches that run longer than the last.
+const DEEP_WITHIN: u32 = 2 * AHEAD_DEPTH as u32;
+
 /// What must be left of a delivery's lease taken ahead for its attempt to start under it.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
@@ -109,11 +119,22 @@ const LEASE_MARGIN: Duration = Duration::from_secs(1);
 const FAR: Duration = Duration::from_secs(86_400);
 
 impl Slot {
-    /// Take the next delivery, if the broker holds one for this worker, and send its request
-    /// ahead when it can be (see the module's comment); the caller keeps its lease while it
-    /// waits (`answer_while_ahead_waits`).
+    /// Take the next deliveries, if the broker holds some for this worker, and send their
+    /// requests ahead when they can be (see the module's comment): once half of those queued
+    /// were taken up, as many as fill the queue again ([`AHEAD_DEPTH`] behind short batches;
+    /// one behind a batch that ran longer than [`DEEP_WITHIN`] allows, before the first batch,
+    /// or where a lease is too short to outlast the wait without a beat). The caller keeps the
+    /// first one's lease while it waits (`answer_while_ahead_waits`).
     pub(super) async fn look_ahead(&mut self, job: &Arc<LoadedJob>, stop: &CancellationToken) {
-        if self.ahead.is_some()
+        let depth = match self.shared.lease >= LEASE_WITHOUT_BEAT
+            && self.last_run.is_some_and(|took| took * DEEP_WITHIN < AHEAD_HOLD)
+        {
+            true => AHEAD_DEPTH,
+            false => 1,
+        };
+        if self.ahead.len() > depth / 2
+            // A delivery whose request was not sent ahead: nothing may be queued before it.
+            || self.ahead.back().is_some_and(|ahead| !ahead.sent)
             || self.retrying_in_place
             || stop.is_cancelled()
             || self.fatal.is_some()
@@ -122,15 +143,20 @@ impl Slot {
         {
             return;
         }
-        let Ok(Some(delivery)) = receive_one(&self.shared, stop, Duration::ZERO).await else {
-            return;
-        };
-        let taken = Instant::now();
-        // Boxed: loading is part of it, and every batch's future would carry it.
-        let message = Box::pin(self.send_ahead(job, &delivery)).await;
-        let leased_until = taken + self.shared.lease.min(FAR);
-        self.ahead =
-            Some(Ahead { delivery, message, taken, leased_until, job: Some(Arc::clone(job)) });
+        while self.ahead.len() < depth {
+            let Ok(Some(delivery)) = receive_one(&self.shared, stop, Duration::ZERO).await else {
+                return;
+            };
+            let taken = Instant::now();
+            // Boxed: loading is part of it, and every batch's future would carry it.
+            let (message, sent) = Box::pin(self.send_ahead(job, &delivery)).await;
+            let leased_until = taken + self.shared.lease.min(FAR);
+            let job = Some(Arc::clone(job));
+            self.ahead.push_back(Ahead { delivery, message, taken, leased_until, job, sent });
+            if !sent {
+                return;
+            }
+        }
     }
 
     /// Give a delivery the slot holds but will not handle back to the queue: one taken ahead
@@ -140,18 +166,22 @@ impl Slot {
             let handle = held.delivery.handle;
             return self.settle(&handle, super::settle::Decision::Nack(Duration::ZERO)).await;
         };
-        let mut held = Some(held);
-        give_back(&self.shared, &job, &mut held).await;
+        give_back(&self.shared, &job, &mut VecDeque::from([held])).await;
     }
 
-    /// Send `delivery`'s request ahead when it can be; its message, when it is well formed.
+    /// Send `delivery`'s request ahead when it can be: its message, when it is well formed, and
+    /// whether the request was sent.
     async fn send_ahead(
         &mut self,
         job: &Arc<LoadedJob>,
         delivery: &Delivery,
-    ) -> Option<MiniBatchMessage> {
-        let message = serde_json::from_slice::<MiniBatchMessage>(&delivery.payload).ok()?;
-        message.check_well_formed().ok()?;
+    ) -> (Option<MiniBatchMessage>, bool) {
+        let Ok(message) = serde_json::from_slice::<MiniBatchMessage>(&delivery.payload) else {
+            return (None, false);
+        };
+        if message.check_well_formed().is_err() {
+            return (None, false);
+        }
         let sendable = delivery.delivery_count == 1
             && message.job_id == job.job_id
             && message.items_ref.is_none()
@@ -159,16 +189,19 @@ impl Slot {
             && beyond_the_plan(&job.job, &message).is_none()
             && self.loads_in_place(job, &message);
         if !sendable {
-            return Some(message);
+            return (Some(message), false);
         }
-        let output = self.next_reused_output_file()?;
-        let Ok(inputs) = self.load_inputs(job, &message).await else { return Some(message) };
+        let Some(output) = self.output_file_after_ahead() else { return (Some(message), false) };
+        let Ok(inputs) = self.load_inputs(job, &message).await else {
+            return (Some(message), false);
+        };
         let attach_max = JobRoot::inline_rows_max(job.job.job_root_format);
         let request = run_request(&message, &inputs, &output, attach_max);
-        if let Some(active) = self.runtime.as_mut() {
-            active.process.send_ahead(request).await;
-        }
-        Some(message)
+        let sent = match self.runtime.as_mut() {
+            Some(active) => active.process.send_ahead(request).await,
+            None => false,
+        };
+        (Some(message), sent)
     }
 
     /// Whether loading `message`'s items in this slot's runtime copies, downloads and reads
@@ -201,29 +234,30 @@ impl Slot {
     }
 }
 
-/// `answer`, while the delivery taken ahead (`ahead`) waits for it within its lease, until
-/// it waited [`AHEAD_HOLD`] and [`AHEAD_GRACE`] since it was taken: then it goes back to the
-/// queue (`give_back`) and the runtime does not run its request (`start_by`). A delivery
+/// `answer`, while the deliveries taken ahead (`ahead`) wait for it within their leases, until
+/// the first waited [`AHEAD_HOLD`] and [`AHEAD_GRACE`] since it was taken: then they go back to
+/// the queue (`give_back`) and the runtime does not run their requests (`start_by`). A delivery
 /// taken ahead waits no longer than one prefetched beyond the slots may.
 pub(super) async fn answer_while_ahead_waits<T>(
     shared: &Shared,
     job: &LoadedJob,
-    ahead: &mut Option<Ahead>,
+    ahead: &mut VecDeque<Ahead>,
     answer: impl Future<Output = T>,
 ) -> T {
-    let Some(waiting) = ahead.as_ref() else { return answer.await };
+    let Some(waiting) = ahead.front() else { return answer.await };
     let (handle, until) =
         (waiting.delivery.handle.clone(), waiting.taken + AHEAD_HOLD + AHEAD_GRACE);
     tokio::pin!(answer);
     let waited = tokio::time::timeout_at(until, &mut answer);
-    // A lease that outlasts the wait with room to spare needs no beat (the default 30 s does).
-    let waited = match shared.lease >= 2 * (AHEAD_HOLD + AHEAD_GRACE) {
+    // A lease that outlasts the wait with room to spare needs no beat (the default 30 s does);
+    // under a shorter one, only one delivery is taken ahead, and its lease is kept by a beat.
+    let waited = match shared.lease >= LEASE_WITHOUT_BEAT {
         true => waited.await,
         false => {
             let held =
                 Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited)).await;
             // Extended at most a third of a lease ago, unless the beat found it lost.
-            if let Some(waiting) = ahead.as_mut() {
+            if let Some(waiting) = ahead.front_mut() {
                 waiting.leased_until = match held.1 {
                     false => waiting.leased_until.max(Instant::now() + shared.lease * 2 / 3),
                     true => Instant::now(),
@@ -237,18 +271,24 @@ pub(super) async fn answer_while_ahead_waits<T>(
     }
     tracing::debug!(
         hold_secs = AHEAD_HOLD.as_secs(),
-        "the batch before it runs long: the batch taken ahead goes back to the queue"
+        "the batch before them runs long: the batches taken ahead go back to the queue"
     );
     Box::pin(give_back(shared, job, ahead)).await;
     answer.await
 }
 
-/// Give the delivery taken ahead back to the queue, uncounted: a first delivery of `job`'s
+/// Give the deliveries taken ahead back to the queue, uncounted: a first delivery of `job`'s
 /// leaves the note that it was no attempt (without it, its next delivery would take it for
-/// one that lost its lease). Its request, if it was sent, stays queued in the runtime, and is
+/// one that lost its lease). Their requests, where sent, stay queued in the runtime, and are
 /// skipped or dropped there.
-pub(super) async fn give_back(shared: &Shared, job: &LoadedJob, ahead: &mut Option<Ahead>) {
-    let Some(Ahead { delivery, message, .. }) = ahead.take() else { return };
+pub(super) async fn give_back(shared: &Shared, job: &LoadedJob, ahead: &mut VecDeque<Ahead>) {
+    while let Some(held) = ahead.pop_front() {
+        give_back_one(shared, job, held).await;
+    }
+}
+
+async fn give_back_one(shared: &Shared, job: &LoadedJob, held: Ahead) {
+    let Ahead { delivery, message, .. } = held;
     let first = message.filter(|m| delivery.delivery_count == 1 && m.job_id == job.job_id);
     if let Some(message) = first {
         if let Err(error) = output::mark_first_given_back(job, &message.batch_id).await {

@@ -410,6 +410,7 @@ impl Slot {
                 let Some(active) = self.runtime.as_mut() else {
                     return Err(AttemptFailure::infra("entry-script runtime", "no runtime").into());
                 };
+                let run_began = running.began;
                 let answer = active.process.answer(running);
                 let answer = answer_while_ahead_waits(&self.shared, job, &mut self.ahead, answer);
                 let outcome = tokio::select! {
@@ -417,6 +418,7 @@ impl Slot {
                     _ = hard_stop.cancelled() => None,
                 };
                 self.cpu_at_answer = active.process.cpu_seconds();
+                self.last_run = Some(run_began.elapsed());
                 self.phases.run_cpu_seconds = cpu_before
                     .zip(self.cpu_at_answer)
                     .map(|(before, after)| (after - before).max(0.0));
@@ -437,6 +439,12 @@ impl Slot {
                     Some(why) => Err(AttemptEnd::RuntimeBroken { failure, why }),
                     None => Err(failure.into()),
                 }
+            }
+            Some(Err(RuntimeError::UnderAnother { source })) => {
+                let why = format!("it failed under a batch sent ahead before this one: {source}");
+                Box::pin(self.stop_runtime()).await;
+                let failure = AttemptFailure::runtime(*source, "run()", "retry_settings.timeout");
+                Err(AttemptEnd::RuntimeBroken { failure, why })
             }
             Some(Err(error)) => {
                 tracing::warn!(%error, "the runtime is gone; the next batch gets a fresh one");

@@ -8,6 +8,7 @@
 //! slot's runtime process (start with init() retries, stop, retire when its job ended), `settle`
 //! what happens to a message afterwards (failure record, ack, nack, dead-letter).
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,15 +102,20 @@ pub(crate) struct Slot {
     /// The slot's folder in memory for small batches' input copies (`materialize`), looked
     /// for on the first batch (`Some(None)`: there is none); removed with the slot.
     memory: Option<Option<crate::input::materialize::MemoryFolder>>,
-    /// The delivery taken while the runtime ran the batch before it (see `ahead`).
-    ahead: Option<Ahead>,
+    /// The deliveries taken while the runtime ran the batches before them, oldest first (see
+    /// `ahead`).
+    ahead: VecDeque<Ahead>,
     /// The batch is being tried again in place: nothing is taken ahead of it (a delivery taken
     /// then would be given back at the next failure, after its request ran here).
     retrying_in_place: bool,
-    /// Which of the slot's two reused output files the next attempt gets.
-    second_rows: bool,
+    /// Which of the slot's reused output files the next attempt gets (`output_files`).
+    rows_turn: usize,
     /// The runtime's CPU seconds when its last answer was read (a batch sent ahead ran since).
     cpu_at_answer: Option<f64>,
+    /// How long the runtime took over its last batch, from taking it up to its answer: a queue
+    /// ahead is deep only behind batches short enough that its last request is taken up well
+    /// within [`crate::runtime::AHEAD_HOLD`].
+    last_run: Option<Duration>,
 }
 
 /// How a slot ended.
@@ -137,10 +143,11 @@ impl Slot {
             holding: None,
             init_by: None,
             memory: None,
-            ahead: None,
+            ahead: VecDeque::new(),
             retrying_in_place: false,
-            second_rows: false,
+            rows_turn: 0,
             cpu_at_answer: None,
+            last_run: None,
         }
     }
 
@@ -156,7 +163,7 @@ impl Slot {
                 Some(wait) if self.runtime.is_some() => *wait,
                 _ => RECEIVE_WAIT,
             };
-            let next = match self.ahead.take() {
+            let next = match self.ahead.pop_front() {
                 Some(ahead) if ahead.lease_running_out() => {
                     tracing::debug!(
                         "the batch before it took long to store: the batch taken \
@@ -201,7 +208,7 @@ impl Slot {
         }
         // A batch taken ahead is in progress: it is finished too, or given back once the drain
         // grace ended.
-        while let Some(ahead) = self.ahead.take() {
+        while let Some(ahead) = self.ahead.pop_front() {
             match self.shared.hard_stop.is_cancelled() {
                 true => self.give_back_held(ahead).await,
                 false => self.handle(ahead.delivery, ahead.message, &stop).await,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use crate::input::materialize::memory_folder;
+use crate::runtime::AHEAD_DEPTH;
 
 use super::attempt::{AttemptEnd, AttemptFailure};
 use super::Slot;
@@ -39,22 +40,23 @@ impl Slot {
     /// slot's folder in `/dev/shm` when the scratch folder is on a disk: ext4 writes back a
     /// file truncated and rewritten when it is closed (`auto_da_alloc`), milliseconds a batch.
     ///
-    /// Two such files take turns, batch after batch: the runtime writes the next batch's rows
-    /// (sent ahead) while the worker may still read the last one's.
+    /// One more such file than requests may be queued ahead take turns, batch after batch: the
+    /// runtime writes the rows of the batches sent ahead while the worker may still read the
+    /// rows of the batch before them.
     pub(super) async fn reused_output_file(&mut self) -> Result<PathBuf, AttemptEnd> {
-        let name = rows_file_name(self.second_rows);
-        self.second_rows = !self.second_rows;
+        let name = rows_file_name(self.rows_turn);
+        self.rows_turn = (self.rows_turn + 1) % ROWS_FILES;
         let memory = self.memory.get_or_insert_with(|| memory_folder(&self.dir));
         match memory {
             Some(memory) => Ok(memory.path().join(format!("{name}.txt"))),
-            None => self.local_output_file(name).await,
+            None => self.local_output_file(&name).await,
         }
     }
 
-    /// The reused output file the slot's next attempt gets (see `reused_output_file`), once
-    /// the slot has one.
-    pub(super) fn next_reused_output_file(&self) -> Option<PathBuf> {
-        let name = rows_file_name(self.second_rows);
+    /// The reused output file the attempt after those of the deliveries taken ahead gets (see
+    /// `reused_output_file`), once the slot has one.
+    pub(super) fn output_file_after_ahead(&self) -> Option<PathBuf> {
+        let name = rows_file_name((self.rows_turn + self.ahead.len()) % ROWS_FILES);
         match self.memory.as_ref()? {
             Some(memory) => Some(memory.path().join(format!("{name}.txt"))),
             None => self.out_dir_ready.then(|| self.dir.join("out").join(format!("{name}.txt"))),
@@ -62,12 +64,13 @@ impl Slot {
     }
 }
 
-/// The name of one of a slot's two reused output files.
-fn rows_file_name(second: bool) -> &'static str {
-    match second {
-        false => "rows",
-        true => "rows-2",
-    }
+/// The reused output files of a slot: one for the batch the worker handles, and one for each
+/// request queued ahead.
+const ROWS_FILES: usize = AHEAD_DEPTH + 1;
+
+/// The name of one of a slot's reused output files.
+fn rows_file_name(turn: usize) -> String {
+    format!("rows-{turn}")
 }
 
 /// Remove a local output file that is not (or no longer) a result part. One unlink, done in

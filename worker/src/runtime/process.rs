@@ -161,6 +161,14 @@ impl RuntimeProcess {
         true
     }
 
+    /// How many bytes one more request sent ahead may take now (none: no request can be).
+    pub fn ahead_room(&self) -> usize {
+        if !self.alive || self.ahead.len() >= AHEAD_DEPTH || self.skip_possible {
+            return 0;
+        }
+        AHEAD_MAX.saturating_sub(self.ahead.iter().map(|ahead| ahead.bytes).sum())
+    }
+
     /// The batch id of the first request sent ahead, while there is one.
     pub fn ahead_batch(&self) -> Option<&str> {
         self.ahead.front().map(|ahead| ahead.request.batch_id.as_str())

@@ -187,6 +187,7 @@ impl Slot {
             && message.items_ref.is_none()
             && job.job.job_root_format >= 2
             && beyond_the_plan(&job.job, &message).is_none()
+            && self.may_fit_ahead(&message)
             && self.loads_in_place(job, &message);
         if !sendable {
             return (Some(message), false);
@@ -202,6 +203,15 @@ impl Slot {
             None => false,
         };
         (Some(message), sent)
+    }
+
+    /// Whether `message`'s request may fit the room left ahead in the runtime: its items' names
+    /// alone (each path in the request holds one, quoted) must, else loading its inputs and
+    /// building its request would be work thrown away (a batch of 100 files does not fit).
+    fn may_fit_ahead(&self, message: &MiniBatchMessage) -> bool {
+        let room = self.runtime.as_ref().map_or(0, |active| active.process.ahead_room());
+        let least: usize = message.items.iter().map(|item| item.len() + 3).sum();
+        least < room
     }
 
     /// Whether loading `message`'s items in this slot's runtime copies, downloads and reads

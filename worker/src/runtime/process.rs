@@ -53,6 +53,9 @@ pub struct RuntimeProcess {
     /// The requests queued behind the running one (`send_ahead`), oldest first, not yet taken
     /// up by their batches.
     ahead: VecDeque<InFlight>,
+    /// The last request begun would have fitted the queue ahead ([`AHEAD_MAX`]): the batches
+    /// after it, alike as a job's batches mostly are, may be sent ahead.
+    fits_ahead: bool,
     /// When the last answer was read: a request sent ahead was taken up then.
     last_answer: Option<Instant>,
     /// The request running may come back `skipped` ([`Running::may_be_skipped`]): nothing is
@@ -133,6 +136,7 @@ impl RuntimeProcess {
             None => {}
         }
         let (line, nonce) = run_line(&request, None)?;
+        self.fits_ahead = line.len() <= AHEAD_MAX;
         if self.send(&line).await.is_err() {
             return Err(self.crashed().await);
         }
@@ -159,6 +163,11 @@ impl RuntimeProcess {
         }
         self.ahead.push_back(InFlight { request, nonce, sent: Instant::now(), bytes: line.len() });
         true
+    }
+
+    /// Whether the last request begun would have fitted the queue of requests sent ahead.
+    pub fn fits_ahead(&self) -> bool {
+        self.fits_ahead
     }
 
     /// How many bytes one more request sent ahead may take now (none: no request can be).
@@ -536,6 +545,7 @@ impl RuntimeProcess {
             interpreter_pid: None,
             cpu_clock: None,
             ahead: VecDeque::new(),
+            fits_ahead: true,
             last_answer: None,
             skip_possible: false,
         }

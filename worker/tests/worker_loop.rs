@@ -1122,6 +1122,13 @@ async fn run_one_slot(fleet: &Fleet, statuses: usize, dead: u64) -> WorkerSummar
     handle.await.unwrap()
 }
 
+/// Each of `files`' batches (see [`direct_fleet`]) has its one row as its result.
+fn assert_each_result_written(fleet: &Fleet, files: &[&str]) {
+    for (i, name) in files.iter().enumerate() {
+        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_sends_its_next_batch_ahead_and_each_batch_is_written_once() {
     let files: Vec<String> = (0..12).map(|i| format!("f{i:02}.txt")).collect();
@@ -1130,9 +1137,7 @@ async fn a_slot_sends_its_next_batch_ahead_and_each_batch_is_written_once() {
     let summary = run_one_slot(&fleet, files.len(), 0).await;
     assert_eq!(summary.batches_succeeded, 12, "{summary:?}");
     assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
-    for (i, name) in files.iter().enumerate() {
-        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
-    }
+    assert_each_result_written(&fleet, &files);
     assert_eq!(fleet.dead_letter_count().await, 0);
 }
 
@@ -1207,9 +1212,7 @@ def run(mini_batch):
     let given_back: Vec<Op> =
         fleet.broker.ops().into_iter().filter(|op| matches!(op, Op::Nack(..))).collect();
     assert!(given_back.is_empty(), "no batch goes back to the queue: {given_back:?}");
-    for (i, name) in files.iter().enumerate() {
-        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
-    }
+    assert_each_result_written(&fleet, &files);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1279,9 +1282,7 @@ def run(mini_batch):
         runs_of_others <= others.len() + AHEAD_DEPTH,
         "at most the batches taken ahead of the first try run twice: {ran}"
     );
-    for (i, name) in files.iter().enumerate() {
-        assert_eq!(fleet.result(&batch_id(i as u64)).unwrap(), format!("{name} {i}\n"));
-    }
+    assert_each_result_written(&fleet, &files);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,9 @@
 //! the other costs tens of microseconds of CPU. Up to [`AHEAD_DEPTH`] requests are queued, and
 //! the queue is refilled once half of it was taken up, so that the runtime sleeps once a burst,
 //! not once a batch (with one request ahead, the worker, slower than the runtime at a small
-//! batch, left it waiting for every request). The queue is that deep only behind batches that
-//! ran in a sixteenth of `AHEAD_HOLD` or less; behind longer ones one request is sent ahead.
+//! batch, left it waiting for every request). The queue holds about 50 ms of work at the last
+//! batch's pace (`ahead_depth`): deep behind batches of microseconds, one request behind
+//! batches of 50 ms or more.
 //!
 //! Every worker sends ahead unless told not to (`--send-ahead never`, [`SendAhead`]).
 //!
@@ -108,9 +109,18 @@ impl Ahead {
 const LEASE_WITHOUT_BEAT: Duration =
     Duration::from_secs(2 * (AHEAD_HOLD.as_secs() + AHEAD_GRACE.as_secs()));
 
-/// How many times as long as the last batch's run a queue of [`AHEAD_DEPTH`] requests fits in
-/// [`AHEAD_HOLD`]: the depth, and as much again for batches that run longer than the last.
-const DEEP_WITHIN: u32 = 2 * AHEAD_DEPTH as u32;
+/// How long the batches queued ahead of a slot may take together, at the last batch's pace. A
+/// queue saves a wake-up of the runtime per batch (tens of microseconds), which counts only for
+/// short batches; the batches a slot holds are not run by the worker's other slots, which may
+/// idle at a job's end meanwhile.
+const AHEAD_WORK: Duration = Duration::from_millis(50);
+
+/// How many requests a slot queues ahead behind batches that run as long as `took`: as many as
+/// take [`AHEAD_WORK`], 1 to [`AHEAD_DEPTH`].
+fn ahead_depth(took: Duration) -> usize {
+    let fit = AHEAD_WORK.as_nanos() / took.as_nanos().max(1);
+    usize::try_from(fit).unwrap_or(AHEAD_DEPTH).clamp(1, AHEAD_DEPTH)
+}
 
 /// What must be left of a delivery's lease taken ahead for its attempt to start under it.
 const LEASE_MARGIN: Duration = Duration::from_secs(1);
@@ -121,16 +131,14 @@ const FAR: Duration = Duration::from_secs(86_400);
 impl Slot {
     /// Take the next deliveries, if the broker holds some for this worker, and send their
     /// requests ahead when they can be (see the module's comment): once half of those queued
-    /// were taken up, as many as fill the queue again ([`AHEAD_DEPTH`] behind short batches;
-    /// one behind a batch that ran longer than [`DEEP_WITHIN`] allows, before the first batch,
-    /// or where a lease is too short to outlast the wait without a beat). The caller keeps the
-    /// first one's lease while it waits (`answer_while_ahead_waits`).
+    /// were taken up, as many as fill the queue again (`ahead_depth` of the last batch's run;
+    /// one before the first batch, or where a lease is too short to outlast the wait without a
+    /// beat). The caller keeps the first one's lease while it waits
+    /// (`answer_while_ahead_waits`).
     pub(super) async fn look_ahead(&mut self, job: &Arc<LoadedJob>, stop: &CancellationToken) {
-        let depth = match self.shared.lease >= LEASE_WITHOUT_BEAT
-            && self.last_run.is_some_and(|took| took * DEEP_WITHIN < AHEAD_HOLD)
-        {
-            true => AHEAD_DEPTH,
-            false => 1,
+        let depth = match (self.shared.lease >= LEASE_WITHOUT_BEAT, self.last_run) {
+            (true, Some(took)) => ahead_depth(took),
+            _ => 1,
         };
         if self.ahead.len() > depth / 2
             // A delivery whose request was not sent ahead: nothing may be queued before it.
@@ -309,5 +317,20 @@ async fn give_back_one(shared: &Shared, job: &LoadedJob, held: Ahead) {
     if let Err(error) = shared.broker.nack(&delivery.handle, Duration::ZERO).await {
         tracing::warn!(%error, "giving back a batch taken ahead failed; it returns when its \
             lease ends");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_holds_about_fifty_milliseconds_of_work() {
+        assert_eq!(ahead_depth(Duration::from_micros(40)), AHEAD_DEPTH);
+        assert_eq!(ahead_depth(Duration::ZERO), AHEAD_DEPTH);
+        assert_eq!(ahead_depth(Duration::from_millis(10)), 5);
+        assert_eq!(ahead_depth(Duration::from_millis(25)), 2);
+        assert_eq!(ahead_depth(Duration::from_millis(40)), 1);
+        assert_eq!(ahead_depth(Duration::from_secs(2)), 1);
     }
 }

@@ -112,9 +112,8 @@ pub(crate) struct Slot {
     rows_turn: usize,
     /// The runtime's CPU seconds when its last answer was read (a batch sent ahead ran since).
     cpu_at_answer: Option<f64>,
-    /// How long the runtime took over its last batch, from taking it up to its answer: a queue
-    /// ahead is deep only behind batches short enough that its last request is taken up well
-    /// within [`crate::runtime::AHEAD_HOLD`].
+    /// How long the runtime took over its last batch, from taking it up to its answer: how
+    /// many requests are queued ahead follows from it (`ahead`).
     last_run: Option<Duration>,
 }
 

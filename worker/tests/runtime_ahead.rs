@@ -174,6 +174,26 @@ async fn requests_sent_ahead_for_other_batches_are_dropped_explicitly() {
 }
 
 #[tokio::test]
+async fn a_batch_takes_up_its_request_queued_behind_one_whose_batch_will_not() {
+    // Batch 1 settled without running (given back, say): its request is dropped, and batch 2
+    // still takes up its own, queued behind it, instead of sending it again.
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    let third = request(&scratch, 2, &["c"]);
+    assert!(process.send_ahead(third.clone()).await);
+    process.answer(running).await.expect("answer");
+    let running = process.begin(third.clone(), RUN_TIMEOUT).await.expect("begin");
+    assert!(running.was_ahead, "batch 2 took up the request sent ahead for it");
+    assert_eq!(process.ahead_len(), 0, "nothing is left queued");
+    let outcome = process.answer(running).await.expect("answer");
+    assert_eq!(rows(outcome, &third.output), "c\n");
+    assert_eq!(ran(&scratch), ["a", "b", "c"], "each request ran once");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
 async fn requests_sent_ahead_are_taken_up_in_order_up_to_the_depth() {
     let scratch = Scratch::new();
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");

@@ -1216,6 +1216,40 @@ def run(mini_batch):
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_under_batches_held_ahead_each_batch_runs_once() {
+    // The runtime dies under crash.txt with requests queued behind it: the batches held for
+    // them run in the next runtime, and nothing queued behind them may be dropped and run twice.
+    let script = r#"
+import os
+def init(): pass
+def run(mini_batch):
+    log = os.path.join(os.environ["MARKER_DIR"], "ran.txt")
+    for p in mini_batch:
+        name = os.path.basename(p)
+        tries = open(log).read().count(name) if os.path.exists(log) else 0
+        with open(log, "a") as out:
+            out.write(name + "\n")
+        if name == "crash.txt" and tries == 0:
+            os._exit(3)
+    return [os.path.basename(p) + " " + open(p).read().strip() for p in mini_batch]
+"#;
+    let names: Vec<String> = (0..40).map(|i| format!("f{i:02}.txt")).collect();
+    let mut files: Vec<&str> = names.iter().map(String::as_str).collect();
+    files[8] = "crash.txt";
+    let fleet = direct_fleet(script, 2, &files).await;
+    let summary = run_one_slot(&fleet, files.len(), 0).await;
+    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
+    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
+    for name in &files {
+        let expected = if *name == "crash.txt" { 2 } else { 1 };
+        let runs = ran.lines().filter(|line| line == name).count();
+        assert_eq!(runs, expected, "{name} ran {runs} times: {ran}");
+    }
+    assert_each_result_written(&fleet, &files);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_skipped_by_its_runtime_is_not_failed_by_the_crash_of_the_next() {
     // Batch 0 runs 10.5 s: its runtime takes batch 1's request, sent ahead, up past its
     // `start_by` (10 s) but before the worker would give batch 1 back (11 s), and answers

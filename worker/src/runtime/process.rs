@@ -110,8 +110,8 @@ impl RuntimeProcess {
     }
 
     /// Start one mini-batch: send its request, or take up the one sent ahead for it
-    /// ([`RuntimeProcess::send_ahead`]) when it is the same request. A request sent ahead for
-    /// anything else is run to its end first and its answer dropped. [`RuntimeProcess::answer`]
+    /// ([`RuntimeProcess::send_ahead`]) when it is the same request. Requests sent ahead before
+    /// it, or all when none is the same, are run to their end first and their answers dropped. [`RuntimeProcess::answer`]
     /// then waits for the outcome; `timeout` counts from when the process took the request up.
     pub async fn begin(
         &mut self,
@@ -121,19 +121,21 @@ impl RuntimeProcess {
         if !self.alive {
             return Err(RuntimeError::Protocol("the runtime process is no longer running".into()));
         }
-        let first = self.ahead.front().is_some_and(|ahead| ahead.request == request);
-        match first.then(|| self.ahead.pop_front()).flatten() {
-            Some(ahead) => {
-                let began = ahead.began(self.last_answer);
-                let running = Running::new(ahead, began, timeout, true);
-                self.skip_possible = running.may_be_skipped();
-                return Ok(running);
-            }
+        // Requests queued before this batch's (or all, when none is this batch's) belong to
+        // batches that will not take them up (given back, or settled without running).
+        let matched = self.ahead.iter().position(|ahead| ahead.request == request);
+        let others = matched.unwrap_or(self.ahead.len());
+        if others > 0 {
             // Boxed: rare, and every batch's future would otherwise carry it.
-            None if !self.ahead.is_empty() => Box::pin(self.drop_ahead(timeout))
+            Box::pin(self.drop_first(others, timeout))
                 .await
-                .map_err(|error| RuntimeError::UnderAnother { source: Box::new(error) })?,
-            None => {}
+                .map_err(|error| RuntimeError::UnderAnother { source: Box::new(error) })?;
+        }
+        if let Some(ahead) = matched.and_then(|_| self.ahead.pop_front()) {
+            let began = ahead.began(self.last_answer);
+            let running = Running::new(ahead, began, timeout, true);
+            self.skip_possible = running.may_be_skipped();
+            return Ok(running);
         }
         let (line, nonce) = run_line(&request, None)?;
         self.fits_ahead = line.len() <= AHEAD_MAX;
@@ -178,6 +180,11 @@ impl RuntimeProcess {
         AHEAD_MAX.saturating_sub(self.ahead.iter().map(|ahead| ahead.bytes).sum())
     }
 
+    /// How many requests sent ahead are queued, not yet taken up.
+    pub fn ahead_len(&self) -> usize {
+        self.ahead.len()
+    }
+
     /// The batch id of the first request sent ahead, while there is one.
     pub fn ahead_batch(&self) -> Option<&str> {
         self.ahead.front().map(|ahead| ahead.request.batch_id.as_str())
@@ -187,7 +194,13 @@ impl RuntimeProcess {
     /// drop their answers. An error means the process is gone (it timed out, crashed or broke
     /// the protocol under one of them).
     pub async fn drop_ahead(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
-        while let Some(ahead) = self.ahead.front() {
+        self.drop_first(self.ahead.len(), timeout).await
+    }
+
+    /// [`RuntimeProcess::drop_ahead`] for the first `count` requests queued.
+    async fn drop_first(&mut self, count: usize, timeout: Duration) -> Result<(), RuntimeError> {
+        for _ in 0..count {
+            let Some(ahead) = self.ahead.front() else { break };
             let deadline = answer::deadline(ahead.began(self.last_answer), timeout, true);
             self.drain_ahead(deadline, timeout).await?;
         }

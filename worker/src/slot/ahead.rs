@@ -140,7 +140,12 @@ impl Slot {
             (true, Some(took)) => ahead_depth(took),
             _ => 1,
         };
+        // A runtime whose queue is not the requests of the deliveries held (emptied under them:
+        // a crash, a drop, a runtime replaced; or holding those of deliveries given back): held
+        // deliveries would not take up what is queued behind them, and would drop it.
+        let queued = self.runtime.as_ref().map_or(0, |active| active.process.ahead_len());
         if self.ahead.len() > depth / 2
+            || queued != self.ahead.iter().filter(|ahead| ahead.sent).count()
             // A delivery whose request was not sent ahead: nothing may be queued before it.
             || self.ahead.back().is_some_and(|ahead| !ahead.sent)
             || self.retrying_in_place
@@ -252,47 +257,55 @@ impl Slot {
     }
 }
 
-/// `answer`, while the deliveries taken ahead (`ahead`) wait for it within their leases, until
-/// the first waited [`AHEAD_HOLD`] and [`AHEAD_GRACE`] since it was taken: then they go back to
-/// the queue (`give_back`) and the runtime does not run their requests (`start_by`). A delivery
-/// taken ahead waits no longer than one prefetched beyond the slots may.
+/// `answer`, while the deliveries taken ahead (`ahead`) wait for it within their leases: each
+/// waits at most [`AHEAD_HOLD`] and [`AHEAD_GRACE`] from when it was taken, then goes back to
+/// the queue (`give_back`), and the runtime does not run its request (`start_by`). Those taken
+/// later (a refill) wait on: their requests are not past their `start_by` yet. A delivery taken
+/// ahead waits no longer than one prefetched beyond the slots may.
 pub(super) async fn answer_while_ahead_waits<T>(
     shared: &Shared,
     job: &LoadedJob,
     ahead: &mut VecDeque<Ahead>,
     answer: impl Future<Output = T>,
 ) -> T {
-    let Some(waiting) = ahead.front() else { return answer.await };
-    let (handle, until) =
-        (waiting.delivery.handle.clone(), waiting.taken + AHEAD_HOLD + AHEAD_GRACE);
     tokio::pin!(answer);
-    let waited = tokio::time::timeout_at(until, &mut answer);
-    // A lease that outlasts the wait with room to spare needs no beat (the default 30 s does);
-    // under a shorter one, only one delivery is taken ahead, and its lease is kept by a beat.
-    let waited = match shared.lease >= LEASE_WITHOUT_BEAT {
-        true => waited.await,
-        false => {
-            let held =
-                Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited)).await;
-            // Extended at most a third of a lease ago, unless the beat found it lost.
-            if let Some(waiting) = ahead.front_mut() {
-                waiting.leased_until = match held.1 {
-                    false => waiting.leased_until.max(Instant::now() + shared.lease * 2 / 3),
-                    true => Instant::now(),
-                };
+    loop {
+        let Some(waiting) = ahead.front() else { return answer.await };
+        let (handle, until) =
+            (waiting.delivery.handle.clone(), waiting.taken + AHEAD_HOLD + AHEAD_GRACE);
+        let waited = tokio::time::timeout_at(until, &mut answer);
+        // A lease that outlasts the wait with room to spare needs no beat (the default 30 s
+        // does); under a shorter one, only one delivery is taken ahead, its lease kept by a beat.
+        let waited = match shared.lease >= LEASE_WITHOUT_BEAT {
+            true => waited.await,
+            false => {
+                let held =
+                    Box::pin(hold_lease(shared.broker.as_ref(), &handle, shared.lease, waited))
+                        .await;
+                // Extended at most a third of a lease ago, unless the beat found it lost.
+                if let Some(waiting) = ahead.front_mut() {
+                    waiting.leased_until = match held.1 {
+                        false => waiting.leased_until.max(Instant::now() + shared.lease * 2 / 3),
+                        true => Instant::now(),
+                    };
+                }
+                held.0
             }
-            held.0
+        };
+        if let Ok(out) = waited {
+            return out;
         }
-    };
-    if let Ok(out) = waited {
-        return out;
+        tracing::debug!(
+            hold_secs = AHEAD_HOLD.as_secs(),
+            "the batch before them runs long: the batches taken ahead go back to the queue"
+        );
+        let now = Instant::now();
+        while ahead.front().is_some_and(|held| held.taken + AHEAD_HOLD + AHEAD_GRACE <= now) {
+            if let Some(held) = ahead.pop_front() {
+                Box::pin(give_back_one(shared, job, held)).await;
+            }
+        }
     }
-    tracing::debug!(
-        hold_secs = AHEAD_HOLD.as_secs(),
-        "the batch before them runs long: the batches taken ahead go back to the queue"
-    );
-    Box::pin(give_back(shared, job, ahead)).await;
-    answer.await
 }
 
 /// Give the deliveries taken ahead back to the queue, uncounted: a first delivery of `job`'s

@@ -205,10 +205,10 @@ impl Slot {
                 }
             }
         }
-        // A batch taken ahead is in progress: it is finished too, or given back once the drain
-        // grace ended.
+        // Batches taken ahead are in progress: they are finished too, or given back once the
+        // drain grace ended, or when a lease may have run out meanwhile (as above).
         while let Some(ahead) = self.ahead.pop_front() {
-            match self.shared.hard_stop.is_cancelled() {
+            match self.shared.hard_stop.is_cancelled() || ahead.lease_running_out() {
                 true => self.give_back_held(ahead).await,
                 false => self.handle(ahead.delivery, ahead.message, &stop).await,
             }

@@ -213,7 +213,13 @@ impl Slot {
                 false => self.handle(ahead.delivery, ahead.message, &stop).await,
             }
         }
-        self.stop_runtime().await;
+        // Past the drain grace, requests still queued are those of batches given back: killed
+        // with the runtime rather than run here while they are delivered elsewhere.
+        let queued = self.runtime.as_ref().is_some_and(|active| active.process.ahead_len() > 0);
+        match self.shared.hard_stop.is_cancelled() && queued {
+            true => self.drop_runtime().await,
+            false => self.stop_runtime().await,
+        }
         tracing::debug!("slot stopped");
         SlotEnd { summary: self.summary, fatal: self.fatal }
     }

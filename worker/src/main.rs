@@ -27,6 +27,7 @@ use batchfleet_common::retry::RetryPolicy;
 use batchfleet_common::store::resolve_location;
 use batchfleet_common::Retry;
 use batchfleet_worker::runtime::environment::StorageKeys;
+use batchfleet_worker::runtime::AHEAD_HOLD;
 use batchfleet_worker::{health, SendAhead, Worker, WorkerConfig};
 
 /// Exit code for a usage or configuration error (bad URL, bad option).
@@ -118,7 +119,8 @@ struct Args {
     script_storage_keys: StorageKeys,
     /// Whether a slot sends its next mini-batches to its runtime while the one before runs
     /// (from the messages this worker already holds; RabbitMQ and the embedded broker, never
-    /// SQS): `auto` (default) and `always` do, `never` does not.
+    /// SQS): `auto` (default) does unless `--prefetch-hold` is under 10 s, `always` does,
+    /// `never` does not.
     #[arg(long, env = "BATCHFLEET_SEND_AHEAD", value_enum, default_value = "auto")]
     send_ahead: SendAhead,
     /// Health check (a container's HEALTHCHECK): exit 0 when a worker using the same scratch
@@ -243,7 +245,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let mut worker = Worker::new(Arc::clone(&broker), config)
         .with_drain_grace(Duration::from_secs(args.drain_grace))
         .with_lease(Duration::from_secs(args.lease))
-        .with_send_ahead(args.send_ahead);
+        .with_send_ahead(send_ahead(args.send_ahead, args.prefetch_hold));
     if args.no_attempt_records {
         worker = worker.without_attempt_records();
     }
@@ -393,9 +395,35 @@ fn connection_name(pool: &str, worker_id: &str) -> String {
     format!("batchfleet-worker/{pool}/{worker_id}")
 }
 
+/// What `--send-ahead` comes to: `auto` sends nothing ahead under a prefetch hold shorter than
+/// the [`AHEAD_HOLD`] a delivery taken ahead may wait for its slot, which would outlast the
+/// bound the worker was given for any message's wait.
+fn send_ahead(chosen: SendAhead, prefetch_hold: Option<u64>) -> SendAhead {
+    match (chosen, prefetch_hold) {
+        (SendAhead::Auto, Some(hold)) if Duration::from_secs(hold) < AHEAD_HOLD => {
+            tracing::info!(
+                prefetch_hold_secs = hold,
+                hold_ahead_secs = AHEAD_HOLD.as_secs(),
+                "nothing is sent ahead to the runtimes: a batch taken ahead may wait longer \
+                than the prefetch hold (--send-ahead always does it anyway)"
+            );
+            SendAhead::Never
+        }
+        (chosen, _) => chosen,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_sends_nothing_ahead_under_a_prefetch_hold_shorter_than_the_hold_ahead() {
+        assert_eq!(send_ahead(SendAhead::Auto, None), SendAhead::Auto);
+        assert_eq!(send_ahead(SendAhead::Auto, Some(AHEAD_HOLD.as_secs())), SendAhead::Auto);
+        assert_eq!(send_ahead(SendAhead::Auto, Some(1)), SendAhead::Never);
+        assert_eq!(send_ahead(SendAhead::Always, Some(1)), SendAhead::Always);
+    }
 
     /// Regression: `--prefetch` above the concurrency was a fixed prefetch, whose messages
     /// waiting behind long mini-batches were never given back (the hold applies only above the

@@ -10,7 +10,8 @@
 //! batch's pace (`ahead_depth`): deep behind batches of microseconds, one request behind
 //! batches of 50 ms or more.
 //!
-//! Every worker sends ahead unless told not to (`--send-ahead never`, [`SendAhead`]).
+//! Every worker sends ahead unless told not to (`--send-ahead never`, [`SendAhead`]) or given a
+//! prefetch hold shorter than the wait a delivery taken ahead may have (`--prefetch-hold`).
 //!
 //! Sending ahead is an optimisation only; nothing depends on it. A delivery is handled
 //! afterwards exactly as one received then (counted, marked, claimed, run, settled), and its
@@ -52,13 +53,15 @@ use super::{beyond_the_plan, receive_one, Slot};
 /// Whether a worker's slots send their next batches ahead (`batchfleet-worker --send-ahead`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SendAhead {
-    /// Wherever the broker holds deliveries in the worker (never on SQS): the default
+    /// Wherever the broker holds deliveries in the worker (never on SQS), unless
+    /// `--prefetch-hold` is under 10 s (a delivery taken ahead may wait that long): the default
     // Queued in bursts, requests sent ahead measured faster with a slot per core too
     // (`bench_batch_cost`, 2 slots on 2 cores; docs/benchmarks.md); with one request at a time
     // they had cost CPU there, and `auto` had sent ahead only with fewer slots than cores.
+    // What `auto` comes to under a prefetch hold is the binary's (`batchfleet-worker`).
     #[default]
     Auto,
-    /// The same as `auto` (kept for the command lines that name it)
+    /// As `auto`, under a short `--prefetch-hold` too
     Always,
     /// Never: each request waits for the answer before it
     Never,

@@ -260,8 +260,7 @@ pub(crate) struct Shared {
     pub records: AttemptRecords,
     /// Resource usage sampling of the jobs whose runtimes run here.
     pub resources: ResourceMonitors,
-    /// The slots send their next batches ahead (`slot::ahead`): fewer slots than the cores
-    /// this process may use, so a runtime that runs ahead uses a core that would idle.
+    /// The slots send their next batches ahead (`slot::ahead`; `--send-ahead`).
     pub sends_ahead: bool,
 }
 

@@ -98,8 +98,8 @@ impl Worker {
         self
     }
 
-    /// Whether the slots send their next batch ahead to their runtime (`slot::ahead`); by
-    /// default only with fewer slots than cores.
+    /// Whether the slots send their next batches ahead to their runtime (`slot::ahead`); by
+    /// default they do.
     pub fn with_send_ahead(mut self, send_ahead: SendAhead) -> Worker {
         self.send_ahead = send_ahead;
         self

@@ -1122,6 +1122,16 @@ async fn run_one_slot(fleet: &Fleet, statuses: usize, dead: u64) -> WorkerSummar
     handle.await.unwrap()
 }
 
+/// Run `files` as 1-file batches of `script` (see [`direct_fleet`], 2 retries) in one slot
+/// sending ahead: every batch succeeds, and some were sent ahead.
+async fn all_run_some_ahead(script: &str, files: &[&str]) -> Fleet {
+    let fleet = direct_fleet(script, 2, files).await;
+    let summary = run_one_slot(&fleet, files.len(), 0).await;
+    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
+    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    fleet
+}
+
 /// Each of `files`' batches (see [`direct_fleet`]) has its one row as its result.
 fn assert_each_result_written(fleet: &Fleet, files: &[&str]) {
     for (i, name) in files.iter().enumerate() {
@@ -1133,10 +1143,7 @@ fn assert_each_result_written(fleet: &Fleet, files: &[&str]) {
 async fn a_slot_sends_its_next_batch_ahead_and_each_batch_is_written_once() {
     let files: Vec<String> = (0..12).map(|i| format!("f{i:02}.txt")).collect();
     let files: Vec<&str> = files.iter().map(String::as_str).collect();
-    let fleet = direct_fleet(POISON_SCRIPT, 2, &files).await;
-    let summary = run_one_slot(&fleet, files.len(), 0).await;
-    assert_eq!(summary.batches_succeeded, 12, "{summary:?}");
-    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    let fleet = all_run_some_ahead(POISON_SCRIPT, &files).await;
     assert_each_result_written(&fleet, &files);
     assert_eq!(fleet.dead_letter_count().await, 0);
 }
@@ -1205,10 +1212,7 @@ def run(mini_batch):
 "#;
     let files: Vec<String> = (0..11).map(|i| format!("f{i:02}.txt")).collect();
     let files: Vec<&str> = files.iter().map(String::as_str).collect();
-    let fleet = direct_fleet(script, 2, &files).await;
-    let summary = run_one_slot(&fleet, files.len(), 0).await;
-    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
-    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    let fleet = all_run_some_ahead(script, &files).await;
     let given_back: Vec<Op> =
         fleet.broker.ops().into_iter().filter(|op| matches!(op, Op::Nack(..))).collect();
     assert!(given_back.is_empty(), "no batch goes back to the queue: {given_back:?}");
@@ -1236,10 +1240,7 @@ def run(mini_batch):
     let names: Vec<String> = (0..40).map(|i| format!("f{i:02}.txt")).collect();
     let mut files: Vec<&str> = names.iter().map(String::as_str).collect();
     files[8] = "crash.txt";
-    let fleet = direct_fleet(script, 2, &files).await;
-    let summary = run_one_slot(&fleet, files.len(), 0).await;
-    assert_eq!(summary.batches_succeeded, files.len() as u64, "{summary:?}");
-    assert!(summary.runs_taken_ahead > 0, "no batch was sent ahead: {summary:?}");
+    let fleet = all_run_some_ahead(script, &files).await;
     let ran = std::fs::read_to_string(fleet.path("markers/ran.txt")).unwrap();
     for name in &files {
         let expected = if *name == "crash.txt" { 2 } else { 1 };

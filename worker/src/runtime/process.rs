@@ -111,8 +111,9 @@ impl RuntimeProcess {
 
     /// Start one mini-batch: send its request, or take up the one sent ahead for it
     /// ([`RuntimeProcess::send_ahead`]) when it is the same request. Requests sent ahead before
-    /// it, or all when none is the same, are run to their end first and their answers dropped. [`RuntimeProcess::answer`]
-    /// then waits for the outcome; `timeout` counts from when the process took the request up.
+    /// it, or all when none is the same, are run to their end first and their answers dropped.
+    /// [`RuntimeProcess::answer`] then waits for the outcome; `timeout` counts from when the
+    /// process took the request up.
     pub async fn begin(
         &mut self,
         request: RunRequest,
@@ -153,13 +154,13 @@ impl RuntimeProcess {
     /// and requests that did not fit the pipe would hold up the worker. Taken up more than
     /// [`AHEAD_HOLD`] after it was sent, a request is not run (`skipped`). Whether it was sent.
     pub async fn send_ahead(&mut self, request: RunRequest) -> bool {
-        if !self.alive || self.ahead.len() >= AHEAD_DEPTH || self.skip_possible {
+        let room = self.ahead_room();
+        if room == 0 {
             return false;
         }
         let Some(start_by) = monotonic_after(AHEAD_HOLD) else { return false };
         let Ok((line, nonce)) = run_line(&request, Some(start_by)) else { return false };
-        let queued: usize = self.ahead.iter().map(|ahead| ahead.bytes).sum();
-        if queued + line.len() > AHEAD_MAX || self.send(&line).await.is_err() {
+        if line.len() > room || self.send(&line).await.is_err() {
             // A failed send is found by the answer the caller waits for.
             return false;
         }

@@ -404,12 +404,7 @@ impl Slot {
                 };
                 self.summary.runs_taken_ahead += u64::from(running.was_ahead);
                 // A request that may come back skipped is sent again, behind anything queued.
-                // Behind a request too long to be queued, the next would be too: taking its
-                // delivery early only costs (bench_peers, 100 files a batch: 3-5 %).
-                let fits = |_: &&CancellationToken| {
-                    self.runtime.as_ref().is_some_and(|active| active.process.fits_ahead())
-                };
-                if let Some(stop) = look_ahead.filter(fits) {
+                if let Some(stop) = look_ahead {
                     self.look_ahead(job, stop).await;
                 }
                 let Some(active) = self.runtime.as_mut() else {

@@ -23,16 +23,24 @@ non-dumpable so that other processes cannot open them through /proc/<pid>/fd. Co
 process can still write to them: the worker checks every answer (see docs/entry-protocol.md).
 """
 
-import importlib.util
+# Only modules an interpreter has loaded at its start, or that cost nothing to load: a runtime's
+# start is the driver's imports plus the script's, and `json` (with `re` and `enum`),
+# `importlib.util` (with `contextlib`), `threading` and `signal` each cost a few ms of CPU
+# (together about as much as the bare interpreter's start). The protocol's JSON goes through
+# CPython's C codec (`_json`) directly, the lifeline thread is a `_thread`; `json`,
+# `importlib.util` are the fallbacks where those are not there.
 import errno
-import json
-from json.encoder import encode_basestring_ascii
 import os
 import select
-import signal
 import sys
-import threading
 import time
+import _thread
+
+try:
+    from importlib._bootstrap import module_from_spec
+    from importlib._bootstrap_external import spec_from_file_location
+except ImportError:  # not CPython's import machinery
+    from importlib.util import module_from_spec, spec_from_file_location
 
 # Beside this file; the module's folder is on sys.path while the driver is imported (see
 # runtime::DRIVER_START), so it is imported here, at the top.
@@ -85,6 +93,7 @@ def watch_the_worker(proto_in_fd):
             pass
         for _ in range(50):
             if os.getppid() != parent:
+                import signal
                 # The worker starts each runtime as the leader of a group of its own; a group
                 # this process does not lead is not its to end.
                 if os.getpgrp() == os.getpid():
@@ -92,7 +101,8 @@ def watch_the_worker(proto_in_fd):
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.1)
 
-    threading.Thread(target=watch, name="batchfleet-lifeline", daemon=True).start()
+    # A daemon thread: it never holds the interpreter's exit.
+    _thread.start_new_thread(watch, ())
 
 
 def take_protocol_fds():
@@ -125,15 +135,46 @@ def message_encoder():
     """A function from a message to its JSON text, as json.dumps(message, default=str) gives it.
     JSONEncoder.encode sets up its C encoder anew on every call, which costs more than a small
     message: the C encoder is made once here (when this Python has it)."""
-    encoder = json.JSONEncoder(default=str)
     try:
-        from json.encoder import c_make_encoder
-        c_encode = c_make_encoder(None, encoder.default, encode_basestring_ascii, None,
-                                  encoder.key_separator, encoder.item_separator, False, False,
-                                  True)
+        from _json import encode_basestring_ascii, make_encoder
+        c_encode = make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False,
+                                False, True)
     except (ImportError, TypeError):  # no C encoder, or one made another way
-        return encoder.encode
+        import json
+        return json.JSONEncoder(default=str).encode
     return lambda message: "".join(c_encode(message, 0))
+
+
+class DecoderContext:
+    """What json.JSONDecoder() holds for its C scanner: json.loads' defaults."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"),
+                      "NaN": float("nan")}.__getitem__
+
+
+def message_decoder():
+    """A function from a line's text to the JSON value it starts with, as
+    json.JSONDecoder().raw_decode(text)[0] gives it; text that is not JSON raises ValueError.
+    (raw_decode: a request is one object on its line; decode() would also match the whitespace
+    around it, with a regular expression each side.)"""
+    try:
+        from _json import make_scanner
+        scan_once = make_scanner(DecoderContext)
+    except (ImportError, TypeError):  # no C scanner
+        import json
+        raw_decode = json.JSONDecoder().raw_decode
+        return lambda text: raw_decode(text)[0]
+
+    def decode(text):
+        try:
+            return scan_once(text, 0)[0]
+        except StopIteration:
+            raise ValueError("a line that is not JSON") from None
+    return decode
 
 
 class Protocol:
@@ -143,7 +184,7 @@ class Protocol:
 
     # One encoder and decoder for every message: json.dumps and json.loads build anew per call.
     ENCODE = staticmethod(message_encoder())
-    DECODER = json.JSONDecoder()
+    DECODE = staticmethod(message_decoder())
 
     def send(self, msg_type, attached=None, **fields):
         """Send one message; `attached` (bytes) follows its line on the channel, as the
@@ -160,9 +201,7 @@ class Protocol:
         line = self.reader.readline()
         if not line:
             return None
-        # raw_decode: a request is one object on its line; decode() would also match the
-        # whitespace around it, with a regular expression each side.
-        return self.DECODER.raw_decode(line.decode("utf-8"))[0]
+        return self.DECODE(line.decode("utf-8"))
 
 
 class MiniBatchContext:
@@ -238,10 +277,10 @@ def load_entry_script(code_dir, entry_script):
         raise FileNotFoundError("entry script %s does not exist in the code folder %s"
                                 % (entry_script, code_dir))
     name = os.path.splitext(os.path.basename(entry_script))[0] or "entry_script"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError("cannot load entry script %s" % path)
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module

@@ -483,7 +483,7 @@ fn a_tables_job_has_its_runtimes_started_before_its_first_batch() {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("records");
-        for record in batchfleet_common::records::parse_records(&text) {
+        for record in batchfleet_common::records::parse_records(text.as_bytes()) {
             let record = record.expect("a readable attempt record");
             let pid = record.pid.expect("an attempt that ran names its runtime");
             let init_ended = ended.get(&pid).unwrap_or_else(|| panic!("no init() in {pid}"));

@@ -52,7 +52,7 @@ impl JobRoot {
                 Some(parts) => parts.map(|p| p.as_ref().to_owned()).collect::<Vec<_>>().join("/"),
                 None => key.to_string(),
             };
-            for parsed in parse_records(&String::from_utf8_lossy(&bytes)) {
+            for parsed in parse_records(&bytes) {
                 match parsed {
                     Ok(record) => out.records.push(record),
                     Err(why) => out.skipped.push(SkippedLine { file: file.clone(), why }),

@@ -168,3 +168,57 @@ fn the_clock_writes_each_time_as_utc_does_across_days_and_years() {
     assert_eq!(utc(u64::MAX), "9999-12-31T23:59:59.999Z");
     assert_eq!(clock.format(u64::MAX), "9999-12-31T23:59:59.999Z");
 }
+
+#[test]
+fn every_column_of_a_row_is_written_as_the_report_reads_it() {
+    let mut full = record(7, 2, "w,1", 3, 86_400_000 + 1_234, 86_400_000 + 65_678);
+    full.run_cpu_seconds = Some(0.0456);
+    full.lost_before = 1;
+    full.store_retries = 4;
+    let mut bare = record(8, 1, "w2", 0, 5_000, 6_000);
+    (bare.pid, bare.published_ms, bare.runtime_ready_ms, bare.loaded_ms) = (None, None, None, None);
+    (bare.run_started_ms, bare.run_ended_ms, bare.written_ms) = (None, None, None);
+    let rows = rows(&processed_csv(&[full, bare]));
+    let expected = [
+        "000007",
+        "2",
+        "w,1/slot-3/pid-103",
+        "1970-01-02T00:00:01.234Z",
+        "2",
+        "2",
+        "0",
+        "64.444",
+        "0.046",
+        "64.424",
+        "succeeded",
+        "",
+        "",
+        "7",
+        "w,1",
+        "3",
+        "103",
+        "1970-01-01T00:00:00.000Z",
+        "1970-01-02T00:00:01.234Z",
+        "1970-01-02T00:00:01.234Z",
+        "1970-01-02T00:00:01.244Z",
+        "1970-01-02T00:00:01.244Z",
+        "1970-01-02T00:01:05.668Z",
+        "1970-01-02T00:01:05.673Z",
+        "1970-01-02T00:01:05.678Z",
+        "86401.234",
+        "0.000",
+        "0.010",
+        "0.005",
+        "0.005",
+        "",
+        "1",
+        "4",
+    ];
+    assert_eq!(rows[0].iter().collect::<Vec<_>>(), expected);
+    let bare: Vec<_> = rows[1].iter().collect();
+    assert_eq!(bare[2], "w2/slot-0", "no pid");
+    assert_eq!((bare[8], bare[9], bare[16], bare[17]), ("", "", "", ""));
+    assert_eq!(bare[18], "1970-01-01T00:00:05.000Z");
+    assert_eq!((bare[19], bare[23], bare[24]), ("", "", "1970-01-01T00:00:06.000Z"));
+    assert_eq!((bare[25], bare[26], bare[27], bare[28], bare[29]), ("", "", "", "", ""));
+}

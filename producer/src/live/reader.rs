@@ -194,7 +194,7 @@ impl JobReader {
         for (key, bytes) in read {
             let Some(bytes) = bytes else { continue };
             let mut records = Vec::new();
-            for parsed in parse_records(&String::from_utf8_lossy(&bytes)) {
+            for parsed in parse_records(&bytes) {
                 match parsed {
                     Ok(record) => records.push(record),
                     Err(_) => self.skipped += 1,

@@ -465,7 +465,12 @@ impl RuntimeProcess {
                     protocol::MAX_FRAME
                 ));
             }
-            let text = String::from_utf8_lossy(&line);
+            // `from_utf8` first: a word at a time on ASCII, where `from_utf8_lossy` walks byte
+            // by byte.
+            let text = match std::str::from_utf8(&line) {
+                Ok(text) => std::borrow::Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(&line),
+            };
             if !text.trim().is_empty() {
                 return protocol::decode(&text).map(Some);
             }

@@ -15,6 +15,7 @@
 //! - [`error`]: the error kinds shared by every library boundary.
 //! - [`gpus`]: the machine's GPUs, one per slot.
 //! - [`retry`]: the one retry policy for transient errors, over [`retry::ClassifiedError`].
+//! - [`text`]: bytes read back as text.
 //! - `test_support` (feature `test-support`): builders for tests, such as a batch status.
 
 pub mod broker;
@@ -35,6 +36,7 @@ pub mod store;
 pub mod table;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+pub mod text;
 pub mod worker_status;
 
 pub use error::{ErrorKind, Retry};

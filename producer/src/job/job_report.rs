@@ -68,7 +68,14 @@ fn utc_opt(ms: Option<u64>) -> String {
 }
 
 fn secs(ms: u64) -> String {
-    format!("{:.3}", ms as f64 / 1000.0)
+    let mut text = String::new();
+    write_secs(&mut text, ms);
+    text
+}
+
+/// Milliseconds as seconds with three decimals (`1.234`).
+fn write_secs(text: &mut String, ms: u64) {
+    let _ = write!(text, "{}.{:03}", ms / 1000, ms % 1000);
 }
 
 /// The Status column: the outcome, and `succeeded (no rows)` for a tabular mini-batch that held
@@ -213,10 +220,10 @@ impl Row {
         self.end();
     }
 
-    /// Seconds with three decimals, as [`secs`] writes them; empty for none.
+    /// Seconds with three decimals ([`write_secs`]); empty for none.
     fn secs(&mut self, ms: Option<u64>) {
         if let Some(ms) = ms {
-            let _ = write!(self.buffer, "{}.{:03}", ms / 1000, ms % 1000);
+            write_secs(&mut self.buffer, ms);
         }
         self.end();
     }

@@ -465,12 +465,7 @@ impl RuntimeProcess {
                     protocol::MAX_FRAME
                 ));
             }
-            // `from_utf8` first: a word at a time on ASCII, where `from_utf8_lossy` walks byte
-            // by byte.
-            let text = match std::str::from_utf8(&line) {
-                Ok(text) => std::borrow::Cow::Borrowed(text),
-                Err(_) => String::from_utf8_lossy(&line),
-            };
+            let text = batchfleet_common::text::lossy(&line);
             if !text.trim().is_empty() {
                 return protocol::decode(&text).map(Some);
             }

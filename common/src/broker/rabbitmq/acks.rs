@@ -195,7 +195,8 @@ impl AckWindow {
     }
 
     async fn send(&self, tag: u64, multiple: bool) {
-        if let Err(error) = self.channel.basic_ack(tag, BasicAckOptions { multiple }).await {
+        let ack = self.channel.basic_ack(tag, BasicAckOptions { multiple });
+        if let Err(error) = super::error::within(super::error::SEND_LIMIT, "an ack", ack).await {
             tracing::debug!(delivery_tag = tag, multiple, %error,
                 "sending an ack failed; RabbitMQ redelivers the message");
         }

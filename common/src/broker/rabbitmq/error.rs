@@ -31,6 +31,26 @@ pub(super) fn on_declare(error: &lapin::Error, queue: &str) -> BrokerError {
 }
 
 /// A failure of the connection or channel itself (not of the operation): transient.
+/// How long a frame RabbitMQ does not answer (an ack, a nack, a cancel) may take to be sent.
+pub(super) const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `operation`, a lapin call, given up after `limit` with a transient `Connection` error that
+/// names `what`. On a connection that died without lapin noticing, a call can stay pending for
+/// good (amqp-rs/lapin#409): a slot giving a delivery back on it would wait forever, silently.
+pub(super) async fn within<T>(
+    limit: std::time::Duration,
+    what: &str,
+    operation: impl std::future::Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, BrokerError> {
+    match tokio::time::timeout(limit, operation).await {
+        Ok(result) => result.map_err(|e| transport(&e)),
+        Err(_) => Err(BrokerError::Connection(format!(
+            "RabbitMQ's connection did not take {what} within {:.0} s",
+            limit.as_secs_f64()
+        ))),
+    }
+}
+
 pub(super) fn transport(error: &lapin::Error) -> BrokerError {
     BrokerError::Connection(error.to_string())
 }
@@ -72,6 +92,22 @@ fn mismatch_detail(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_lapin_never_sees_through_fails_within_its_limit() {
+        let limit = std::time::Duration::from_millis(50);
+        let never = std::future::pending::<Result<(), lapin::Error>>();
+        let started = std::time::Instant::now();
+        match within(limit, "a nack", never).await {
+            Err(BrokerError::Connection(message)) => {
+                assert!(message.contains("did not take a nack within"), "{message}");
+            }
+            other => panic!("a pending call must fail as a lost connection, got {other:?}"),
+        }
+        assert!(started.elapsed() >= limit, "given up before its limit");
+        let answered = within(limit, "an ack", async { Ok::<_, lapin::Error>(7) }).await;
+        assert!(matches!(answered, Ok(7)), "{answered:?}");
+    }
 
     #[test]
     fn mismatch_detail_explains_the_delivery_limit() {

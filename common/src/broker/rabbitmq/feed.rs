@@ -291,8 +291,9 @@ async fn retire(feed: &Arc<Feed>, mut consumers: Pumps, why: &str) {
     feed.end();
     for (tag, pump) in consumers.0.drain(..) {
         if !pump.is_finished() {
+            let cancel = feed.acks.channel().basic_cancel(tag, BasicCancelOptions::default());
             if let Err(error) =
-                feed.acks.channel().basic_cancel(tag, BasicCancelOptions::default()).await
+                super::error::within(super::error::SEND_LIMIT, "a cancel", cancel).await
             {
                 // The channel is gone: what it was pushed is back in the queue already.
                 tracing::debug!(queue = %feed.queue, %error, "cancelling a consumer failed");
@@ -300,8 +301,13 @@ async fn retire(feed: &Arc<Feed>, mut consumers: Pumps, why: &str) {
                 continue;
             }
         }
-        // After the cancel-ok the consumer's stream ends with everything pushed before it.
-        let _ended = pump.await; // a join error is an abort: nothing more to read
+        // After the cancel-ok the consumer's stream ends with everything pushed before it; a
+        // stream that does not (its connection died unnoticed) is given up.
+        let abort = pump.abort_handle();
+        if tokio::time::timeout(super::error::SEND_LIMIT, pump).await.is_err() {
+            tracing::debug!(queue = %feed.queue, "a cancelled consumer's stream did not end");
+            abort.abort();
+        }
     }
     let unsent: VecDeque<Delivery> = {
         let mut state = feed.lock();

@@ -12,15 +12,20 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lapin::message::Delivery;
 use lapin::options::BasicNackOptions;
 use lapin::Channel;
 
 use super::acks::AckWindow;
+use super::error;
 use super::headers;
 use super::publish;
 use crate::broker::BrokerError;
+
+/// How long the copies of the messages given back may take to be confirmed.
+const COPIES_LIMIT: Duration = Duration::from_secs(30);
 
 /// Give `unsent` back to `queue` (see the module doc); returns how many were handed back
 /// uncounted.
@@ -33,7 +38,14 @@ pub(super) async fn hand_back(
         return 0;
     }
     let count = unsent.len();
-    let mut requeue = match publish_copies(acks.channel(), queue, &unsent).await {
+    let copies = publish_copies(acks.channel(), queue, &unsent);
+    let copies = tokio::time::timeout(COPIES_LIMIT, copies).await.unwrap_or_else(|_| {
+        Err(BrokerError::Connection(format!(
+            "RabbitMQ confirmed no copy within {} s",
+            COPIES_LIMIT.as_secs()
+        )))
+    });
+    let mut requeue = match copies {
         Ok(copied) => {
             let mut left = Vec::new();
             for (delivery, copied) in unsent.into_iter().zip(copied) {
@@ -53,8 +65,8 @@ pub(super) async fn hand_back(
     };
     let handed = count - requeue.len();
     for delivery in requeue.drain(..) {
-        let nack = BasicNackOptions { multiple: false, requeue: true };
-        match delivery.acker.nack(nack).await {
+        let nack = delivery.acker.nack(BasicNackOptions { multiple: false, requeue: true });
+        match error::within(error::SEND_LIMIT, "a nack", nack).await {
             Ok(_) => acks.settled(delivery.delivery_tag),
             Err(error) => tracing::debug!(queue, %error,
                 "giving back a pushed message failed; RabbitMQ requeues it when the channel closes"),

@@ -42,13 +42,12 @@ pub(super) struct Lease {
 
 impl Lease {
     /// Give the message back to its queue now (its delivery count goes up). `Ok(false)`: the
-    /// channel is gone, and with it the delivery, which RabbitMQ has requeued already.
+    /// channel is gone, and with it the delivery, which RabbitMQ has requeued already. A nack
+    /// not sent within [`error::SEND_LIMIT`] fails (`Connection`): the message comes back when
+    /// its channel's connection is closed.
     pub(super) async fn requeue(&self) -> Result<bool, BrokerError> {
-        let sent = self
-            .acker
-            .nack(BasicNackOptions { multiple: false, requeue: true })
-            .await
-            .map_err(|e| error::transport(&e))?;
+        let nack = self.acker.nack(BasicNackOptions { multiple: false, requeue: true });
+        let sent = error::within(error::SEND_LIMIT, "a nack", nack).await?;
         // The nack frame is on its way: a `multiple` ack sent from now on cannot cover it.
         self.acks.settled(self.tag);
         Ok(sent)

@@ -74,7 +74,10 @@
 //!   A connection can also go silent without a reset (a network cut) or stop being served:
 //!   every call is bounded by [`RabbitMqOptions::answer_limit`] (45 s; a receive: beyond its
 //!   wait), and a call without RabbitMQ's answer in time fails with `Connection` and gives the
-//!   connection up, so the next call opens a new one rather than wait on it for good.
+//!   connection up, so the next call opens a new one rather than wait on it for good. The
+//!   frames RabbitMQ does not answer (acks, nacks, a consumer's cancel) are bounded by
+//!   `error::SEND_LIMIT` (10 s): a nack that is never sent fails with `Connection`, and the
+//!   message comes back when its channel's connection closes.
 //! - **Clusters.** The URL may list several nodes of one cluster, comma-separated: a connection
 //!   goes to the first that answers, starting after the node lost last (module `session`); the
 //!   management API is asked of each node in turn likewise. Quorum queues are replicated over

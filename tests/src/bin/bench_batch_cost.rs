@@ -29,6 +29,11 @@
 //!   processes sleep and are woken once per mini-batch;
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build).
 //!
+//! Each round also writes `--large` create-only statuses of a 1-row batch's size, alone, into
+//! a folder beside the jobs (the job roots' file system), through the function a worker writes
+//! them with: the one file a mini-batch costs under the exactly-once protocol, which no peer
+//! writes. Its median is printed against the Pool's per-task wall and CPU time.
+//!
 //! Build and run in release (not part of the test command):
 //! `cargo build --release --bins && target/release/bench_batch_cost [--rounds 5]`.
 
@@ -268,6 +273,32 @@ fn children_cpu() -> f64 {
     secs(usage.user_time()) + secs(usage.system_time())
 }
 
+/// What the exactly-once protocol's one write a mini-batch costs alone: `n` create-only
+/// statuses of a 1-row batch's size written into a fresh folder under `dir` (the job root's
+/// file system) through the code a worker writes them with; wall and thread-CPU µs a status.
+fn status_write_cost(dir: &Path, n: usize) -> Result<(f64, f64)> {
+    use nix::time::{clock_gettime, ClockId};
+    let folder = dir.join("status-alone");
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder)?;
+    let status = br#"{"v":2,"batch_id":"b0000001","status":"succeeded","attempt":1,"items_in":1,"items_out":1,"rows":["f0000001.txt"],"worker_id":"w-0","ended_ms":1764633600000}"#;
+    let cpu = || {
+        clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+            .map_or(f64::NAN, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
+    };
+    let (cpu_before, started) = (cpu(), Instant::now());
+    for i in 0..n {
+        let path = folder.join(format!("b{i:07}.json"));
+        let created = batchfleet_common::job_root::local::create_only(&path, status)
+            .with_context(|| format!("writing {}", path.display()))?;
+        ensure!(created, "{} existed already", path.display());
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let cpu_secs = cpu() - cpu_before;
+    std::fs::remove_dir_all(&folder)?;
+    Ok((secs / n as f64 * 1e6, cpu_secs / n as f64 * 1e6))
+}
+
 fn main() -> Result<()> {
     let options = Options::parse();
     ensure!(options.large > options.small && options.small > 0, "--large must exceed --small");
@@ -306,6 +337,7 @@ fn main() -> Result<()> {
     let extra = (options.large - options.small) as f64;
     let mut costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     let mut cpu_costs: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    let mut status_costs: Vec<(f64, f64)> = Vec::new();
     for round in 1..=options.rounds {
         for i in round_order(round, peers.len()) {
             let peer = &peers[i];
@@ -321,6 +353,13 @@ fn main() -> Result<()> {
             costs[i].push(cost);
             cpu_costs[i].push(cpu_cost);
         }
+        let (wall, cpu) = status_write_cost(&dir, options.large)?;
+        println!(
+            "round {round}: a create-only status alone ({} of them)   → {wall:>7.1} µs a \
+             status, {cpu:>7.1} µs of CPU",
+            options.large
+        );
+        status_costs.push((wall, cpu));
     }
     let at = |wanted: &Peer| peers.iter().position(|p| p == wanted).unwrap_or(0);
     let floor = median(&costs[at(&Peer::Floor)]);
@@ -355,6 +394,14 @@ fn main() -> Result<()> {
         "waiting for each answer costs {:.1} µs of CPU a mini-batch on this machine (the driver \
          alone: {one:.1} µs one request at a time, {all:.1} µs with the requests written at once)",
         one - all
+    );
+    let status_wall = median(&status_costs.iter().map(|c| c.0).collect::<Vec<_>>());
+    let status_cpu = median(&status_costs.iter().map(|c| c.1).collect::<Vec<_>>());
+    println!(
+        "a create-only status alone, the one write a mini-batch costs: {status_wall:.1} µs wall, \
+         {status_cpu:.1} µs of CPU ({:.2}× the Pool's wall and {:.2}× its CPU a task)",
+        status_wall / pool,
+        status_cpu / pool_cpu
     );
     println!("load average at the end: {}", load_average());
     Ok(())

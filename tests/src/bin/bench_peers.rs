@@ -7,6 +7,10 @@
 //!   returning one row per file;
 //! - `multiprocessing.Pool(workers)` mapping the same function over the same 100-file chunks;
 //! - one Python loop;
+//! - Python loops, chunks split: the listing made once, then the chunks split between
+//!   `--workers` processes forked from it, each writing its own part, nothing passed between
+//!   them — what that many processes cost on this machine with no coordination at all (on a
+//!   machine whose cores slow each other down, it is not half the single loop's time);
 //! - with `--baseline BINARY`, the same job through another `batchfleet` (an earlier build);
 //! - Ray Data (`read_binary_files` + `map`) when `--ray-python PATH` names an interpreter that
 //!   has it (`python -m venv target/bench-ray && target/bench-ray/bin/pip install 'ray[data]'`).
@@ -172,8 +176,27 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
         "{listing}\nwith open(sys.argv[1], 'w') as out:\n    for chunk in chunks:\n        \
          out.write(''.join(r + '\\n' for r in score_chunk(chunk)))\n"
     );
+    // The chunks split between `workers` processes forked after the listing, each writing its
+    // own part, nothing passed between them: what `workers` processes cost with no
+    // coordination at all on this machine.
+    let split = format!(
+        "{listing}\nn = {workers}\npids = []\n\
+         def part(k, path):\n    with open(path, 'w') as out:\n        \
+         for chunk in chunks[k::n]:\n            \
+         out.write(''.join(r + '\\n' for r in score_chunk(chunk)))\n\
+         for k in range(1, n):\n    pid = os.fork()\n    if pid == 0:\n        code = 1\n        \
+         try:\n            part(k, '%s.%d' % (sys.argv[1], k))\n            code = 0\n        \
+         finally:\n            os._exit(code)\n    pids.append(pid)\n\
+         part(0, sys.argv[1])\n\
+         with open(sys.argv[1], 'a') as out:\n    for k, pid in enumerate(pids, 1):\n        \
+         if os.waitpid(pid, 0)[1]:\n            sys.exit('split loop %d failed' % k)\n        \
+         with open('%s.%d' % (sys.argv[1], k)) as f:\n            out.write(f.read())\n        \
+         os.remove('%s.%d' % (sys.argv[1], k))\n",
+        workers = options.workers,
+    );
     std::fs::write(dir.join("pool.py"), pool)?;
     std::fs::write(dir.join("loop.py"), single)?;
+    std::fs::write(dir.join("split.py"), split)?;
 
     let store = options.store.clone().unwrap_or_else(|| dir.join("jobs"));
     let batchfleet = |binary: PathBuf, live: bool| -> Box<dyn Fn(&Path) -> Command> {
@@ -211,6 +234,18 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
             name: "one Python loop",
             command: Box::new({
                 let script = dir.join("loop.py");
+                move |out| {
+                    let mut command = Command::new(python());
+                    command.arg(&script).arg(out);
+                    command
+                }
+            }),
+            live: false,
+        },
+        Peer {
+            name: "Python loops, chunks split",
+            command: Box::new({
+                let script = dir.join("split.py");
                 move |out| {
                     let mut command = Command::new(python());
                     command.arg(&script).arg(out);

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use object_store::{ObjectMeta, ObjectStoreExt};
 use sha2::{Digest, Sha256};
@@ -51,9 +51,9 @@ pub struct JobIdentity {
     items_by: ItemsBy,
     /// The files table pieces read, each identified once (`url` → its identity).
     files: Mutex<HashMap<String, String>>,
-    /// The last input URL a file's identity was asked of, and the local path it names (none
-    /// for a cloud store): parsed once, not once per listed file.
-    local: Mutex<Option<(String, Option<PathBuf>)>>,
+    /// The job's input URL and the local path it names (none for a cloud store): parsed once,
+    /// not once per listed file.
+    input: (String, Option<PathBuf>),
 }
 
 /// The version of the identity recipe: a new recipe never matches an old identity.
@@ -85,7 +85,7 @@ impl JobIdentity {
             job_hash: sha256_hex(described.to_string().as_bytes()),
             items_by,
             files: Mutex::default(),
-            local: Mutex::default(),
+            input: (job.input.url.clone(), local_path(&job.input.url)),
         })
     }
 
@@ -108,9 +108,17 @@ impl JobIdentity {
         item: &str,
         meta: &ObjectMeta,
     ) -> Result<String, ProducerError> {
-        match (self.items_by, self.local_path(input_url)) {
+        let parsed;
+        let local = match input_url == self.input.0 {
+            true => &self.input.1,
+            false => {
+                parsed = local_path(input_url);
+                &parsed
+            }
+        };
+        match (self.items_by, local) {
             (ItemsBy::Content, Some(dir)) => {
-                let path = if dir.is_file() { dir } else { dir.join(item) };
+                let path = if dir.is_file() { dir.clone() } else { dir.join(item) };
                 let hash = file_content_hash(&path).await?;
                 Ok(format!("{item}\tcontent:{hash}"))
             }
@@ -120,23 +128,6 @@ impl JobIdentity {
                 meta.size,
                 meta.e_tag.clone().unwrap_or_else(|| format!("mtime:{}", mtime_nanos(meta)))
             )),
-        }
-    }
-
-    /// The local path `input_url` names (none for a cloud store). Only a content identity
-    /// reads the path; the others are given an empty one for a local input.
-    fn local_path(&self, input_url: &str) -> Option<PathBuf> {
-        let mut last = self.local.lock().unwrap_or_else(PoisonError::into_inner);
-        let local = match last.as_ref().filter(|(url, _)| url == input_url) {
-            Some((_, local)) => local,
-            None => {
-                let local = url::Url::parse(input_url).ok().as_ref().and_then(store::local_path);
-                &last.insert((input_url.to_owned(), local)).1
-            }
-        };
-        match self.items_by {
-            ItemsBy::Content => local.clone(),
-            _ => local.as_ref().map(|_| PathBuf::new()),
         }
     }
 
@@ -188,6 +179,11 @@ pub fn interpreter_identity(python: &Path) -> String {
         })
         .unwrap_or((0, 0));
     format!("{}\t{}\t{size}\t{modified}", python.display(), target.display())
+}
+
+/// The local path `url` names; none for a cloud store (or what is not a URL).
+fn local_path(url: &str) -> Option<PathBuf> {
+    url::Url::parse(url).ok().as_ref().and_then(store::local_path)
 }
 
 fn mtime_nanos(meta: &ObjectMeta) -> i64 {
@@ -252,7 +248,7 @@ mod tests {
             job_hash: "j".into(),
             items_by: ItemsBy::Metadata,
             files: Mutex::default(),
-            local: Mutex::default(),
+            input: (String::new(), None),
         };
         let ab = identity.files_batch(&["a\t1\t5".into(), "b\t1\t5".into()]);
         assert_eq!(ab, identity.files_batch(&["a\t1\t5".into(), "b\t1\t5".into()]));
@@ -262,7 +258,7 @@ mod tests {
             job_hash: "k".into(),
             items_by: ItemsBy::Metadata,
             files: Mutex::default(),
-            local: Mutex::default(),
+            input: (String::new(), None),
         };
         assert_ne!(ab, other_job.files_batch(&["a\t1\t5".into(), "b\t1\t5".into()]));
     }

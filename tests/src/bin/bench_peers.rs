@@ -216,44 +216,21 @@ fn peers(options: &Options, data: &Path) -> Result<Vec<Peer>> {
             command
         })
     };
+    // A peer that runs one of the scripts above with the job's interpreter, writing `out`.
+    let python_peer = |name: &'static str, script: &str| -> Peer {
+        let script = dir.join(script);
+        let command = move |out: &Path| {
+            let mut command = Command::new(python());
+            command.arg(&script).arg(out);
+            command
+        };
+        Peer { name, command: Box::new(command), live: false }
+    };
     let mut peers = vec![
         Peer { name: "batchfleet run", command: batchfleet(binary.clone(), false), live: false },
-        Peer {
-            name: "multiprocessing.Pool",
-            command: Box::new({
-                let script = dir.join("pool.py");
-                move |out| {
-                    let mut command = Command::new(python());
-                    command.arg(&script).arg(out);
-                    command
-                }
-            }),
-            live: false,
-        },
-        Peer {
-            name: "one Python loop",
-            command: Box::new({
-                let script = dir.join("loop.py");
-                move |out| {
-                    let mut command = Command::new(python());
-                    command.arg(&script).arg(out);
-                    command
-                }
-            }),
-            live: false,
-        },
-        Peer {
-            name: "Python loops, chunks split",
-            command: Box::new({
-                let script = dir.join("split.py");
-                move |out| {
-                    let mut command = Command::new(python());
-                    command.arg(&script).arg(out);
-                    command
-                }
-            }),
-            live: false,
-        },
+        python_peer("multiprocessing.Pool", "pool.py"),
+        python_peer("one Python loop", "loop.py"),
+        python_peer("Python loops, chunks split", "split.py"),
     ];
     if options.live {
         peers.insert(

@@ -30,7 +30,6 @@ pub(super) fn on_declare(error: &lapin::Error, queue: &str) -> BrokerError {
     }
 }
 
-/// A failure of the connection or channel itself (not of the operation): transient.
 /// How long a frame RabbitMQ does not answer (an ack, a nack, a cancel) may take to be sent.
 pub(super) const SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -51,6 +50,7 @@ pub(super) async fn within<T>(
     }
 }
 
+/// A failure of the connection or channel itself (not of the operation): transient.
 pub(super) fn transport(error: &lapin::Error) -> BrokerError {
     BrokerError::Connection(error.to_string())
 }

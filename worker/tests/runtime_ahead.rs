@@ -113,7 +113,7 @@ async fn ran_one_with_next_ahead(
 ) -> RuntimeProcess {
     let mut process = RuntimeProcess::start(&config(scratch)).await.expect("start");
     let running = process.begin(request(scratch, 0, &[first]), RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(next).await, "a short request is sent ahead");
+    assert!(process.send_ahead(next), "a short request is sent ahead");
     process.answer(running).await.expect("answer");
     process
 }
@@ -125,7 +125,7 @@ async fn a_request_sent_ahead_runs_before_it_is_asked_for_and_its_batch_takes_it
     let (first, next) = (request(&scratch, 0, &["a"]), request(&scratch, 1, &["b"]));
     let running = process.begin(first.clone(), RUN_TIMEOUT).await.expect("begin");
     assert!(!running.was_ahead);
-    assert!(process.send_ahead(next.clone()).await, "a short request is sent ahead");
+    assert!(process.send_ahead(next.clone()), "a short request is sent ahead");
     assert_eq!(process.ahead_batch(), Some("00000001"));
     let outcome = process.answer(running).await.expect("answer");
     assert_eq!(rows(outcome, &first.output), "a\n");
@@ -137,6 +137,31 @@ async fn a_request_sent_ahead_runs_before_it_is_asked_for_and_its_batch_takes_it
     let outcome = process.answer(running).await.expect("answer");
     assert_eq!(rows(outcome, &next.output), "b\n");
     assert_eq!(ran(&scratch), ["a", "b"], "each batch ran once");
+    process.shutdown(GRACE).await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn a_burst_sent_ahead_is_written_by_flush_ahead_before_any_answer_is_read() {
+    let scratch = Scratch::new();
+    let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
+    let first = request(&scratch, 0, &["a"]);
+    let burst = [request(&scratch, 1, &["b"]), request(&scratch, 2, &["c"])];
+    let running = process.begin(first.clone(), RUN_TIMEOUT).await.expect("begin");
+    for next in &burst {
+        assert!(process.send_ahead(next.clone()), "{} is sent ahead", next.batch_id);
+    }
+    process.flush_ahead().await;
+    // Nothing read yet: the runtime has the burst only if flush_ahead wrote it.
+    until_ran(&scratch, "c").await;
+    let outcome = process.answer(running).await.expect("answer");
+    assert_eq!(rows(outcome, &first.output), "a\n");
+    for next in burst {
+        let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
+        assert!(running.was_ahead, "{} took up its request sent ahead", next.batch_id);
+        let outcome = process.answer(running).await.expect("answer");
+        assert_eq!(rows(outcome, &next.output), format!("{}\n", next.items[0]));
+    }
+    assert_eq!(ran(&scratch), ["a", "b", "c"], "each batch ran once, in order");
     process.shutdown(GRACE).await.expect("shutdown");
 }
 
@@ -161,8 +186,8 @@ async fn requests_sent_ahead_for_other_batches_are_dropped_explicitly() {
     let scratch = Scratch::new();
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
-    assert!(process.send_ahead(request(&scratch, 2, &["c"])).await);
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])));
+    assert!(process.send_ahead(request(&scratch, 2, &["c"])));
     assert_eq!(process.ahead_batch(), Some("00000001"), "the first sent is the first taken up");
     process.answer(running).await.expect("answer");
     process.drop_ahead(RUN_TIMEOUT).await.expect("the requests sent ahead finish");
@@ -180,9 +205,9 @@ async fn a_batch_takes_up_its_request_queued_behind_one_whose_batch_will_not() {
     let scratch = Scratch::new();
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])));
     let third = request(&scratch, 2, &["c"]);
-    assert!(process.send_ahead(third.clone()).await);
+    assert!(process.send_ahead(third.clone()));
     process.answer(running).await.expect("answer");
     let running = process.begin(third.clone(), RUN_TIMEOUT).await.expect("begin");
     assert!(running.was_ahead, "batch 2 took up the request sent ahead for it");
@@ -201,10 +226,10 @@ async fn requests_sent_ahead_are_taken_up_in_order_up_to_the_depth() {
     let queued: Vec<RunRequest> =
         (1..=AHEAD_DEPTH as u64).map(|i| request(&scratch, i, &[&format!("i{i}")])).collect();
     for next in &queued {
-        assert!(process.send_ahead(next.clone()).await, "{} is sent ahead", next.batch_id);
+        assert!(process.send_ahead(next.clone()), "{} is sent ahead", next.batch_id);
     }
     let over = request(&scratch, 99, &["over"]);
-    assert!(!process.send_ahead(over).await, "no more than {AHEAD_DEPTH} requests ahead");
+    assert!(!process.send_ahead(over), "no more than {AHEAD_DEPTH} requests ahead");
     process.answer(running).await.expect("answer");
     for next in queued {
         let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
@@ -225,9 +250,9 @@ async fn requests_sent_ahead_hold_at_most_a_page_together() {
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
     let long = "x".repeat(1500);
-    assert!(process.send_ahead(request(&scratch, 1, &[&long])).await);
-    assert!(process.send_ahead(request(&scratch, 2, &[&long])).await);
-    assert!(!process.send_ahead(request(&scratch, 3, &[&long])).await, "past 4 KiB together");
+    assert!(process.send_ahead(request(&scratch, 1, &[&long])));
+    assert!(process.send_ahead(request(&scratch, 2, &[&long])));
+    assert!(!process.send_ahead(request(&scratch, 3, &[&long])), "past 4 KiB together");
     process.answer(running).await.expect("answer");
     process.shutdown(GRACE).await.expect("shutdown");
     assert_eq!(ran(&scratch), ["a", long.as_str(), long.as_str(), "shutdown"]);
@@ -239,7 +264,7 @@ async fn the_time_limit_of_a_request_sent_ahead_counts_from_the_answer_before_it
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
     let hangs = request(&scratch, 1, &["sleep:120"]);
-    assert!(process.send_ahead(hangs.clone()).await);
+    assert!(process.send_ahead(hangs.clone()));
     process.answer(running).await.expect("answer");
     let answered = Instant::now();
     // The worker comes to the batch 3 s after the runtime took it up; its limit is 4 s.
@@ -270,7 +295,7 @@ async fn a_request_sent_ahead_that_answered_while_the_worker_stored_the_one_befo
     // for the worker to read them.
     let mut large = request(&scratch, 1, &["rows:1000"]);
     large.attach_max = Some(1 << 20);
-    assert!(process.send_ahead(large.clone()).await);
+    assert!(process.send_ahead(large.clone()));
     process.answer(running).await.expect("answer");
     until_ran(&scratch, "rows:1000").await;
     // The worker stores the answer before it for longer than the limit (storage retried).
@@ -319,7 +344,7 @@ async fn a_crash_under_a_batch_leaves_no_request_ahead() {
     // It exits after a while: a request sent to a process already gone is not sent ahead.
     let crashes = request(&scratch, 0, &["sleep:0.5", "exit"]);
     let running = process.begin(crashes, RUN_TIMEOUT).await.expect("begin");
-    assert!(process.send_ahead(request(&scratch, 1, &["b"])).await);
+    assert!(process.send_ahead(request(&scratch, 1, &["b"])));
     let error = process.answer(running).await.unwrap_err();
     assert!(matches!(error, RuntimeError::Crashed { .. }), "{error:?}");
     assert_eq!(process.ahead_batch(), None, "the batch sent ahead never ran");
@@ -342,7 +367,7 @@ async fn a_long_request_is_not_sent_ahead() {
     let mut process = RuntimeProcess::start(&config(&scratch)).await.expect("start");
     let running = process.begin(request(&scratch, 0, &["a"]), RUN_TIMEOUT).await.expect("begin");
     let long = "x".repeat(5000);
-    assert!(!process.send_ahead(request(&scratch, 1, &[&long])).await);
+    assert!(!process.send_ahead(request(&scratch, 1, &[&long])));
     assert_eq!(process.ahead_batch(), None);
     process.answer(running).await.expect("answer");
     process.shutdown(GRACE).await.expect("shutdown");
@@ -356,7 +381,7 @@ async fn a_request_sent_ahead_and_taken_up_past_its_hold_is_skipped_and_sent_aga
     let slow = format!("sleep:{}", (AHEAD_HOLD + Duration::from_millis(500)).as_secs_f64());
     let running = process.begin(request(&scratch, 0, &[&slow]), RUN_TIMEOUT).await.expect("begin");
     let next = request(&scratch, 1, &["b"]);
-    assert!(process.send_ahead(next.clone()).await);
+    assert!(process.send_ahead(next.clone()));
     process.answer(running).await.expect("answer");
     // Past its hold: the runtime does not run it (the worker gave its batch back by then).
     let running = process.begin(next.clone(), RUN_TIMEOUT).await.expect("begin");
@@ -378,9 +403,9 @@ async fn a_crash_under_a_request_queued_behind_one_skipped_is_not_the_skipped_ba
     let slow = format!("sleep:{}", (AHEAD_HOLD + Duration::from_millis(400)).as_secs_f64());
     let running = process.begin(request(&scratch, 0, &[&slow]), RUN_TIMEOUT).await.expect("begin");
     let next = request(&scratch, 1, &["b"]);
-    assert!(process.send_ahead(next.clone()).await);
+    assert!(process.send_ahead(next.clone()));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(process.send_ahead(request(&scratch, 2, &["exit"])).await);
+    assert!(process.send_ahead(request(&scratch, 2, &["exit"])));
     process.answer(running).await.expect("answer");
     let running = process.begin(next, RUN_TIMEOUT).await.expect("begin");
     assert!(running.was_ahead);

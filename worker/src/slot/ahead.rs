@@ -145,6 +145,15 @@ impl Slot {
     /// beat). The caller keeps the first one's lease while it waits
     /// (`answer_while_ahead_waits`).
     pub(super) async fn look_ahead(&mut self, job: &Arc<LoadedJob>, stop: &CancellationToken) {
+        self.take_ahead(job, stop).await;
+        // The burst's requests go to the runtime in one write, which it reads at once.
+        if let Some(active) = self.runtime.as_mut() {
+            active.process.flush_ahead().await;
+        }
+    }
+
+    /// The deliveries of [`Slot::look_ahead`], their requests sent ahead (not written yet).
+    async fn take_ahead(&mut self, job: &Arc<LoadedJob>, stop: &CancellationToken) {
         let depth = match (self.shared.lease >= LEASE_WITHOUT_BEAT, self.last_run) {
             (true, Some(took)) => ahead_depth(took),
             _ => 1,
@@ -224,7 +233,7 @@ impl Slot {
         let attach_max = JobRoot::inline_rows_max(job.job.job_root_format);
         let request = run_request(&message, &inputs, &output, attach_max);
         let sent = match self.runtime.as_mut() {
-            Some(active) => active.process.send_ahead(request).await,
+            Some(active) => active.process.send_ahead(request),
             None => false,
         };
         (Some(message), sent)

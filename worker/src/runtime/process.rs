@@ -609,13 +609,13 @@ impl Drop for RuntimeProcess {
     }
 }
 
-/// Whole seconds for messages, rounding up so that a sub-second limit never reads as 0.
 /// Write `bytes` to the process's protocol pipe and flush it.
 async fn write_all_now(stdin: &mut ChildStdin, bytes: &[u8]) -> std::io::Result<()> {
     stdin.write_all(bytes).await?;
     stdin.flush().await
 }
 
+/// Whole seconds for messages, rounding up so that a sub-second limit never reads as 0.
 fn whole_secs(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }

@@ -57,8 +57,6 @@ pub struct RuntimeProcess {
     /// in one write ([`RuntimeProcess::flush_ahead`]), at the latest before anything else is
     /// written to it or read from it.
     unsent: String,
-    /// How many requests `unsent` holds (the last of `ahead`).
-    unsent_requests: usize,
     /// The last request begun would have fitted the queue ahead ([`AHEAD_MAX`]): the batches
     /// after it, alike as a job's batches mostly are, may be sent ahead.
     fits_ahead: bool,
@@ -175,7 +173,6 @@ impl RuntimeProcess {
             return false;
         }
         self.unsent.push_str(&line);
-        self.unsent_requests += 1;
         self.ahead.push_back(InFlight { request, nonce, sent: Instant::now(), bytes: line.len() });
         true
     }
@@ -189,13 +186,9 @@ impl RuntimeProcess {
         if let Some(stdin) = self.stdin.as_mut() {
             let _ = write_all_now(stdin, self.unsent.as_bytes()).await;
         }
+        // Each request keeps the time it was queued as its `sent`: its `start_by` was set then,
+        // and whether it may come back skipped is judged from it (`Running::may_be_skipped`).
         self.unsent.clear();
-        // Sent now: a request is not taken up before it was written (`InFlight::began`).
-        let now = Instant::now();
-        let written = std::mem::take(&mut self.unsent_requests);
-        for request in self.ahead.iter_mut().rev().take(written) {
-            request.sent = now;
-        }
     }
 
     /// Whether the last request begun would have fitted the queue of requests sent ahead.
@@ -593,7 +586,6 @@ impl RuntimeProcess {
             cpu_clock: None,
             ahead: VecDeque::new(),
             unsent: String::new(),
-            unsent_requests: 0,
             fits_ahead: true,
             last_answer: None,
             skip_possible: false,

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::time::Instant;
 
@@ -16,6 +16,8 @@ use super::spawn::{add_stderr, spawn, Spawned};
 use super::stderr::StderrPump;
 use super::tree;
 use super::{RunOutcome, RunRequest, RuntimeConfig};
+
+mod pipe;
 
 /// How long a process that closed its protocol pipe gets to exit before it is killed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -175,20 +177,6 @@ impl RuntimeProcess {
         self.unsent.push_str(&line);
         self.ahead.push_back(InFlight { request, nonce, sent: Instant::now(), bytes: line.len() });
         true
-    }
-
-    /// Write the requests sent ahead since the last write, in one write. A failed write is
-    /// found by the answer the caller waits for (the process closed its end).
-    pub async fn flush_ahead(&mut self) {
-        if self.unsent.is_empty() {
-            return;
-        }
-        if let Some(stdin) = self.stdin.as_mut() {
-            let _ = write_all_now(stdin, self.unsent.as_bytes()).await;
-        }
-        // Each request keeps the time it was queued as its `sent`: its `start_by` was set then,
-        // and whether it may come back skipped is judged from it (`Running::may_be_skipped`).
-        self.unsent.clear();
     }
 
     /// Whether the last request begun would have fitted the queue of requests sent ahead.
@@ -436,68 +424,6 @@ impl RuntimeProcess {
         self.alive
     }
 
-    /// Write `line` (after the requests sent ahead and not written yet).
-    async fn send(&mut self, line: &str) -> std::io::Result<()> {
-        self.flush_ahead().await;
-        let stdin = self.stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
-        write_all_now(stdin, line.as_bytes()).await
-    }
-
-    /// The answer to a run request, with the rows attached to it (a `done` that says
-    /// `rows_attached`, up to `attach_max` bytes); `Ok(None)` when the process closed its end.
-    async fn read_answer(
-        &mut self,
-        attach_max: Option<u64>,
-    ) -> Result<Option<(Response, Option<Vec<u8>>)>, String> {
-        let Some(response) = self.read_response().await? else {
-            return Ok(None);
-        };
-        let Response::Done { rows_attached: Some(size), .. } = &response else {
-            return Ok(Some((response, None)));
-        };
-        let size = *size;
-        if attach_max.is_none_or(|max| size > max) {
-            return Err(format!(
-                "the runtime attached {size} bytes of rows to its answer where {} were allowed",
-                attach_max.unwrap_or(0)
-            ));
-        }
-        // Bounded above: never more than the request allowed.
-        let mut rows = vec![0; size as usize];
-        self.stdout
-            .read_exact(&mut rows)
-            .await
-            .map_err(|error| format!("reading the rows attached to the answer failed: {error}"))?;
-        Ok(Some((response, Some(rows))))
-    }
-
-    /// The next protocol message; `Ok(None)` when the process closed its end.
-    async fn read_response(&mut self) -> Result<Option<Response>, String> {
-        // What is awaited may answer a request not written yet.
-        self.flush_ahead().await;
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let limit = protocol::MAX_FRAME as u64 + 1;
-            let read = (&mut self.stdout).take(limit).read_until(b'\n', &mut line).await;
-            match read {
-                Ok(0) => return Ok(None),
-                Ok(_) => {}
-                Err(error) => return Err(format!("reading from the runtime failed: {error}")),
-            }
-            if line.len() > protocol::MAX_FRAME {
-                return Err(format!(
-                    "the runtime sent a protocol line longer than {} bytes",
-                    protocol::MAX_FRAME
-                ));
-            }
-            let text = batchfleet_common::text::lossy(&line);
-            if !text.trim().is_empty() {
-                return protocol::decode(&text).map(Some);
-            }
-        }
-    }
-
     /// The process closed the protocol: collect how it ended.
     async fn crashed(&mut self) -> RuntimeError {
         let status = self.reap().await;
@@ -599,12 +525,6 @@ impl Drop for RuntimeProcess {
         self.kill_tree();
         self.forget();
     }
-}
-
-/// Write `bytes` to the process's protocol pipe and flush it.
-async fn write_all_now(stdin: &mut ChildStdin, bytes: &[u8]) -> std::io::Result<()> {
-    stdin.write_all(bytes).await?;
-    stdin.flush().await
 }
 
 /// Whole seconds for messages, rounding up so that a sub-second limit never reads as 0.

@@ -166,7 +166,7 @@ impl RuntimeProcess {
     /// woke it for most requests (on two cores a wake-up costs tens of microseconds of CPU).
     pub fn send_ahead(&mut self, request: RunRequest) -> bool {
         let room = self.ahead_room();
-        if room == 0 || self.stdin.is_none() {
+        if room == 0 {
             return false;
         }
         let Some(start_by) = monotonic_after(AHEAD_HOLD) else { return false };

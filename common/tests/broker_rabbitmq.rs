@@ -143,6 +143,44 @@ async fn held_acks_never_settle_a_message_still_in_hand() {
     cleanup(&broker, &[&queue]).await;
 }
 
+/// A flush queues all its frames at once (lapin writes them together): with the oldest delivery
+/// in hand, every other ack goes singly in one flush, and each settles its own message only.
+#[tokio::test]
+async fn a_flush_of_many_single_acks_settles_each_and_nothing_else() {
+    let prefix = unique_prefix("singles");
+    let queue = format!("{prefix}-work");
+    let broker =
+        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { prefetch: 64, ..options() })
+            .await
+            .unwrap();
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let payloads: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("m{i:02}"))).collect();
+    broker.publish(&queue, payloads).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + EVENTUALLY;
+    while got.len() < 40 && Instant::now() < deadline {
+        got.extend(
+            broker.receive(&queue, 40 - got.len(), LONG, Duration::from_millis(500)).await.unwrap(),
+        );
+    }
+    assert_eq!(got.len(), 40, "40 published messages received within {EVENTUALLY:?}");
+    // The first delivery stays in hand: the 39 others are acked singly, in one flush.
+    let (in_hand, rest) = got.split_first().unwrap();
+    for delivery in rest.iter().rev() {
+        broker.ack(&delivery.handle).await.unwrap();
+    }
+    broker.flush().await;
+    broker.nack(&in_hand.handle, Duration::ZERO).await.unwrap();
+    let back = receive_one(&broker, &queue, LONG).await;
+    assert_eq!((back.payload.clone(), back.delivery_count), (in_hand.payload.clone(), 2));
+    broker.ack(&back.handle).await.unwrap();
+    broker.flush().await;
+    let again = broker.receive(&queue, 40, LONG, Duration::from_secs(2)).await.unwrap();
+    let again: Vec<_> = again.iter().map(|d| d.payload.clone()).collect();
+    assert!(again.is_empty(), "acked messages came back: {again:?}");
+    cleanup(&broker, &[&queue]).await;
+}
+
 /// `flush` sends the acks held back: a process that flushes and exits at once (its runtime and
 /// every task in it gone) gets nothing back.
 #[test]

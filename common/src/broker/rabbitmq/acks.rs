@@ -155,12 +155,12 @@ impl AckWindow {
                 single = frames.single.len(), "sending held acks");
             frames
         };
-        if let Some(tag) = frames.multiple {
-            self.send(tag, true).await;
-        }
-        for tag in frames.single {
-            self.send(tag, false).await;
-        }
+        // Queued together, the multiple first: lapin's connection thread writes whatever is
+        // queued in one go, where waiting for each frame to be written before queuing the next
+        // cost a wake of that thread and a write for every ack.
+        let sends = frames.multiple.map(|tag| (tag, true)).into_iter();
+        let sends = sends.chain(frames.single.into_iter().map(|tag| (tag, false)));
+        futures::future::join_all(sends.map(|(tag, multiple)| self.send(tag, multiple))).await;
     }
 
     /// Send the held acks and wait until RabbitMQ has taken every ack sent so far; for a process

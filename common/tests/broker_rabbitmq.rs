@@ -78,6 +78,32 @@ async fn receive_one(broker: &RabbitMqBroker, queue: &str, lease: Duration) -> D
     panic!("nothing delivered from `{queue}` within {EVENTUALLY:?}")
 }
 
+/// A broker with `prefetch`, a new queue of `prefix` holding `payloads`, and all of them
+/// received (each within a long lease), in delivery order.
+async fn holding_all(
+    prefix: &str,
+    prefetch: u16,
+    payloads: Vec<Bytes>,
+) -> (RabbitMqBroker, String, Vec<Delivery>) {
+    let queue = format!("{}-work", unique_prefix(prefix));
+    let broker =
+        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { prefetch, ..options() })
+            .await
+            .unwrap();
+    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
+    let n = payloads.len();
+    broker.publish(&queue, payloads).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + EVENTUALLY;
+    while got.len() < n && Instant::now() < deadline {
+        got.extend(
+            broker.receive(&queue, n - got.len(), LONG, Duration::from_millis(500)).await.unwrap(),
+        );
+    }
+    assert_eq!(got.len(), n, "{n} published messages received within {EVENTUALLY:?}");
+    (broker, queue, got)
+}
+
 async fn cleanup(broker: &RabbitMqBroker, queues: &[&str]) {
     for queue in queues {
         broker.delete_queue(queue).await.unwrap();
@@ -107,23 +133,8 @@ async fn a_message_held_by_a_consumer_that_goes_away_is_redelivered_counting_two
 /// in hand as one `multiple` ack: that ack must never settle the delivery still in hand.
 #[tokio::test]
 async fn held_acks_never_settle_a_message_still_in_hand() {
-    let prefix = unique_prefix("acks");
-    let queue = format!("{prefix}-work");
-    let broker =
-        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { prefetch: 8, ..options() })
-            .await
-            .unwrap();
-    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
     let payloads: Vec<Bytes> = ["a", "b", "c", "d"].into_iter().map(Bytes::from).collect();
-    broker.publish(&queue, payloads).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = Instant::now() + EVENTUALLY;
-    while got.len() < 4 && Instant::now() < deadline {
-        got.extend(
-            broker.receive(&queue, 4 - got.len(), LONG, Duration::from_millis(500)).await.unwrap(),
-        );
-    }
-    assert_eq!(got.len(), 4, "4 published messages received within {EVENTUALLY:?}");
+    let (broker, queue, got) = holding_all("acks", 8, payloads).await;
     // "c" stays in hand while a, b and d are acked: one `multiple` ack up to b, d on its own.
     let in_hand = got.iter().position(|d| d.payload == "c").unwrap();
     for (i, delivery) in got.iter().enumerate() {
@@ -132,53 +143,36 @@ async fn held_acks_never_settle_a_message_still_in_hand() {
         }
     }
     broker.flush().await;
-    broker.nack(&got[in_hand].handle, Duration::ZERO).await.unwrap();
-    let back = receive_one(&broker, &queue, LONG).await;
-    assert_eq!((back.payload.clone(), back.delivery_count), (Bytes::from("c"), 2));
-    broker.ack(&back.handle).await.unwrap();
-    broker.flush().await;
-    let again = broker.receive(&queue, 4, LONG, Duration::from_secs(2)).await.unwrap();
-    let again: Vec<_> = again.iter().map(|d| d.payload.clone()).collect();
-    assert!(again.is_empty(), "acked messages came back: {again:?}");
-    cleanup(&broker, &[&queue]).await;
+    only_the_one_in_hand_comes_back(&broker, &queue, &got[in_hand]).await;
 }
 
 /// A flush queues all its frames at once (lapin writes them together): with the oldest delivery
 /// in hand, every other ack goes singly in one flush, and each settles its own message only.
 #[tokio::test]
 async fn a_flush_of_many_single_acks_settles_each_and_nothing_else() {
-    let prefix = unique_prefix("singles");
-    let queue = format!("{prefix}-work");
-    let broker =
-        RabbitMqBroker::connect_with(&amqp_url(), RabbitMqOptions { prefetch: 64, ..options() })
-            .await
-            .unwrap();
-    broker.declare_queue(&QueueSpec::plain(&queue)).await.unwrap();
     let payloads: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("m{i:02}"))).collect();
-    broker.publish(&queue, payloads).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = Instant::now() + EVENTUALLY;
-    while got.len() < 40 && Instant::now() < deadline {
-        got.extend(
-            broker.receive(&queue, 40 - got.len(), LONG, Duration::from_millis(500)).await.unwrap(),
-        );
-    }
-    assert_eq!(got.len(), 40, "40 published messages received within {EVENTUALLY:?}");
+    let (broker, queue, got) = holding_all("singles", 64, payloads).await;
     // The first delivery stays in hand: the 39 others are acked singly, in one flush.
     let (in_hand, rest) = got.split_first().unwrap();
     for delivery in rest.iter().rev() {
         broker.ack(&delivery.handle).await.unwrap();
     }
     broker.flush().await;
+    only_the_one_in_hand_comes_back(&broker, &queue, in_hand).await;
+}
+
+/// After the others' acks were flushed: `in_hand`, given back, is delivered again (a second
+/// time), and once it is acked nothing else comes back. Removes the queue.
+async fn only_the_one_in_hand_comes_back(broker: &RabbitMqBroker, queue: &str, in_hand: &Delivery) {
     broker.nack(&in_hand.handle, Duration::ZERO).await.unwrap();
-    let back = receive_one(&broker, &queue, LONG).await;
+    let back = receive_one(broker, queue, LONG).await;
     assert_eq!((back.payload.clone(), back.delivery_count), (in_hand.payload.clone(), 2));
     broker.ack(&back.handle).await.unwrap();
     broker.flush().await;
-    let again = broker.receive(&queue, 40, LONG, Duration::from_secs(2)).await.unwrap();
+    let again = broker.receive(queue, 64, LONG, Duration::from_secs(2)).await.unwrap();
     let again: Vec<_> = again.iter().map(|d| d.payload.clone()).collect();
     assert!(again.is_empty(), "acked messages came back: {again:?}");
-    cleanup(&broker, &[&queue]).await;
+    cleanup(broker, &[queue]).await;
 }
 
 /// `flush` sends the acks held back: a process that flushes and exits at once (its runtime and

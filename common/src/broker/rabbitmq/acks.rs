@@ -155,9 +155,10 @@ impl AckWindow {
                 single = frames.single.len(), "sending held acks");
             frames
         };
-        // Queued together, the multiple first: lapin's connection thread writes whatever is
-        // queued in one go, where waiting for each frame to be written before queuing the next
-        // cost a wake of that thread and a write for every ack.
+        // Queued together (in one poll, as far as the task's budget goes), the multiple first:
+        // lapin's connection thread writes whatever is queued in one go, where waiting for each
+        // frame to be written before queuing the next cost a wake of that thread and a write for
+        // every ack (and, on a connection that stopped answering, a time limit each).
         let sends = frames.multiple.map(|tag| (tag, true)).into_iter();
         let sends = sends.chain(frames.single.into_iter().map(|tag| (tag, false)));
         futures::future::join_all(sends.map(|(tag, multiple)| self.send(tag, multiple))).await;

@@ -14,9 +14,9 @@
 //! batchfleet runs `--rounds` times with this build's `batchfleet` and `batchfleet-worker` and as
 //! often with DIR's, alternating (this build first in even rounds, DIR's in odd ones), each run
 //! printed with the machine's load, and the ratios use this build's median run. Raw lapin then
-//! runs in every round too, after both builds: this machine's rate moves by a third within
-//! minutes, so the share of raw lapin is the median of each round's own (this build against
-//! the raw run of its round), with every round's printed.
+//! runs in every round too (after both builds in even rounds, before them in odd ones): this
+//! machine's rate moves by a third within minutes, so the share of raw lapin is the median of
+//! each round's own (this build against the raw run of its round), with every round's printed.
 //!
 //! With `--records-rounds R`, batchfleet also runs R times without and R times with the
 //! workers' per-attempt records (alternating; `batchfleet-worker --no-attempt-records`) and
@@ -279,8 +279,10 @@ fn own_bins() -> Result<PathBuf> {
 }
 
 /// Alternate batchfleet runs of this build and of the one in `baseline`, `--rounds` each (each
-/// build first in every other round); print each run with the machine's load, and both medians.
-/// Returns this build's median run.
+/// build first in every other round), and a raw lapin run in each round (after both builds in
+/// even rounds, before them in odd ones); print each run with the machine's load, and both
+/// medians. Returns this build's median run and this build's share of raw lapin's rate in each
+/// round, in per cent.
 fn against_baseline(
     work: &Path,
     options: &Options,
@@ -297,7 +299,20 @@ fn against_baseline(
     let (mut this, mut base) = (Vec::new(), Vec::new());
     // This build's share of raw lapin's rate, round by round.
     let mut shares = Vec::new();
+    let raw_run = |round: usize| -> Result<Duration> {
+        settle_file_system();
+        let raw = runtime.block_on(raw_lapin(options.n))?;
+        println!(
+            "  round {round}, {:>10}: {:.0} per second ({:.2} s)",
+            "raw lapin",
+            n / raw.as_secs_f64(),
+            raw.as_secs_f64()
+        );
+        Ok(raw)
+    };
     for round in 0..options.rounds.max(1) {
+        // Where a run falls in its round moves its rate: raw lapin takes turns too.
+        let raw_first = (round % 2 == 1).then(|| raw_run(round)).transpose()?;
         let mut builds = [("this build", own, &mut this), ("baseline", baseline, &mut base)];
         // Each build runs first in every other round: the second run of a round measured
         // 7-12 % faster, whichever build it was.
@@ -317,16 +332,13 @@ fn against_baseline(
             broker.print(options.n, " (with the workers' start)");
             runs.push(took);
         }
-        settle_file_system();
-        let raw = runtime.block_on(raw_lapin(options.n))?;
+        let raw = match raw_first {
+            Some(raw) => raw,
+            None => raw_run(round)?,
+        };
         let ours = this.last().copied().unwrap_or(raw);
         let share = 100.0 * raw.as_secs_f64() / ours.as_secs_f64();
-        println!(
-            "  round {round}, {:>10}: {:.0} per second ({:.2} s); this build {share:.1} % of it",
-            "raw lapin",
-            n / raw.as_secs_f64(),
-            raw.as_secs_f64()
-        );
+        println!("  round {round}: this build {share:.1} % of raw lapin's rate");
         shares.push(share);
     }
     let middle = |runs: &mut Vec<Duration>| {

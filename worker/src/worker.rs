@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::jobs::{JobCache, SWEEP_EVERY};
 use crate::output::attempt_records::AttemptRecords;
 use crate::output::job_events::BatchEvents;
-use crate::runtime::{install_driver, prepare_interpreter};
+use crate::runtime::{announce, install_driver, prepare_interpreter};
 use crate::shared::{
     Activity, LoadHandle, Prestart, Shared, WorkerConfig, WorkerError, WorkerSummary,
 };
@@ -175,6 +175,7 @@ impl Worker {
             tokio::spawn(async move {
                 let answer = prepare_interpreter(&python, &driver).await;
                 if !as_given {
+                    announce(&python, &answer);
                     let _ = resolved.set(answer);
                 }
             })

@@ -35,10 +35,22 @@ sys.stdout.write(sys.executable or '')";
 /// The interpreter `python` runs as; `python` itself when it cannot tell (runtime starts then
 /// report the real problem, e.g. a missing interpreter).
 pub async fn resolve_interpreter(python: &Path) -> PathBuf {
-    ask(python, &[]).await
+    let resolved = ask(python, &[]).await;
+    announce(python, &resolved);
+    resolved
 }
 
-/// [`resolve_interpreter`], and the installed `driver`'s bytecode (and its tabular half's,
+/// Say at INFO that runtimes start `resolved` rather than `python`, when they differ: for the
+/// caller that starts its runtimes with the answer (a worker that keeps its interpreter as
+/// given, such as `batchfleet run`'s behind its runtime parent, does not).
+pub fn announce(python: &Path, resolved: &Path) {
+    if resolved != python {
+        tracing::info!(python = %python.display(), resolved = %resolved.display(),
+            "runtimes start the interpreter directly");
+    }
+}
+
+/// [`resolve_interpreter`] (without its [`announce`]), and the installed `driver`'s bytecode (and its tabular half's,
 /// [`super::DRIVER_TABLE_FILE_NAME`] beside it) compiled for that interpreter in the same
 /// question: runtimes import the driver (`super::DRIVER_START`), and loading its bytecode
 /// instead of compiling its source saved a fifth of a runtime's start (callgrind: 121 against
@@ -74,16 +86,7 @@ async fn ask(python: &Path, sources: &[&Path]) -> PathBuf {
             return python.to_path_buf();
         }
     };
-    match chosen(python, &answer) {
-        Some(resolved) => {
-            if resolved != python {
-                tracing::info!(python = %python.display(), resolved = %resolved.display(),
-                    "runtimes start the interpreter directly");
-            }
-            resolved
-        }
-        None => python.to_path_buf(),
-    }
+    chosen(python, &answer).unwrap_or_else(|| python.to_path_buf())
 }
 
 /// `sys.executable` when it names an absolute, existing file.

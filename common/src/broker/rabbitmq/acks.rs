@@ -190,6 +190,11 @@ impl AckWindow {
         }
     }
 
+    /// Whether deliveries received on the channel are neither acked nor settled another way.
+    pub(super) fn holds_unsettled(&self) -> bool {
+        !self.lock().unsettled.is_empty()
+    }
+
     /// Whether acks are held back right now.
     pub(super) fn holds_acks(&self) -> bool {
         !self.lock().held.is_empty()

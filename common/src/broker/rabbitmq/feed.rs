@@ -12,8 +12,10 @@
 //!   buffered for the next `receive`. (Consume-and-cancel per receive lost ~1 % of such
 //!   messages: lapin drops a push that arrives after the cancel-ok.)
 //! - **A feed retires** when no `receive` touched it for [`IDLE`] (a draining worker, a
-//!   producer between jobs), or when a message pushed beyond the least prefetch waited the
-//!   policy's `hold` without being handed out (mini-batches got long). It cancels its
+//!   producer between jobs) unless all it holds is deliveries in hand (a slot whose batch runs
+//!   long: a fresh consumer would be pushed more than the slots take), or when a message
+//!   pushed beyond the least prefetch waited the policy's `hold` without being handed out
+//!   (mini-batches got long). It cancels its
 //!   consumers with `basic.cancel` and reads each until RabbitMQ's cancel-ok ends it, so no
 //!   push is left unread, then hands what nobody took back to the queue *uncounted* (module
 //!   `hand_back`). Its channel closes once the last lease on it is settled. The next
@@ -236,9 +238,15 @@ async fn control(feed: Weak<Feed>, first: Consumer) {
             retire(&feed, consumers, "a consumer ended").await;
             return;
         }
+        // Deliveries still in hand and nothing pushed beyond them: retiring would give nothing
+        // back, and the fresh consumer of the next receive (a slot's look ahead while its batch
+        // runs) would be pushed messages beyond the slots.
+        let in_hand = feed.acks.holds_unsettled();
         let (idle, waited, handed_out, prefetch) = {
             let state = feed.lock();
-            let idle = state.waiting == 0 && state.last_used.elapsed() >= IDLE;
+            let idle = state.waiting == 0
+                && state.last_used.elapsed() >= IDLE
+                && (!state.buffer.is_empty() || !in_hand);
             let waited = state.buffer.front().map(|(arrived, _)| arrived.elapsed());
             (idle, waited, state.handed_out, state.prefetch)
         };

@@ -43,16 +43,16 @@ pub async fn resolve_interpreter(python: &Path) -> PathBuf {
 /// Say at INFO that runtimes start `resolved` rather than `python`, when they differ: for the
 /// caller that starts its runtimes with the answer (a worker that keeps its interpreter as
 /// given, such as `batchfleet run`'s behind its runtime parent, does not).
-pub fn announce(python: &Path, resolved: &Path) {
+pub(crate) fn announce(python: &Path, resolved: &Path) {
     if resolved != python {
         tracing::info!(python = %python.display(), resolved = %resolved.display(),
             "runtimes start the interpreter directly");
     }
 }
 
-/// [`resolve_interpreter`] (without its [`announce`]), and the installed `driver`'s bytecode (and its tabular half's,
-/// [`super::DRIVER_TABLE_FILE_NAME`] beside it) compiled for that interpreter in the same
-/// question: runtimes import the driver (`super::DRIVER_START`), and loading its bytecode
+/// [`resolve_interpreter`] (without its [`announce`]), and the installed `driver`'s bytecode
+/// (and its tabular half's, [`super::DRIVER_TABLE_FILE_NAME`] beside it) compiled for that
+/// interpreter in the same question: runtimes import the driver (`super::DRIVER_START`), and loading its bytecode
 /// instead of compiling its source saved a fifth of a runtime's start (callgrind: 121 against
 /// 100 million instructions to `ready`).
 pub async fn prepare_interpreter(python: &Path, driver: &Path) -> PathBuf {

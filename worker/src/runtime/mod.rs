@@ -23,7 +23,8 @@ use std::time::Duration;
 
 pub use answer::{Running, AHEAD_DEPTH, AHEAD_GRACE, AHEAD_HOLD};
 pub use error::{RuntimeError, UserFailure};
-pub use interpreter::{announce, prepare_interpreter, resolve_interpreter};
+pub(crate) use interpreter::announce;
+pub use interpreter::{prepare_interpreter, resolve_interpreter};
 pub use process::RuntimeProcess;
 pub use protocol::{
     MiniBatchContext, TablePieceRequest, TableRequest, TableRequestFormat, UserFailureKind,

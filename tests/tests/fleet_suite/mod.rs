@@ -39,11 +39,7 @@ def mark(name):
             path = os.path.join(MARKS, "%s-%d" % (name, k))
 
 def init():
-    # The draining worker starts its runtime for longer than the RabbitMQ feed's idle time
-    # (5 s): its first batch runs while the feed that pushed it has seen no receive for that
-    # long, and the batch's slot must still take nothing more (prefetch: one per slot).
-    if WORKER == "draining":
-        time.sleep(6)
+    pass
 
 def shutdown():
     mark("shutdown-" + WORKER)
@@ -280,8 +276,14 @@ def run(mini_batch):
 pub fn sigterm_drains_a_worker_that_finishes_its_batch_calls_shutdown_and_exits_0(pool: Pool) {
     let files = file_names(6);
     // The draining worker's run() lasts until the test opens the gate after the SIGTERM: its
-    // batch is in flight when the signal comes, however slow the test is to send it.
-    let script = gated_for("draining");
+    // batch is in flight when the signal comes, however slow the test is to send it. Its init()
+    // (redefined after the prelude's) outlasts the RabbitMQ feed's idle time (5 s): its first
+    // batch runs while the feed that pushed it has seen no receive for that long, and the
+    // slot must still take nothing more (prefetch: one per slot).
+    let script = format!(
+        "{}\ndef init():\n    if WORKER == \"draining\":\n        time.sleep(6)\n",
+        gated_for("draining")
+    );
     let fixture = JobFixture::new(&files, &script, &settings(2, ""), "");
     let marks = fixture.path().join("marks");
     let mut draining = pool.worker(fixture.path(), "draining", 1, &[]);

@@ -55,6 +55,48 @@ pub fn list_reporting_sizes(
     }
 }
 
+/// Objects a started listing hands over at a time.
+const STARTED_BLOCK: usize = 1024;
+/// Blocks a started listing may read before they are asked for: memory stays bounded.
+const STARTED_BLOCKS_AHEAD: usize = 4;
+
+/// `objects`, read from now on by a task of its own rather than when first asked for: a
+/// listing started while the caller does something else (a local folder's walk reads the
+/// folder and the first files' sizes, a store answers its first pages). It reads at most a few
+/// blocks of objects ahead; dropping the stream stops it. `url` names the listed location in
+/// the error a listing that stopped before its end gives. Must be called inside a Tokio
+/// runtime.
+pub fn started(
+    url: String,
+    objects: BoxStream<'static, Result<ObjectMeta, StoreError>>,
+) -> BoxStream<'static, Result<ObjectMeta, StoreError>> {
+    // `None` ends the listing: a channel that closes without it, the task stopped.
+    let (sender, receiver) = tokio::sync::mpsc::channel(STARTED_BLOCKS_AHEAD);
+    tokio::spawn(async move {
+        let mut blocks = objects.ready_chunks(STARTED_BLOCK);
+        while let Some(block) = blocks.next().await {
+            if sender.send(Some(block)).await.is_err() {
+                return; // nobody reads any more
+            }
+        }
+        let _ = sender.send(None).await;
+    });
+    stream::unfold(Some((receiver, url)), |state| async move {
+        let (mut receiver, url) = state?;
+        match receiver.recv().await {
+            Some(Some(block)) => Some((stream::iter(block).left_stream(), Some((receiver, url)))),
+            Some(None) => None,
+            None => {
+                let reason = "listing stopped before its end".to_string();
+                let stopped = StoreError::Unsupported { url, reason };
+                Some((stream::iter([Err(stopped)]).right_stream(), None))
+            }
+        }
+    })
+    .flatten()
+    .boxed()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,5 +238,66 @@ mod tests {
             assert_eq!(listed_time, std_meta.modified().unwrap(), "{}", meta.location);
             assert_eq!(std_meta.modified().unwrap(), times[i % 2]);
         }
+    }
+
+    fn meta(key: &str) -> ObjectMeta {
+        ObjectMeta {
+            location: object_store::path::Path::from(key),
+            last_modified: std::time::SystemTime::UNIX_EPOCH.into(),
+            size: key.len() as u64,
+            e_tag: None,
+            version: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_started_listing_reads_before_it_is_asked_and_gives_every_object_in_order() {
+        let (first_read, read) = tokio::sync::oneshot::channel();
+        let mut first_read = Some(first_read);
+        let keys: Vec<String> = (0..2500).map(|i| format!("k{i:05}")).collect();
+        let source = stream::iter(keys.clone()).map(move |key| {
+            if let Some(first) = first_read.take() {
+                let _ = first.send(());
+            }
+            Ok(meta(&key))
+        });
+        let listing = started("file:///in".into(), source.boxed());
+        tokio::time::timeout(std::time::Duration::from_secs(10), read)
+            .await
+            .expect("the source was not read within 10 s of the start, before anybody asked")
+            .unwrap();
+        let listed: Vec<String> =
+            listing.map_ok(|meta| meta.location.to_string()).try_collect().await.unwrap();
+        assert_eq!(listed, keys);
+    }
+
+    #[tokio::test]
+    async fn a_started_listing_whose_reader_stops_ends_with_an_error_not_silently() {
+        let source = stream::iter(0..3).map(|i| {
+            assert!(i < 2, "the listing's task stops here");
+            Ok(meta(&format!("k{i}")))
+        });
+        let results: Vec<Result<ObjectMeta, StoreError>> =
+            started("file:///in".into(), source.boxed()).collect().await;
+        let keys: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|m| m.location.to_string()))
+            .collect();
+        assert!(keys.len() <= 2, "{keys:?}");
+        let error = results.last().unwrap().as_ref().expect_err("the stopped listing must fail");
+        assert!(error.to_string().contains("listing stopped before its end"), "{error}");
+        assert!(error.to_string().contains("file:///in"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_started_listing_passes_its_source_errors_on() {
+        let source = stream::iter([
+            Ok(meta("a")),
+            Err(StoreError::Unsupported { url: "s3://b".into(), reason: "denied".into() }),
+        ]);
+        let results: Vec<_> = started("s3://b".into(), source.boxed()).collect().await;
+        assert_eq!(results.len(), 2);
+        assert!(results[0].is_ok());
+        assert!(results[1].as_ref().is_err_and(|e| e.to_string().contains("denied")));
     }
 }

@@ -24,7 +24,7 @@ use crate::infra::broker::remove_events_queue;
 use crate::job::aggregate::{aggregate, output_location, partial_location, Aggregated};
 use crate::job::follow::{Follow, FollowEnd, RECONCILE_AFTER};
 use crate::job::outcome::{failure_story, job_result_text, verdict, Verdict};
-use crate::job::plan::{plan_and_publish, PlanSummary, PlanTarget};
+use crate::job::plan::{plan_and_publish, EarlyListing, PlanSummary, PlanTarget};
 use crate::job::prefetch::RowsPrefetch;
 use crate::job::progress::Progress;
 use crate::job::reuse::Identities;
@@ -160,16 +160,21 @@ fn percent_decode(text: &str) -> String {
 
 /// Plan and publish the job's mini-batches to `queues.work`, recording each batch's identity;
 /// with `--reuse` (`identities.reuse`), the batches an earlier job already ran are settled from
-/// its results instead of published (their statuses: [`Identities::reused`]).
+/// its results instead of published (their statuses: [`Identities::reused`]). `early`: the
+/// input's listing, when it was started before.
 pub async fn plan(
     job: &ResolvedJob,
     root: &JobRoot,
     broker: &dyn Broker,
     queues: &QueueNames,
     identities: &Identities,
+    early: Option<&EarlyListing>,
 ) -> Result<PlanSummary, ProducerError> {
-    let target =
-        PlanTarget { identities: Some(identities), ..PlanTarget::new(root, broker, &queues.work) };
+    let target = PlanTarget {
+        identities: Some(identities),
+        early,
+        ..PlanTarget::new(root, broker, &queues.work)
+    };
     let started = std::time::Instant::now();
     let plan = match plan_and_publish(job, &target).await {
         Ok(plan) => plan,

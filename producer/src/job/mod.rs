@@ -1,4 +1,5 @@
-//! The stages of one parallel job, shared by every mode: `plan` (listing, cutting; `plan_table`
+//! The stages of one parallel job, shared by every mode: `plan` (listing, cutting;
+//! `early_listing` starts a folder's listing before planning needs it; `plan_table`
 //! for MLTable inputs and partitions; `plan_writer` records and publishes), `follow` (events,
 //! `dead_letters` routing, `progress`; `follow_end`: why following stops), `tracker` (compact
 //! per-batch state; `prefetch` reads succeeded rows while the job runs), `aggregate`, `outcome`
@@ -16,6 +17,7 @@ pub mod aggregate;
 pub mod code;
 pub mod confine;
 pub mod dead_letters;
+mod early_listing;
 pub mod fleet;
 pub mod fleet_note;
 pub mod follow;

@@ -12,6 +12,8 @@ use batchfleet_common::message::MiniBatchMessage;
 use batchfleet_common::store::{self, StoreLocation};
 
 use crate::error::ProducerError;
+pub use crate::job::early_listing::EarlyListing;
+use crate::job::early_listing::ObjectStream;
 use crate::job::plan_writer::PlanWriter;
 pub use crate::job::plan_writer::{publish, DryPlan, PlanSummary, PlanTarget};
 use batchfleet_common::job_root::JobRoot;
@@ -37,7 +39,6 @@ pub async fn plan_and_publish(
 async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<(), ProducerError> {
     let input = store::open_str(&job.input.url)?;
     let mut cutter = BatchCutter::new(job.mini_batch_size);
-    let skipped = Skipped::default();
     let identity = writer.identity();
     // Identities need each file's size and time; a dry run shows the sizes.
     let sizes = if identity.is_some() || writer.is_dry() {
@@ -45,7 +46,13 @@ async fn plan_files(job: &ResolvedJob, writer: &mut PlanWriter<'_>) -> Result<()
     } else {
         sizes_needed(job.mini_batch_size)
     };
-    let mut objects = input_objects(job, &input, skipped.clone(), sizes).await?;
+    let (mut objects, skipped) = match writer.early_listing(&job.input.url, sizes) {
+        Some(started) => started,
+        None => {
+            let skipped = Skipped::default();
+            (input_objects(job, &input, skipped.clone(), sizes).await?, skipped)
+        }
+    };
     let listing_failed = |e| ProducerError::listing(&job.input.name, &job.input.url, e);
     while let Some(meta) = objects.try_next().await.map_err(listing_failed)? {
         let item = relative_item(job, &input, &meta)?;
@@ -72,9 +79,6 @@ async fn push_files(
     let ids = if ids.iter().all(String::is_empty) { Vec::new() } else { ids };
     writer.push_files(items, &ids, bytes).await
 }
-
-type ObjectStream =
-    futures::stream::BoxStream<'static, Result<ObjectMeta, batchfleet_common::store::StoreError>>;
 
 /// The input's objects in key order: the folder's contents, or the one file.
 async fn input_objects(

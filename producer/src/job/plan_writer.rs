@@ -12,9 +12,11 @@ use batchfleet_common::broker::Broker;
 use batchfleet_common::job::ResolvedJob;
 use batchfleet_common::job_root::BatchIdentity;
 use batchfleet_common::message::{batch_id, ItemsRef, MiniBatchMessage, CLAIM_CHECK_BYTES};
+use batchfleet_common::store::listing::{Sizes, Skipped};
 use batchfleet_common::table::TableBatch;
 
 use crate::error::ProducerError;
+use crate::job::early_listing::{EarlyListing, ObjectStream};
 use crate::job::reuse::Identities;
 use batchfleet_common::job_root::JobRoot;
 
@@ -68,12 +70,14 @@ pub struct PlanTarget<'a> {
     pub identities: Option<&'a Identities>,
     /// A dry run (`batchfleet plan`): nothing is written or published, the batches go here.
     pub dry: Option<&'a Mutex<DryPlan>>,
+    /// The input's listing, started before planning ([`EarlyListing`]).
+    pub early: Option<&'a EarlyListing>,
 }
 
 impl<'a> PlanTarget<'a> {
     /// A target that publishes to `queue` on `broker` and records under `root`.
     pub fn new(root: &'a JobRoot, broker: &'a dyn Broker, queue: &'a str) -> Self {
-        PlanTarget { root, broker, queue, skip: None, identities: None, dry: None }
+        PlanTarget { root, broker, queue, skip: None, identities: None, dry: None, early: None }
     }
 }
 
@@ -116,6 +120,11 @@ impl<'a> PlanWriter<'a> {
     /// A dry run (`batchfleet plan`): nothing is written or published.
     pub(crate) fn is_dry(&self) -> bool {
         self.target.dry.is_some()
+    }
+
+    /// The listing of `url` with `sizes` started before planning, if there is one.
+    pub(crate) fn early_listing(&self, url: &str, sizes: Sizes) -> Option<(ObjectStream, Skipped)> {
+        self.target.early.and_then(|early| early.take(url, sizes))
     }
 
     /// The job's identity, when batch identities are recorded (not in a dry run).

@@ -30,6 +30,7 @@ use crate::job::identity::interpreter_identity;
 use crate::job::interrupt;
 use crate::job::lifecycle::{self, create_root, load_spec, stop_the_rest};
 pub use crate::job::lifecycle::{JobReport, DEFAULT_STORE};
+use crate::job::plan::EarlyListing;
 use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
 use crate::job::tracker::Tracker;
 
@@ -68,6 +69,8 @@ pub async fn run_job(
         confine::check_job(&job, allow).await?;
         job.confined = true;
     }
+    // Only now that the job is checked: its input is read from here on.
+    let early = EarlyListing::start(&job);
     let started_ms = batchfleet_common::status::now_ms();
     let _debug_lines = (job.logging_level == batchfleet_common::job::LoggingLevel::Debug)
         .then(batchfleet_common::logging::capture::capture_debug);
@@ -97,7 +100,7 @@ pub async fn run_job(
             .await;
 
     let result = tokio::select! {
-        result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, &identities, &mut fleet) => result,
+        result = plan_and_follow(&job, &root, broker.as_ref(), &queues, options, (&identities, early.as_ref()), &mut fleet) => result,
         () = interrupt::requested() => {
             // No new work: the workers stop (their records and logs go into the root); the
             // job is left for `resume`, which finishes it.
@@ -151,10 +154,10 @@ async fn plan_and_follow(
     broker: &dyn Broker,
     queues: &QueueNames,
     options: &RunOptions,
-    identities: &Identities,
+    (identities, early): (&Identities, Option<&EarlyListing>),
     fleet: &mut JoinSet<Result<(), String>>,
 ) -> Result<(Tracker, FollowEnd), ProducerError> {
-    let plan = lifecycle::plan(job, root, broker, queues, identities).await?;
+    let plan = lifecycle::plan(job, root, broker, queues, identities, early).await?;
     let reused = identities.reused();
     write_reused_report(root, &reused).await;
     let mut last_worker_error = None;

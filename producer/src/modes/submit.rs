@@ -27,7 +27,7 @@ use crate::job::fleet_note::{fleet_note, resume_command};
 use crate::job::interrupt;
 use crate::job::lifecycle::JobReport;
 use crate::job::lifecycle::{self, create_root, finish, load_spec, stop_the_rest};
-use crate::job::plan::PlanSummary;
+use crate::job::plan::{EarlyListing, PlanSummary};
 use crate::job::reuse::{write_reused_report, Identities, ReuseRequest};
 use batchfleet_common::broker::declare::{declare_job_queue, declare_pool_queues};
 use batchfleet_common::job_root::JobRoot;
@@ -139,6 +139,8 @@ pub async fn publish_loaded(
         confine::check_job(&job, allow).await?;
         job.confined = true;
     }
+    // Only now that the job is checked: its input is read from here on.
+    let early = EarlyListing::start(&job);
     let code = shippable_code(&job)?;
     let identities =
         Identities::prepare(&job, &fleet_interpreter(&job), options.reuse.as_ref()).await?;
@@ -164,7 +166,8 @@ pub async fn publish_loaded(
         lifecycle::could_not_start(&root, &error).await;
         return Err(error);
     }
-    let plan = lifecycle::plan(&job, &root, broker.as_ref(), &queues, &identities).await?;
+    let plan =
+        lifecycle::plan(&job, &root, broker.as_ref(), &queues, &identities, early.as_ref()).await?;
     let reused = identities.reused();
     write_reused_report(&root, &reused).await;
     let (broker_arg, note) = crate::words::pasteable_broker(&options.broker);

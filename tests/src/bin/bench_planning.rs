@@ -180,7 +180,7 @@ fn child_plan(spec: &Path, store: &Path) -> Result<()> {
         let identities =
             batchfleet_producer::job::reuse::Identities::prepare(&job, "bench", None).await?;
         let started = Instant::now();
-        let plan = lifecycle::plan(&job, &root, &broker, &queues, &identities).await?;
+        let plan = lifecycle::plan(&job, &root, &broker, &queues, &identities, None).await?;
         let seconds = started.elapsed().as_secs_f64();
         ensure!(broker.messages.load(Ordering::Relaxed) == plan.batches, "every batch published");
         if let Ok(path) = root.location.url.to_file_path() {

@@ -39,6 +39,18 @@ fn links_out_of_the_folder_and_unrepresentable_names_are_skipped_and_reported() 
         assert!(skipped.contains(part), "`{part}` in:\n{skipped}");
     }
     assert!(!result.contains("PRIVATE") && !skipped.contains("PRIVATE"));
+    // On the terminal: each skipped entry once, after the job is announced (the listing starts
+    // before that; its warnings wait for planning).
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The first line that starts with `job ` (`job report:` and `job result:` come last).
+    let announced = match stderr.starts_with("job ") {
+        true => Some(0),
+        false => stderr.find("\njob "),
+    };
+    let announced = announced.unwrap_or_else(|| panic!("no `job …` line:\n{stderr}"));
+    let warned: Vec<usize> = stderr.match_indices("input entry skipped").map(|(i, _)| i).collect();
+    assert_eq!(warned.len(), 4, "{stderr}");
+    assert!(warned.iter().all(|&at| at > announced), "a warning before the job's line:\n{stderr}");
 }
 
 /// `run()` whose first two calls of batch `f000.txt` fail the way writing to a read-only file

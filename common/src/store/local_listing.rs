@@ -28,21 +28,52 @@ use tokio::sync::mpsc;
 
 use super::StoreError;
 
-/// The entries a listing skipped: (path, why), in the order met.
+/// The entries a listing skipped: (path, why), in the order met; each is a `warn` event when
+/// met, or, for a record made [`Skipped::held`], when [`Skipped::say`] is called.
 #[derive(Debug, Clone, Default)]
-pub struct Skipped(Arc<Mutex<Vec<(String, &'static str)>>>);
+pub struct Skipped(Arc<Mutex<SkippedEntries>>);
+
+#[derive(Debug, Default)]
+struct SkippedEntries {
+    entries: Vec<(String, &'static str)>,
+    /// The warnings wait for [`Skipped::say`].
+    held: bool,
+}
+
+fn say_skipped(path: &str, why: &str) {
+    tracing::warn!(path = %path, why, "input entry skipped");
+}
 
 impl Skipped {
+    /// A record whose warnings wait until [`Skipped::say`]: for a listing started before the
+    /// job it lists for is announced, so that its warnings come after the announcement.
+    pub fn held() -> Skipped {
+        Skipped(Arc::new(Mutex::new(SkippedEntries { entries: Vec::new(), held: true })))
+    }
+
     fn push(&self, path: String, why: &'static str) {
-        tracing::warn!(path = %path, why, "input entry skipped");
-        if let Ok(mut skipped) = self.0.lock() {
-            skipped.push((path, why));
+        let Ok(mut skipped) = self.0.lock() else {
+            return say_skipped(&path, why);
+        };
+        if !skipped.held {
+            say_skipped(&path, why);
+        }
+        skipped.entries.push((path, why));
+    }
+
+    /// Warn of what was skipped so far, and from now on of each entry as it is met.
+    pub fn say(&self) {
+        let Ok(mut skipped) = self.0.lock() else { return };
+        if std::mem::take(&mut skipped.held) {
+            for (path, why) in &skipped.entries {
+                say_skipped(path, why);
+            }
         }
     }
 
     /// What was skipped so far.
     pub fn list(&self) -> Vec<(String, &'static str)> {
-        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+        self.0.lock().map(|s| s.entries.clone()).unwrap_or_default()
     }
 }
 
@@ -348,4 +379,67 @@ fn io_error(key: &Path, source: std::io::Error) -> StoreError {
         _ => object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(source) },
     };
     StoreError::io("list", key, source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a subscriber wrote, shared with the test.
+    #[derive(Clone, Default)]
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Written {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    #[test]
+    fn a_held_record_warns_of_its_entries_only_once_told_to_and_then_of_each_at_once() {
+        let written = Written::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let written = written.clone();
+                move || written.clone()
+            })
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let skipped = Skipped::held();
+            skipped
+                .push("/in/a-link".into(), "it is a symbolic link leading out of the input folder");
+            assert!(!written.text().contains("a-link"), "held: {}", written.text());
+            skipped.say();
+            assert_eq!(written.text().matches("a-link").count(), 1, "{}", written.text());
+            skipped.push(
+                "/in/b-link".into(),
+                "it is a symbolic link to a folder, which is not followed",
+            );
+            assert_eq!(written.text().matches("b-link").count(), 1, "{}", written.text());
+            skipped.say();
+            assert_eq!(
+                written.text().matches("a-link").count(),
+                1,
+                "said once: {}",
+                written.text()
+            );
+            assert_eq!(skipped.list().len(), 2);
+
+            let at_once = Skipped::default();
+            at_once
+                .push("/in/c-link".into(), "it is a symbolic link leading out of the input folder");
+            assert_eq!(written.text().matches("c-link").count(), 1, "{}", written.text());
+        });
+    }
 }

@@ -32,7 +32,8 @@ impl EarlyListing {
             return None;
         }
         let input = store::open_str(&job.input.url).ok()?;
-        let skipped = Skipped::default();
+        // Its warnings wait for planning: the job is announced first.
+        let skipped = Skipped::held();
         let objects = list_reporting_sizes(&input, skipped.clone(), Sizes::Read);
         let objects = started(job.input.url.clone(), objects);
         Some(EarlyListing {
@@ -42,12 +43,15 @@ impl EarlyListing {
         })
     }
 
-    /// The started listing, when it lists `url` with `sizes` and was not taken yet.
+    /// The started listing, when it lists `url` with `sizes` and was not taken yet; the
+    /// entries it skipped are warned of from now on.
     pub(crate) fn take(&self, url: &str, sizes: Sizes) -> Option<(ObjectStream, Skipped)> {
         if url != self.url || sizes != self.sizes {
             return None;
         }
-        self.started.lock().ok()?.take()
+        let (objects, skipped) = self.started.lock().ok()?.take()?;
+        skipped.say();
+        Some((objects, skipped))
     }
 }
 

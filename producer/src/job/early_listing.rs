@@ -10,6 +10,9 @@ use batchfleet_common::store::{self, StoreError};
 /// A listing's objects, in key order.
 pub(crate) type ObjectStream = BoxStream<'static, Result<ObjectMeta, StoreError>>;
 
+/// The sizes an early listing reads: those a plan that records identities needs.
+const SIZES: Sizes = Sizes::Read;
+
 /// A folder input's listing, started before planning needs it (`run` and `submit` start it
 /// once the job is checked): the walk of a local folder of 100,000 files (reading and sorting
 /// it, then each file's size) takes longer than the interpreter's answer, the job root and the
@@ -17,7 +20,6 @@ pub(crate) type ObjectStream = BoxStream<'static, Result<ObjectMeta, StoreError>
 /// same input with the same sizes; else it is dropped, which stops it.
 pub struct EarlyListing {
     url: String,
-    sizes: Sizes,
     started: std::sync::Mutex<Option<(ObjectStream, Skipped)>>,
 }
 
@@ -34,11 +36,10 @@ impl EarlyListing {
         let input = store::open_str(&job.input.url).ok()?;
         // Its warnings wait for planning: the job is announced first.
         let skipped = Skipped::held();
-        let objects = list_reporting_sizes(&input, skipped.clone(), Sizes::Read);
+        let objects = list_reporting_sizes(&input, skipped.clone(), SIZES);
         let objects = started(job.input.url.clone(), objects);
         Some(EarlyListing {
             url: job.input.url.clone(),
-            sizes: Sizes::Read,
             started: std::sync::Mutex::new(Some((objects, skipped))),
         })
     }
@@ -46,7 +47,7 @@ impl EarlyListing {
     /// The started listing, when it lists `url` with `sizes` and was not taken yet; the
     /// entries it skipped are warned of from now on.
     pub(crate) fn take(&self, url: &str, sizes: Sizes) -> Option<(ObjectStream, Skipped)> {
-        if url != self.url || sizes != self.sizes {
+        if url != self.url || sizes != SIZES {
             return None;
         }
         let (objects, skipped) = self.started.lock().ok()?.take()?;
